@@ -1,0 +1,228 @@
+// Layer ops: forward/backward pairs. GEMMs go through OpenBLAS; everything else is a
+// plain loop kept simple enough to check against the golden reference by eye.
+#include "model/ops.h"
+
+#include <cblas.h>  // cblas_sgemm
+
+#include <algorithm>  // std::max
+#include <cmath>      // std::exp, std::sqrt, std::log
+#include <vector>
+
+namespace moerl::model {
+
+// ----------------------------------------------------------------------------
+// matmul
+
+void matmul_forward(float* out, const float* inp, const float* weight, int N, int IC, int OC) {
+  if (N == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f,
+              out, OC);
+}
+
+void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                     const float* weight, int N, int IC, int OC) {
+  if (N == 0) return;
+  if (dinp != nullptr)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, weight, IC,
+                1.0f, dinp, IC);
+  if (dweight != nullptr)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f,
+                dweight, IC);
+}
+
+// ----------------------------------------------------------------------------
+// rmsnorm
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                     float eps) {
+  for (int i = 0; i < N; i++) {
+    const float* x = inp + (size_t)i * C;
+    float ss = 0.0f;
+    for (int c = 0; c < C; c++) ss += x[c] * x[c];
+    float r = 1.0f / std::sqrt(ss / C + eps);
+    rstd[i] = r;
+    float* o = out + (size_t)i * C;
+    for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+  }
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C) {
+  // y = x r w with r = (mean x^2 + eps)^-1/2;  dr/dx_c = -r^3 x_c / C.
+  for (int i = 0; i < N; i++) {
+    const float* x = inp + (size_t)i * C;
+    const float* dy = dout + (size_t)i * C;
+    float* dx = dinp + (size_t)i * C;
+    float r = rstd[i];
+    float dot = 0.0f;  // sum_c dy_c w_c x_c
+    for (int c = 0; c < C; c++) {
+      dot += dy[c] * weight[c] * x[c];
+      dweight[c] += dy[c] * x[c] * r;
+    }
+    float k = dot * r * r * r / C;
+    for (int c = 0; c < C; c++) dx[c] += dy[c] * weight[c] * r - k * x[c];
+  }
+}
+
+// ----------------------------------------------------------------------------
+// causal multi-head attention
+
+void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int H) {
+  const int D = C / H;
+  const float scale = 1.0f / std::sqrt((float)D);
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < H; h++) {
+      for (int t = 0; t < T; t++) {
+        const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * D;
+        float* p = probs + (((size_t)b * H + h) * T + t) * T;
+        float maxv = -INFINITY;
+        for (int s = 0; s <= t; s++) {
+          const float* k = qkv + ((size_t)b * T + s) * 3 * C + C + h * D;
+          float dot = 0.0f;
+          for (int d = 0; d < D; d++) dot += q[d] * k[d];
+          p[s] = dot * scale;
+          maxv = std::max(maxv, p[s]);
+        }
+        float sum = 0.0f;
+        for (int s = 0; s <= t; s++) {
+          p[s] = std::exp(p[s] - maxv);
+          sum += p[s];
+        }
+        for (int s = 0; s <= t; s++) p[s] /= sum;
+        for (int s = t + 1; s < T; s++) p[s] = 0.0f;
+        float* o = out + ((size_t)b * T + t) * C + h * D;
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        for (int s = 0; s <= t; s++) {
+          const float* v = qkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
+          for (int d = 0; d < D; d++) o[d] += p[s] * v[d];
+        }
+      }
+    }
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
+                        int B, int T, int C, int H) {
+  const int D = C / H;
+  const float scale = 1.0f / std::sqrt((float)D);
+  std::vector<float> dp(T);
+  for (int b = 0; b < B; b++) {
+    for (int h = 0; h < H; h++) {
+      for (int t = 0; t < T; t++) {
+        const float* p = probs + (((size_t)b * H + h) * T + t) * T;
+        const float* dout_t = dout + ((size_t)b * T + t) * C + h * D;
+        // through o = sum_s p_s v_s
+        float pdp = 0.0f;
+        for (int s = 0; s <= t; s++) {
+          const float* v = qkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
+          float* dv = dqkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
+          float acc = 0.0f;
+          for (int d = 0; d < D; d++) {
+            acc += dout_t[d] * v[d];
+            dv[d] += p[s] * dout_t[d];
+          }
+          dp[s] = acc;
+          pdp += p[s] * acc;
+        }
+        // through softmax, then the scaled dot product
+        const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * D;
+        float* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * D;
+        for (int s = 0; s <= t; s++) {
+          float dscore = p[s] * (dp[s] - pdp) * scale;
+          const float* k = qkv + ((size_t)b * T + s) * 3 * C + C + h * D;
+          float* dk = dqkv + ((size_t)b * T + s) * 3 * C + C + h * D;
+          for (int d = 0; d < D; d++) {
+            dq[d] += dscore * k[d];
+            dk[d] += dscore * q[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// SwiGLU
+
+void swiglu_forward(float* act, const float* h1, const float* h3, int n) {
+  for (int i = 0; i < n; i++) {
+    float sig = 1.0f / (1.0f + std::exp(-h1[i]));
+    act[i] = h1[i] * sig * h3[i];
+  }
+}
+
+void swiglu_backward(float* dh1, float* dh3, const float* dact, const float* h1, const float* h3,
+                     int n) {
+  for (int i = 0; i < n; i++) {
+    float sig = 1.0f / (1.0f + std::exp(-h1[i]));
+    float silu = h1[i] * sig;
+    dh3[i] += dact[i] * silu;
+    dh1[i] += dact[i] * h3[i] * sig * (1.0f + h1[i] * (1.0f - sig));
+  }
+}
+
+// ----------------------------------------------------------------------------
+// embeddings
+
+void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
+                       const float* wte, const float* wpe, int N, int C) {
+  for (int i = 0; i < N; i++) {
+    const float* te = wte + (size_t)tokens[i] * C;
+    const float* pe = wpe + (size_t)positions[i] * C;
+    float* o = out + (size_t)i * C;
+    for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
+  }
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        const int32_t* positions, int N, int C) {
+  for (int i = 0; i < N; i++) {
+    float* dte = dwte + (size_t)tokens[i] * C;
+    float* dpe = dwpe + (size_t)positions[i] * C;
+    const float* d = dout + (size_t)i * C;
+    for (int c = 0; c < C; c++) {
+      dte[c] += d[c];
+      dpe[c] += d[c];
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// softmax and cross-entropy
+
+void softmax_rows(float* x, int N, int V) {
+  for (int i = 0; i < N; i++) {
+    float* r = x + (size_t)i * V;
+    float maxv = r[0];
+    for (int v = 1; v < V; v++) maxv = std::max(maxv, r[v]);
+    float sum = 0.0f;
+    for (int v = 0; v < V; v++) {
+      r[v] = std::exp(r[v] - maxv);
+      sum += r[v];
+    }
+    for (int v = 0; v < V; v++) r[v] /= sum;
+  }
+}
+
+double crossentropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                     const float* weights, int N, int V) {
+  double loss = 0.0;
+  for (int i = 0; i < N; i++) {
+    if (weights[i] == 0.0f) continue;
+    const float* r = logits + (size_t)i * V;
+    float maxv = r[0];
+    for (int v = 1; v < V; v++) maxv = std::max(maxv, r[v]);
+    double sum = 0.0;
+    for (int v = 0; v < V; v++) sum += std::exp((double)(r[v] - maxv));
+    double lse = maxv + std::log(sum);
+    loss += weights[i] * (lse - r[targets[i]]);
+    if (dlogits != nullptr) {
+      float* d = dlogits + (size_t)i * V;
+      for (int v = 0; v < V; v++) d[v] += weights[i] * (float)std::exp(r[v] - lse);
+      d[targets[i]] -= weights[i];
+    }
+  }
+  return loss;
+}
+
+}  // namespace moerl::model
