@@ -1,0 +1,115 @@
+// The contract between the campaign workflow and its activities: inputs and outputs carry keys
+// and small summaries only (each payload well under 64 KB); bulk data lives in the object store.
+import type { CampaignSpec, Hyperparameters } from '../workflows/spec.js';
+
+/** Where a campaign's artifacts live: the spec's store section (no credentials, ever). */
+export type StoreLocation = CampaignSpec['store'];
+
+/** A committed checkpoint: its manifest exists, so every file in it is whole and verified. */
+export interface CheckpointRef {
+  campaignId: string;
+  /** Iteration whose update produced it (0 = the initial policy). */
+  iteration: number;
+  /** Store key of the checkpoint directory, e.g. campaigns/<id>/checkpoints/000012 */
+  key: string;
+  /** sha256 of manifest.json: identifies the checkpoint's content (rollout caches key on it). */
+  manifestSha256: string;
+  meanReward: number | null;
+}
+
+/** Files of a checkpoint written by an update but not yet committed (no manifest yet). */
+export interface StagedCheckpoint {
+  campaignId: string;
+  iteration: number;
+  key: string;
+  files: { name: string; bytes: number; sha256: string }[];
+}
+
+interface ActivityOutcome {
+  /** Temporal attempt number that produced this result (1 = first try). */
+  attempt: number;
+}
+
+export interface PrepareInput {
+  campaignId: string;
+  spec: CampaignSpec;
+  /** init a fresh policy (plus optional SFT warm start), or import a checkpoint of another campaign. */
+  source: { kind: 'init' } | { kind: 'fork'; checkpoint: CheckpointRef };
+}
+export interface PrepareOutput extends ActivityOutcome {
+  staged: StagedCheckpoint;
+  metrics: Record<string, number>;
+}
+
+export interface RolloutShardInput {
+  campaignId: string;
+  iteration: number;
+  shard: number;
+  spec: CampaignSpec;
+  policy: CheckpointRef;
+  /** Prompts [promptStart, promptStart + promptCount) of this iteration belong to this shard. */
+  promptStart: number;
+  promptCount: number;
+  hyperparameters: Hyperparameters;
+}
+export interface RolloutShardOutput extends ActivityOutcome {
+  shard: number;
+  chunkKeys: string[];
+  samples: number;
+  tokens: number;
+  tokensPerSecond: number;
+  /** Chunks regenerated because an earlier attempt died before storing them. */
+  chunksRedone: number;
+}
+
+export interface RewardInput {
+  campaignId: string;
+  iteration: number;
+  spec: CampaignSpec;
+  rollouts: Pick<RolloutShardOutput, 'shard' | 'chunkKeys'>[];
+}
+export interface RewardOutput extends ActivityOutcome {
+  rewardKeys: string[];
+  meanReward: number;
+  stdReward: number;
+  passRate: number;
+}
+
+export interface UpdateInput {
+  campaignId: string;
+  iteration: number;
+  spec: CampaignSpec;
+  policy: CheckpointRef;
+  rolloutKeys: string[];
+  rewardKeys: string[];
+  hyperparameters: Hyperparameters;
+}
+export interface UpdateOutput extends ActivityOutcome {
+  staged: StagedCheckpoint;
+  /** Scalar training metrics of the update (loss terms, KL, entropy, grad norm, tokens/s, ...). */
+  metrics: Record<string, number>;
+}
+
+export interface CheckpointInput {
+  campaignId: string;
+  spec: CampaignSpec;
+  staged: StagedCheckpoint;
+  meanReward: number | null;
+}
+export interface CheckpointOutput extends ActivityOutcome {
+  checkpoint: CheckpointRef;
+  /** Checkpoint keys removed by retention. */
+  removed: string[];
+}
+
+/** Every activity the campaign workflow schedules, by name. */
+export interface CampaignActivities {
+  preparePolicy(input: PrepareInput): Promise<PrepareOutput>;
+  rolloutShard(input: RolloutShardInput): Promise<RolloutShardOutput>;
+  computeRewards(input: RewardInput): Promise<RewardOutput>;
+  updatePolicy(input: UpdateInput): Promise<UpdateOutput>;
+  commitCheckpoint(input: CheckpointInput): Promise<CheckpointOutput>;
+}
+
+/** Error type names the workflow treats as non-retryable: the input is wrong, retrying cannot help. */
+export const badInputErrorType = 'BadInput';

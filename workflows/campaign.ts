@@ -1,0 +1,281 @@
+// The campaign workflow: one per experiment. It holds the decisions (what runs next, on which
+// checkpoint, with which hyperparameters, when to pause or continue-as-new); activities do the
+// I/O. Each iteration i is rollout (fanned out over shards) → reward → update → checkpoint.
+// Checkpoint i is the policy after iteration i's update; checkpoint 0 is the initial policy.
+import {
+  ActivityFailure,
+  ApplicationFailure,
+  CancellationScope,
+  allHandlersFinished,
+  condition,
+  continueAsNew,
+  isCancellation,
+  proxyActivities,
+  setHandler,
+  upsertSearchAttributes,
+  workflowInfo,
+} from '@temporalio/workflow';
+import type { ActivityOptions } from '@temporalio/workflow';
+import { badInputErrorType } from '../activities/types.js';
+import type { CampaignActivities, CheckpointRef, StagedCheckpoint } from '../activities/types.js';
+import { pauseSignal, resumeSignal, setHyperparametersUpdate, statusQuery } from './messages.js';
+import { campaignStatusKey, iterationKey, meanRewardKey } from './search-attributes.js';
+import { validateHyperparameterChange } from './spec.js';
+import type { CampaignSpec } from './spec.js';
+import * as st from './state.js';
+import type { CampaignInput, CampaignState, RolloutPhaseResult, StageName, TaskQueues } from './types.js';
+
+export interface CampaignResult {
+  campaignId: string;
+  status: CampaignState['status'];
+  committedIteration: number;
+  latestCheckpoint: CheckpointRef | null;
+}
+
+/** Activity options per stage, suited to where each runs. */
+function stageActivities(spec: CampaignSpec, queues: TaskQueues) {
+  const o = spec.orchestration;
+  const stageTimeout = `${o.stageTimeoutMinutes} minutes`;
+  const nonRetryableErrorTypes = [badInputErrorType];
+  // Rollout workers run on Spot capacity: a lost worker is noticed within one heartbeat
+  // timeout and the shard is retried elsewhere, forever, with a capped backoff.
+  const rollout: ActivityOptions = {
+    taskQueue: queues.rollout,
+    startToCloseTimeout: stageTimeout,
+    heartbeatTimeout: `${o.rolloutHeartbeatSeconds} seconds`,
+    retry: { initialInterval: '1 second', maximumInterval: '30 seconds', maximumAttempts: 0, nonRetryableErrorTypes },
+  };
+  // Trainer ranks run on stable capacity; repeated failure means something is wrong.
+  const train: ActivityOptions = {
+    taskQueue: queues.train,
+    startToCloseTimeout: stageTimeout,
+    heartbeatTimeout: `${o.updateHeartbeatSeconds} seconds`,
+    retry: {
+      initialInterval: '5 seconds',
+      maximumInterval: '1 minute',
+      maximumAttempts: o.updateMaxAttempts,
+      nonRetryableErrorTypes,
+    },
+  };
+  const control: ActivityOptions = {
+    taskQueue: queues.control,
+    startToCloseTimeout: '30 minutes',
+    retry: { initialInterval: '1 second', maximumInterval: '30 seconds', maximumAttempts: 10, nonRetryableErrorTypes },
+  };
+  return {
+    rollout: proxyActivities<CampaignActivities>(rollout),
+    train: proxyActivities<CampaignActivities>(train),
+    control: proxyActivities<CampaignActivities>(control),
+  };
+}
+
+const secondsSince = (start: Date) => (Date.now() - start.getTime()) / 1000;
+
+export async function campaign(input: CampaignInput): Promise<CampaignResult> {
+  const { spec, campaignId } = input;
+  const state: CampaignState = input.state ? { ...input.state, runs: input.state.runs + 1 } : st.initialState(input);
+  const acts = stageActivities(spec, input.taskQueues);
+
+  setHandler(pauseSignal, ({ reason }) => st.requestPause(state, reason ?? 'paused by user'));
+  setHandler(resumeSignal, () => st.resume(state));
+  setHandler(
+    setHyperparametersUpdate,
+    (req) => st.applyHyperparameterChange(state, req, validateHyperparameterChange(req.changes), new Date()),
+    {
+      validator: (req) => {
+        if (state.status === 'completed' || state.status === 'cancelled')
+          throw new Error(`campaign is ${state.status}; nothing left to apply hyperparameters to`);
+        validateHyperparameterChange(req?.changes);
+      },
+    },
+  );
+  setHandler(statusQuery, () => state);
+
+  let lastStatus = '';
+  const publishStatus = () => {
+    if (state.status === lastStatus) return;
+    lastStatus = state.status;
+    upsertSearchAttributes([{ key: campaignStatusKey, value: state.status }]);
+  };
+
+  /** Waits here while a pause is requested: the boundary between stages. */
+  async function boundary(): Promise<void> {
+    st.refreshStatus(state);
+    publishStatus();
+    await condition(() => !state.pauseRequested);
+    publishStatus();
+  }
+
+  /**
+   * Runs one activity of a stage. A failure that outlives its retry policy pauses the campaign
+   * with the reason recorded; `resume` runs the activity again (its outputs are keyed
+   * deterministically, so finished work is found, not redone).
+   */
+  async function runStage<T extends { attempt: number }>(
+    iteration: number,
+    stage: StageName,
+    call: () => Promise<T>,
+  ): Promise<T> {
+    for (;;) {
+      await boundary();
+      st.stageStarted(state, iteration, stage, new Date());
+      try {
+        const out = await call();
+        st.countRetries(state, stage, [out.attempt]);
+        return out;
+      } catch (err) {
+        if (isCancellation(err) || !(err instanceof ActivityFailure)) throw err;
+        const cause = err.cause;
+        st.stageFailed(state, {
+          iteration,
+          stage,
+          message: cause?.message ?? err.message,
+          type: cause instanceof ApplicationFailure ? (cause.type ?? 'Error') : (cause?.name ?? 'Error'),
+          nonRetryable: cause instanceof ApplicationFailure && cause.nonRetryable === true,
+          at: new Date().toISOString(),
+        });
+        state.retries[stage] += 1;
+      } finally {
+        st.stageEnded(state, iteration, stage);
+        publishStatus();
+      }
+    }
+  }
+
+  async function commit(staged: StagedCheckpoint, meanReward: number | null) {
+    // The commit is short and atomic (manifest last); let it finish even if the campaign is
+    // being cancelled, so the store never holds debris of a commit cut in half.
+    const out = await CancellationScope.nonCancellable(() =>
+      runStage(staged.iteration, 'checkpoint', () =>
+        acts.control.commitCheckpoint({ campaignId, spec, staged, meanReward }),
+      ),
+    );
+    st.checkpointCommitted(state, out);
+    return out;
+  }
+
+  async function prepare(): Promise<void> {
+    const source = input.forkFrom ? { kind: 'fork' as const, checkpoint: input.forkFrom } : { kind: 'init' as const };
+    const iteration = input.forkFrom?.iteration ?? 0;
+    const out = await runStage(iteration, 'prepare', () => acts.train.preparePolicy({ campaignId, spec, source }));
+    await commit(out.staged, null);
+  }
+
+  /** Rollout over all shards, then reward, for one iteration sampled from `policy`. */
+  async function rolloutPhase(iteration: number, policy: CheckpointRef): Promise<RolloutPhaseResult> {
+    await boundary();
+    state.nextIteration = Math.max(state.nextIteration, iteration + 1);
+    const hyperparameters = { ...state.hyperparameters };
+    const started = new Date();
+    const shards = await Promise.all(
+      st.shardRanges(spec).map((range) =>
+        runStage(iteration, 'rollout', () =>
+          acts.rollout.rolloutShard({ campaignId, iteration, spec, policy, hyperparameters, ...range }),
+        ),
+      ),
+    );
+    const rolloutSeconds = secondsSince(started);
+    const rewardStarted = new Date();
+    const reward = await runStage(iteration, 'reward', () =>
+      acts.rollout.computeRewards({
+        campaignId,
+        iteration,
+        spec,
+        rollouts: shards.map(({ shard, chunkKeys }) => ({ shard, chunkKeys })),
+      }),
+    );
+    return {
+      iteration,
+      policy,
+      hyperparameters,
+      shards,
+      reward,
+      stageSeconds: { rollout: rolloutSeconds, reward: secondsSince(rewardStarted) },
+    };
+  }
+
+  /** Update on a finished rollout phase and commit the result as checkpoint `phase.iteration`. */
+  async function updatePhase(phase: RolloutPhaseResult): Promise<void> {
+    const { iteration } = phase;
+    const started = new Date();
+    const update = await runStage(iteration, 'update', () =>
+      acts.train.updatePolicy({
+        campaignId,
+        iteration,
+        spec,
+        policy: state.latestCheckpoint!,
+        rolloutKeys: phase.shards.flatMap((s) => s.chunkKeys),
+        rewardKeys: phase.reward.rewardKeys,
+        hyperparameters: phase.hyperparameters,
+      }),
+    );
+    const updateSeconds = secondsSince(started);
+    const commitStarted = new Date();
+    const committed = await commit(update.staged, phase.reward.meanReward);
+    const sum = (f: (s: RolloutPhaseResult['shards'][number]) => number) =>
+      phase.shards.reduce((acc, s) => acc + f(s), 0);
+    st.iterationFinished(state, {
+      iteration,
+      policyIteration: phase.policy.iteration,
+      meanReward: phase.reward.meanReward,
+      passRate: phase.reward.passRate,
+      samples: sum((s) => s.samples),
+      tokens: sum((s) => s.tokens),
+      rolloutTokensPerSecond: sum((s) => s.tokensPerSecond),
+      chunksRedone: sum((s) => s.chunksRedone),
+      stageSeconds: { ...phase.stageSeconds, update: updateSeconds, checkpoint: secondsSince(commitStarted) },
+      attempts: {
+        rollout: Math.max(...phase.shards.map((s) => s.attempt)),
+        reward: phase.reward.attempt,
+        update: update.attempt,
+        checkpoint: committed.attempt,
+      },
+      trainMetrics: update.metrics,
+    });
+    upsertSearchAttributes([
+      { key: iterationKey, value: iteration },
+      { key: meanRewardKey, value: phase.reward.meanReward },
+    ]);
+  }
+
+  const shouldContinueAsNew = (iterationsThisRun: number) =>
+    workflowInfo().continueAsNewSuggested || iterationsThisRun >= spec.orchestration.continueAsNewEvery;
+
+  try {
+    if (state.latestCheckpoint === null) await prepare();
+    let ahead: Promise<RolloutPhaseResult> | null = null;
+    let carried = state.carriedRollout;
+    state.carriedRollout = null;
+    let iterationsThisRun = 0;
+    for (let i = state.committedIteration + 1; i <= spec.iterations; i++) {
+      const phase: RolloutPhaseResult = carried ?? (await (ahead ?? rolloutPhase(i, state.latestCheckpoint!)));
+      carried = null;
+      // One-step off-policy: sample iteration i+1 from the checkpoint update i starts from.
+      ahead = spec.staleness === 1 && i < spec.iterations ? rolloutPhase(i + 1, state.latestCheckpoint!) : null;
+      ahead?.catch(() => undefined); // its failure surfaces where it is awaited
+      await updatePhase(phase);
+      iterationsThisRun++;
+      if (i < spec.iterations && shouldContinueAsNew(iterationsThisRun)) {
+        state.carriedRollout = ahead ? await ahead : null;
+        await condition(allHandlersFinished);
+        await continueAsNew<typeof campaign>({ ...input, state });
+      }
+    }
+    state.status = 'completed';
+    publishStatus();
+    await condition(allHandlersFinished);
+  } catch (err) {
+    if (isCancellation(err)) {
+      state.status = 'cancelled';
+      state.activeStages = [];
+      publishStatus();
+    }
+    throw err;
+  }
+  return {
+    campaignId,
+    status: state.status,
+    committedIteration: state.committedIteration,
+    latestCheckpoint: state.latestCheckpoint,
+  };
+}

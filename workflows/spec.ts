@@ -1,0 +1,212 @@
+// The campaign spec: what a user writes in YAML, validated once by the CLI and carried by the
+// workflow. Shared by CLI, workflow and activities, so it holds no I/O (the YAML parsing lives in
+// cli/spec-file.ts). Unknown fields are errors: a typo must never pass silently.
+import { z } from 'zod';
+
+/** Names of the verifiable tasks the native core generates prompts for (docs/tasks.md). */
+export const builtinTasks = ['addition', 'sort-digits', 'reverse'] as const;
+
+const positiveInt = (max: number) => z.number().int().min(1).max(max);
+const unit = z.number().min(0).max(1);
+
+export const hyperparametersSchema = z.strictObject({
+  lr: z.number().gt(0).max(1).describe('AdamW learning rate of the policy update'),
+  klCoef: z.number().min(0).max(10).describe('weight of the k3 KL penalty to the reference policy'),
+  clipEps: z.number().gt(0).max(1).describe('PPO/GRPO ratio clipping epsilon'),
+  temperature: z.number().gt(0).max(5).describe('sampling temperature for rollouts'),
+  topP: z.number().gt(0).max(1).describe('nucleus sampling threshold for rollouts'),
+  entropyCoef: z.number().min(0).max(1).describe('weight of the entropy bonus'),
+  auxLossCoef: z.number().min(0).max(1).describe('weight of the router load-balancing loss'),
+  maxNewTokens: positiveInt(4096).describe('tokens generated per sample at most'),
+});
+export type Hyperparameters = z.infer<typeof hyperparametersSchema>;
+
+export const defaultHyperparameters: Hyperparameters = {
+  lr: 3e-4,
+  klCoef: 0.0,
+  clipEps: 0.2,
+  temperature: 1.0,
+  topP: 1.0,
+  entropyCoef: 0.0,
+  auxLossCoef: 0.01,
+  maxNewTokens: 16,
+};
+
+const modelSchema = z
+  .strictObject({
+    layers: positiveInt(64),
+    hidden: positiveInt(16384),
+    heads: positiveInt(256),
+    experts: positiveInt(1024),
+    topK: positiveInt(16),
+  })
+  .superRefine((m, ctx) => {
+    if (m.hidden % m.heads !== 0)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['hidden'],
+        message: `hidden (${m.hidden}) must be divisible by heads (${m.heads})`,
+      });
+    if (m.topK > m.experts)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['topK'],
+        message: `topK (${m.topK}) must be at most experts (${m.experts})`,
+      });
+  });
+
+const taskSchema = z.union([
+  z.strictObject({ builtin: z.enum(builtinTasks) }),
+  z.strictObject({ dataset: z.string().min(1).describe('store key of a JSONL prompt file') }),
+]);
+
+const launcherSchema = z.discriminatedUnion('kind', [
+  z.strictObject({ kind: z.literal('local') }),
+  z.strictObject({
+    kind: z.literal('kubernetes'),
+    namespace: z.string().regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be a DNS-1123 label'),
+    image: z
+      .string()
+      .min(1)
+      .refine((s) => !s.endsWith(':latest') && s.includes(':'), 'must carry a pinned tag, not latest'),
+    cpu: z.string().optional(),
+    memory: z.string().optional(),
+    gpusPerRank: z.number().int().min(0).max(16).default(0),
+    efaPerRank: z.number().int().min(0).max(32).default(0),
+    nodeSelector: z.record(z.string(), z.string()).optional(),
+    serviceAccount: z.string().optional(),
+  }),
+]);
+
+const storeSchema = z.discriminatedUnion('kind', [
+  z.strictObject({ kind: z.literal('fs'), path: z.string().min(1) }),
+  z.strictObject({
+    kind: z.literal('s3'),
+    bucket: z.string().regex(/^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/, 'must be a valid S3 bucket name'),
+    prefix: z.string().default(''),
+    region: z.string().default('us-east-1'),
+    endpoint: z.url().optional().describe('custom endpoint for S3-compatible servers'),
+    forcePathStyle: z.boolean().default(false),
+  }),
+]);
+
+const orchestrationSchema = z.strictObject({
+  continueAsNewEvery: positiveInt(10000)
+    .default(50)
+    .describe('iterations per workflow run before continue-as-new'),
+  rolloutHeartbeatSeconds: positiveInt(3600).default(30),
+  updateHeartbeatSeconds: positiveInt(3600).default(120),
+  updateMaxAttempts: positiveInt(100).default(4),
+  stageTimeoutMinutes: positiveInt(7 * 24 * 60).default(240),
+});
+
+export const campaignSpecSchema = z
+  .strictObject({
+    name: z
+      .string()
+      .regex(/^[a-z0-9]([-a-z0-9]{0,46}[a-z0-9])?$/, 'must be lowercase letters, digits and dashes (≤48)'),
+    task: taskSchema,
+    model: modelSchema,
+    iterations: positiveInt(1_000_000),
+    promptsPerIteration: positiveInt(1_000_000),
+    groupSize: z.number().int().min(2).max(1024).describe('samples per prompt (GRPO needs ≥2)'),
+    rolloutShards: positiveInt(4096),
+    chunkSize: positiveInt(1_000_000).describe('samples per rollout chunk (the unit of redone work)'),
+    epWorldSize: positiveInt(4096),
+    sftWarmStartSteps: z.number().int().min(0).max(1_000_000).default(0),
+    launcher: launcherSchema.default({ kind: 'local' }),
+    store: storeSchema.default({ kind: 'fs', path: '.moerl/store' }),
+    hyperparameters: hyperparametersSchema.partial().default({}),
+    staleness: z.union([z.literal(0), z.literal(1)]).default(0),
+    retention: z
+      .strictObject({ keepLast: positiveInt(10000).default(3), keepBest: z.boolean().default(true) })
+      .default({ keepLast: 3, keepBest: true }),
+    seed: z.number().int().min(0).max(2 ** 31 - 1),
+    orchestration: orchestrationSchema.default(orchestrationSchema.parse({})),
+  })
+  .superRefine((s, ctx) => {
+    if (s.model.experts % s.epWorldSize !== 0)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['epWorldSize'],
+        message: `model.experts (${s.model.experts}) must be divisible by epWorldSize (${s.epWorldSize})`,
+      });
+    if (s.rolloutShards > s.promptsPerIteration)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['rolloutShards'],
+        message: `rolloutShards (${s.rolloutShards}) must be at most promptsPerIteration (${s.promptsPerIteration})`,
+      });
+  });
+
+/** A spec as written (before defaults). */
+export type CampaignSpecInput = z.input<typeof campaignSpecSchema>;
+/** A validated spec with defaults filled in; hyperparameters are complete. */
+export type CampaignSpec = Omit<z.output<typeof campaignSpecSchema>, 'hyperparameters'> & {
+  hyperparameters: Hyperparameters;
+};
+
+export class SpecError extends Error {
+  constructor(
+    readonly problems: string[],
+    where = 'campaign spec',
+  ) {
+    super(`${where} is invalid:\n  - ${problems.join('\n  - ')}`);
+    this.name = 'SpecError';
+  }
+}
+
+function describeValue(input: unknown): string {
+  if (input === undefined) return 'missing';
+  const json = JSON.stringify(input);
+  return json.length > 60 ? `${json.slice(0, 57)}...` : json;
+}
+
+function valueAt(root: unknown, path: readonly PropertyKey[]): unknown {
+  let cur: unknown = root;
+  for (const key of path) {
+    if (cur === null || typeof cur !== 'object') return undefined;
+    cur = (cur as Record<PropertyKey, unknown>)[key];
+  }
+  return cur;
+}
+
+/** Turns zod issues into "field: got VALUE; ALLOWED" lines, one per problem. */
+export function formatIssues(issues: readonly z.core.$ZodIssue[], input: unknown): string[] {
+  return issues.map((issue) => {
+    const field = issue.path.length ? issue.path.map(String).join('.') : '(top level)';
+    if (issue.code === 'unrecognized_keys') {
+      return `${field === '(top level)' ? '' : field + ': '}unknown field(s) ${issue.keys.map((k) => `"${k}"`).join(', ')}`;
+    }
+    if (issue.code === 'invalid_union') {
+      return `${field}: got ${describeValue(valueAt(input, issue.path))}; expected one of the allowed forms (see \`moerl spec schema\`)`;
+    }
+    return `${field}: got ${describeValue(valueAt(input, issue.path))}; ${issue.message}`;
+  });
+}
+
+/** Validates a parsed spec document; throws SpecError listing every problem at once. */
+export function parseCampaignSpec(input: unknown, where?: string): CampaignSpec {
+  const result = campaignSpecSchema.safeParse(input);
+  if (!result.success) throw new SpecError(formatIssues(result.error.issues, input), where);
+  return {
+    ...result.data,
+    hyperparameters: { ...defaultHyperparameters, ...result.data.hyperparameters },
+  };
+}
+
+/**
+ * Validates a partial hyperparameter change against the current values: used by the
+ * setHyperparameters update validator and by `moerl fork --set`.
+ */
+export function validateHyperparameterChange(change: unknown): Partial<Hyperparameters> {
+  const result = hyperparametersSchema.partial().safeParse(change);
+  if (!result.success) throw new SpecError(formatIssues(result.error.issues, change), 'hyperparameter change');
+  if (Object.keys(result.data).length === 0) throw new SpecError(['no hyperparameter given'], 'hyperparameter change');
+  return result.data;
+}
+
+/** JSON Schema of the spec for editors (`moerl spec schema`). */
+export function campaignSpecJsonSchema(): unknown {
+  return z.toJSONSchema(campaignSpecSchema, { io: 'input', unrepresentable: 'any' });
+}

@@ -1,0 +1,129 @@
+// Pure transitions of the campaign state: no Temporal APIs here, so each rule is unit-testable
+// and the workflow file reads as orchestration only.
+import type { CheckpointOutput } from '../activities/types.js';
+import type { SetHyperparametersInput } from './messages.js';
+import type { CampaignSpec, Hyperparameters } from './spec.js';
+import type {
+  CampaignInput,
+  CampaignState,
+  HyperparameterChange,
+  IterationSummary,
+  StageFailure,
+  StageName,
+} from './types.js';
+
+/** How many iteration summaries the state keeps; the rest is in the workflow history. */
+export const recentIterationsKept = 10;
+
+export function initialState(input: CampaignInput): CampaignState {
+  return {
+    campaignId: input.campaignId,
+    name: input.spec.name,
+    status: 'running',
+    pauseRequested: false,
+    pauseReason: null,
+    hyperparameters: { ...input.spec.hyperparameters },
+    hyperparameterChanges: [],
+    nextIteration: input.forkFrom ? input.forkFrom.iteration + 1 : 1,
+    committedIteration: -1,
+    latestCheckpoint: null,
+    checkpoints: [],
+    activeStages: [],
+    retries: { prepare: 0, rollout: 0, reward: 0, update: 0, checkpoint: 0 },
+    lastFailure: null,
+    recentIterations: [],
+    carriedRollout: null,
+    runs: 1,
+    forkedFrom: input.forkFrom
+      ? { campaignId: input.forkFrom.campaignId, iteration: input.forkFrom.iteration }
+      : null,
+  };
+}
+
+/** Derives the status from the pause flag and running stages (cancel/complete are set directly). */
+export function refreshStatus(state: CampaignState): void {
+  if (state.status === 'completed' || state.status === 'cancelled') return;
+  if (!state.pauseRequested) state.status = 'running';
+  else state.status = state.activeStages.length > 0 ? 'pausing' : 'paused';
+}
+
+export function requestPause(state: CampaignState, reason: string): void {
+  state.pauseRequested = true;
+  state.pauseReason = reason;
+  refreshStatus(state);
+}
+
+export function resume(state: CampaignState): void {
+  state.pauseRequested = false;
+  state.pauseReason = null;
+  refreshStatus(state);
+}
+
+export function stageStarted(state: CampaignState, iteration: number, stage: StageName, at: Date): void {
+  state.activeStages.push({ iteration, stage, startedAt: at.toISOString() });
+  refreshStatus(state);
+}
+
+export function stageEnded(state: CampaignState, iteration: number, stage: StageName): void {
+  const idx = state.activeStages.findIndex((s) => s.iteration === iteration && s.stage === stage);
+  if (idx >= 0) state.activeStages.splice(idx, 1);
+  refreshStatus(state);
+}
+
+/** A stage failed for good: remember why and pause, so an operator can fix and resume. */
+export function stageFailed(state: CampaignState, failure: StageFailure): void {
+  state.lastFailure = failure;
+  requestPause(state, `${failure.stage} of iteration ${failure.iteration} failed: ${failure.message}`);
+}
+
+export function countRetries(state: CampaignState, stage: StageName, attempts: number[]): number {
+  const retries = attempts.reduce((sum, a) => sum + Math.max(0, a - 1), 0);
+  state.retries[stage] += retries;
+  return Math.max(1, ...attempts);
+}
+
+/**
+ * Applies a validated change. Hyperparameters are snapshotted when an iteration's rollout
+ * starts, so the change first applies to the next iteration whose rollout has not started.
+ */
+export function applyHyperparameterChange(
+  state: CampaignState,
+  input: SetHyperparametersInput,
+  changes: Partial<Hyperparameters>,
+  at: Date,
+): HyperparameterChange {
+  const change: HyperparameterChange = {
+    iteration: state.nextIteration,
+    changes,
+    reason: input.reason ?? '',
+    at: at.toISOString(),
+  };
+  state.hyperparameters = { ...state.hyperparameters, ...changes };
+  state.hyperparameterChanges.push(change);
+  return change;
+}
+
+export function checkpointCommitted(state: CampaignState, out: CheckpointOutput): void {
+  state.latestCheckpoint = out.checkpoint;
+  state.committedIteration = out.checkpoint.iteration;
+  const removed = new Set(out.removed);
+  state.checkpoints = [...state.checkpoints.filter((c) => !removed.has(c.key)), out.checkpoint];
+}
+
+export function iterationFinished(state: CampaignState, summary: IterationSummary): void {
+  state.recentIterations = [...state.recentIterations, summary].slice(-recentIterationsKept);
+}
+
+/** Splits the iteration's prompts into contiguous shard ranges, sizes differing by at most one. */
+export function shardRanges(spec: CampaignSpec): { shard: number; promptStart: number; promptCount: number }[] {
+  const base = Math.floor(spec.promptsPerIteration / spec.rolloutShards);
+  const extra = spec.promptsPerIteration % spec.rolloutShards;
+  const ranges = [];
+  let start = 0;
+  for (let shard = 0; shard < spec.rolloutShards; shard++) {
+    const count = base + (shard < extra ? 1 : 0);
+    ranges.push({ shard, promptStart: start, promptCount: count });
+    start += count;
+  }
+  return ranges;
+}

@@ -1,0 +1,105 @@
+// Campaign workflow input and state. The state is one plain JSON-safe object (no Map/Set): it
+// is the query answer and travels whole across continue-as-new.
+import type { CheckpointRef, RewardOutput, RolloutShardOutput } from '../activities/types.js';
+import type { CampaignSpec, Hyperparameters } from './spec.js';
+
+export type StageName = 'prepare' | 'rollout' | 'reward' | 'update' | 'checkpoint';
+export const stageNames: readonly StageName[] = ['prepare', 'rollout', 'reward', 'update', 'checkpoint'];
+
+export type CampaignStatus = 'running' | 'pausing' | 'paused' | 'completed' | 'cancelled';
+
+export interface TaskQueues {
+  control: string;
+  rollout: string;
+  train: string;
+}
+
+export interface CampaignInput {
+  campaignId: string;
+  spec: CampaignSpec;
+  taskQueues: TaskQueues;
+  /** Start from this committed checkpoint of another campaign instead of a fresh policy. */
+  forkFrom?: CheckpointRef;
+  /** Present when this run continues an earlier one (continue-as-new). */
+  state?: CampaignState;
+}
+
+export interface ActiveStage {
+  iteration: number;
+  stage: StageName;
+  startedAt: string;
+}
+
+export interface HyperparameterChange {
+  /** First iteration whose stages use the new values. */
+  iteration: number;
+  changes: Partial<Hyperparameters>;
+  reason: string;
+  at: string;
+}
+
+export interface StageFailure {
+  iteration: number;
+  stage: StageName;
+  message: string;
+  /** The error type (e.g. BadInput) and whether retrying could help. */
+  type: string;
+  nonRetryable: boolean;
+  at: string;
+}
+
+/** What one finished iteration left behind: small scalars only. */
+export interface IterationSummary {
+  iteration: number;
+  /** Iteration of the checkpoint the rollout sampled from (iteration-1 on-policy, iteration-2 one-step off). */
+  policyIteration: number;
+  meanReward: number;
+  passRate: number;
+  samples: number;
+  tokens: number;
+  rolloutTokensPerSecond: number;
+  chunksRedone: number;
+  stageSeconds: Partial<Record<StageName, number>>;
+  attempts: Partial<Record<StageName, number>>;
+  trainMetrics: Record<string, number>;
+}
+
+/** Rollout + reward of one iteration, finished ahead of its update when staleness is 1. */
+export interface RolloutPhaseResult {
+  iteration: number;
+  policy: CheckpointRef;
+  /** Snapshot taken when the rollout started; the update of the same iteration uses it too. */
+  hyperparameters: Hyperparameters;
+  shards: RolloutShardOutput[];
+  reward: RewardOutput;
+  stageSeconds: Partial<Record<StageName, number>>;
+}
+
+export interface CampaignState {
+  campaignId: string;
+  name: string;
+  status: CampaignStatus;
+  pauseRequested: boolean;
+  /** Why the campaign is paused when the campaign paused itself (a stage failed for good). */
+  pauseReason: string | null;
+  hyperparameters: Hyperparameters;
+  hyperparameterChanges: HyperparameterChange[];
+  /** First iteration whose rollout has not started yet. */
+  nextIteration: number;
+  /** Last iteration with a committed checkpoint (0 = initial policy, -1 = none yet). */
+  committedIteration: number;
+  latestCheckpoint: CheckpointRef | null;
+  /** Committed checkpoints still kept by retention, oldest first. */
+  checkpoints: CheckpointRef[];
+  activeStages: ActiveStage[];
+  /** Retries observed per stage (attempts beyond the first, summed over activities). */
+  retries: Record<StageName, number>;
+  lastFailure: StageFailure | null;
+  /** The last few iterations (older ones are in the workflow history). */
+  recentIterations: IterationSummary[];
+  /** A rollout phase finished ahead of its update, carried across continue-as-new. */
+  carriedRollout: RolloutPhaseResult | null;
+  /** Number of workflow runs so far (1 + continue-as-new count). */
+  runs: number;
+  forkedFrom: { campaignId: string; iteration: number } | null;
+}
