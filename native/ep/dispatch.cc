@@ -1,0 +1,205 @@
+// dispatch: send each token once to every rank holding one of its experts.
+//
+// Data path per call (R ranks):
+//   1. counts: one int64 to and from every peer (how many tokens each will receive);
+//   2. every rank posts its receives straight into the outputs at the row offset of each
+//      source rank, so received rows land in their final place (no unpacking pass);
+//   3. rows for each remote rank are packed into one staging block per section (x,
+//      scales, topk_idx rewritten to local ids, weights) and sent as one message each;
+//   4. rows for this rank are copied from x to the output directly, no staging.
+// On shm with cross-memory attach a remote row is copied twice (pack, then the kernel's
+// process-to-process copy), a local row once.
+#include <cstring>  // std::memcpy
+
+#include "common/check.h"
+#include "ep/ep.h"
+
+namespace moerl::ep {
+namespace {
+
+// One payload travelling per token: [T, row_bytes] at src -> [N, row_bytes] at dst.
+struct Section {
+  const uint8_t* src;
+  uint8_t* dst;
+  size_t row_bytes;
+  bool is_topk_idx;  // rewrite global expert ids to the destination's local ids
+};
+
+// Copies the rows of `tokens` from s.src to out, rewriting expert ids for rank `dest`.
+void pack_rows(const Section& s, const int64_t* tokens, int64_t count, int dest,
+               int num_local_experts, uint8_t* out) {
+  if (!s.is_topk_idx) {
+    for (int64_t i = 0; i < count; ++i)
+      std::memcpy(out + size_t(i) * s.row_bytes, s.src + size_t(tokens[i]) * s.row_bytes,
+                  s.row_bytes);
+    return;
+  }
+  const int64_t K = int64_t(s.row_bytes / sizeof(topk_idx_t));
+  const topk_idx_t first = topk_idx_t(dest) * num_local_experts;
+  const topk_idx_t last = first + num_local_experts;
+  const auto* src = reinterpret_cast<const topk_idx_t*>(s.src);
+  auto* dst = reinterpret_cast<topk_idx_t*>(out);
+  for (int64_t i = 0; i < count; ++i) {
+    for (int64_t k = 0; k < K; ++k) {
+      const topk_idx_t e = src[tokens[i] * K + k];
+      dst[i * K + k] = (e >= first && e < last) ? e - first : -1;
+    }
+  }
+}
+
+// Moves every section along the handle's routes; outputs must already have N rows.
+void exchange_rows(transport::Communicator& comm, const Handle& h, const Section* sections,
+                   int num_sections, int num_local_experts, std::vector<uint8_t>& staging) {
+  const int R = h.num_ranks, self = comm.rank();
+  size_t row_bytes = 0;
+  for (int i = 0; i < num_sections; ++i) row_bytes += sections[i].row_bytes;
+  auto send_count = [&](int r) { return h.send_rank_prefix[r + 1] - h.send_rank_prefix[r]; };
+  auto recv_count = [&](int r) { return h.recv_rank_prefix[r + 1] - h.recv_rank_prefix[r]; };
+
+  const uint32_t op = comm.begin_op();
+  for (int s = 0; s < R; ++s) {
+    if (s == self || recv_count(s) == 0) continue;
+    for (int i = 0; i < num_sections; ++i) {
+      const Section& sec = sections[i];
+      comm.post_recv(s, sec.dst + size_t(h.recv_rank_prefix[s]) * sec.row_bytes,
+                     size_t(recv_count(s)) * sec.row_bytes, op, i);
+    }
+  }
+  size_t staging_bytes = 0;
+  for (int d = 0; d < R; ++d)
+    if (d != self) staging_bytes += size_t(send_count(d)) * row_bytes;
+  if (staging.size() < staging_bytes) staging.resize(staging_bytes);
+  // Start with the next rank so that not every rank packs for rank 0 first.
+  size_t offset = 0;
+  for (int j = 1; j < R; ++j) {
+    const int d = (self + j) % R;
+    const int64_t count = send_count(d);
+    if (count == 0) continue;
+    const int64_t* tokens = h.send_token_idx.data() + h.send_rank_prefix[d];
+    for (int i = 0; i < num_sections; ++i) {
+      uint8_t* block = staging.data() + offset;
+      pack_rows(sections[i], tokens, count, d, num_local_experts, block);
+      comm.post_send(d, block, size_t(count) * sections[i].row_bytes, op, i);
+      offset += size_t(count) * sections[i].row_bytes;
+    }
+  }
+  const int64_t* own = h.send_token_idx.data() + h.send_rank_prefix[self];
+  for (int i = 0; i < num_sections; ++i) {
+    const Section& sec = sections[i];
+    pack_rows(sec, own, send_count(self), self, num_local_experts,
+              sec.dst + size_t(h.recv_rank_prefix[self]) * sec.row_bytes);
+  }
+  comm.wait_all("dispatch");
+}
+
+void check_payload(TensorView x, const float* x_scales, int64_t num_tokens) {
+  MOERL_CHECK_INPUT(x.rows == num_tokens, "dispatch: x has ", x.rows, " rows but the layout/"
+                    "handle was made for ", num_tokens, " tokens");
+  MOERL_CHECK_INPUT(x.cols >= 0 && (x.rows == 0 || x.cols == 0 || x.data != nullptr),
+                    "dispatch: x is null or has negative width");
+  if (x.dtype == DType::F8E4M3) {
+    MOERL_CHECK_INPUT(x.cols % kFp8BlockSize == 0, "dispatch: fp8 payload needs C % 128 == 0, "
+                      "got C=", x.cols);
+    MOERL_CHECK_INPUT(x.rows == 0 || x_scales != nullptr,
+                      "dispatch: fp8 payload needs x_scales [T, C/128]");
+  }
+}
+
+}  // namespace
+
+void Buffer::dispatch(TensorView x, const float* x_scales, const topk_idx_t* topk_idx,
+                      const float* topk_weights, const Layout& layout, DispatchOut& out) {
+  const int R = num_ranks(), self = comm_.rank(), L = num_local_experts();
+  const int64_t T = layout.num_tokens;
+  const int K = layout.num_topk;
+  check_payload(x, x_scales, T);
+  MOERL_CHECK_INPUT(layout.num_tokens_per_rank.size() == size_t(R) &&
+                        layout.is_token_in_rank.size() == size_t(T) * size_t(R),
+                    "dispatch: layout was made for another world size");
+  MOERL_CHECK_INPUT(T == 0 || (topk_idx != nullptr && topk_weights != nullptr),
+                    "dispatch: topk_idx and topk_weights are required");
+
+  // Routes: tokens for each rank in ascending order, and each token's row in those blocks.
+  Handle& h = out.handle;
+  h.num_ranks = R;
+  h.num_experts = num_experts_;
+  h.num_tokens = T;
+  h.send_rank_prefix.assign(size_t(R) + 1, 0);
+  for (int r = 0; r < R; ++r)
+    h.send_rank_prefix[r + 1] = h.send_rank_prefix[r] + layout.num_tokens_per_rank[size_t(r)];
+  h.send_token_idx.resize(size_t(h.send_rank_prefix[R]));
+  h.send_row.assign(size_t(T) * size_t(R), -1);
+  std::vector<int64_t> cursor(h.send_rank_prefix.begin(), h.send_rank_prefix.end() - 1);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int r = 0; r < R; ++r) {
+      if (!layout.is_token_in_rank[size_t(t) * R + r]) continue;
+      h.send_row[size_t(t) * R + r] = int32_t(cursor[size_t(r)] - h.send_rank_prefix[r]);
+      h.send_token_idx[size_t(cursor[size_t(r)]++)] = t;
+    }
+  }
+
+  // Counts: how many rows every source rank will send us.
+  std::vector<int64_t> recv_counts(static_cast<size_t>(R), 0);
+  recv_counts[size_t(self)] = layout.num_tokens_per_rank[size_t(self)];
+  const uint32_t op = comm_.begin_op();
+  for (int r = 0; r < R; ++r) {
+    if (r == self) continue;
+    comm_.post_recv(r, &recv_counts[size_t(r)], sizeof(int64_t), op, 0);
+    comm_.post_send(r, &layout.num_tokens_per_rank[size_t(r)], sizeof(int64_t), op, 0);
+  }
+  comm_.wait_all("dispatch (token counts)");
+  h.recv_rank_prefix.assign(size_t(R) + 1, 0);
+  for (int r = 0; r < R; ++r) h.recv_rank_prefix[r + 1] = h.recv_rank_prefix[r] + recv_counts[r];
+  const int64_t N = h.num_recv_tokens = h.recv_rank_prefix[R];
+
+  out.recv_x.resize(x.dtype, N, x.cols);
+  const bool is_fp8 = x.dtype == DType::F8E4M3;
+  const int64_t num_blocks = is_fp8 ? x.cols / kFp8BlockSize : 0;
+  out.recv_x_scales.resize(size_t(N * num_blocks));
+  out.recv_topk_idx.resize(size_t(N) * K);
+  out.recv_topk_weights.resize(size_t(N) * K);
+  Section sections[4];
+  int num_sections = 0;
+  sections[num_sections++] = {static_cast<const uint8_t*>(x.data), out.recv_x.bytes.data(),
+                              size_t(x.cols) * dtype_bytes(x.dtype), false};
+  if (is_fp8) {
+    sections[num_sections++] = {reinterpret_cast<const uint8_t*>(x_scales),
+                                reinterpret_cast<uint8_t*>(out.recv_x_scales.data()),
+                                size_t(num_blocks) * sizeof(float), false};
+  }
+  sections[num_sections++] = {reinterpret_cast<const uint8_t*>(topk_idx),
+                              reinterpret_cast<uint8_t*>(out.recv_topk_idx.data()),
+                              size_t(K) * sizeof(topk_idx_t), true};
+  sections[num_sections++] = {reinterpret_cast<const uint8_t*>(topk_weights),
+                              reinterpret_cast<uint8_t*>(out.recv_topk_weights.data()),
+                              size_t(K) * sizeof(float), false};
+  exchange_rows(comm_, h, sections, num_sections, L, send_staging_);
+
+  out.num_recv_tokens_per_expert.assign(size_t(L), 0);
+  for (const topk_idx_t e : out.recv_topk_idx)
+    if (e >= 0) ++out.num_recv_tokens_per_expert[size_t(e)];
+}
+
+void Buffer::dispatch(TensorView x, const float* x_scales, const Handle& handle, Tensor& recv_x,
+                      std::vector<float>* recv_x_scales) {
+  MOERL_CHECK_INPUT(handle.num_ranks == num_ranks() && handle.num_experts == num_experts_,
+                    "dispatch: handle belongs to another communicator or expert count");
+  check_payload(x, x_scales, handle.num_tokens);
+  const int64_t N = handle.num_recv_tokens;
+  recv_x.resize(x.dtype, N, x.cols);
+  Section sections[2];
+  int num_sections = 0;
+  sections[num_sections++] = {static_cast<const uint8_t*>(x.data), recv_x.bytes.data(),
+                              size_t(x.cols) * dtype_bytes(x.dtype), false};
+  if (x.dtype == DType::F8E4M3) {
+    MOERL_CHECK_INPUT(recv_x_scales != nullptr, "dispatch: fp8 payload needs recv_x_scales");
+    const int64_t num_blocks = x.cols / kFp8BlockSize;
+    recv_x_scales->resize(size_t(N * num_blocks));
+    sections[num_sections++] = {reinterpret_cast<const uint8_t*>(x_scales),
+                                reinterpret_cast<uint8_t*>(recv_x_scales->data()),
+                                size_t(num_blocks) * sizeof(float), false};
+  }
+  exchange_rows(comm_, handle, sections, num_sections, num_local_experts(), send_staging_);
+}
+
+}  // namespace moerl::ep

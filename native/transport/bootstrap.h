@@ -1,0 +1,38 @@
+// Bootstrap: a small TCP rendezvous at rank 0 (MOERL_COORDINATOR) that lets every rank
+// learn every other rank's libfabric address before any fabric traffic. Used once, while
+// the Communicator is built; every read, write, accept and connect has the deadline.
+#pragma once
+
+#include <cstdint>  // uint8_t
+#include <string>
+#include <vector>
+
+#include "transport/config.h"
+
+namespace moerl::transport {
+
+class Bootstrap {
+ public:
+  // Rank 0 listens on the coordinator's port and accepts world_size - 1 peers; the others
+  // connect (retrying until the deadline while rank 0 is not yet up).
+  explicit Bootstrap(const Config& config);
+  ~Bootstrap();
+  Bootstrap(const Bootstrap&) = delete;
+  Bootstrap& operator=(const Bootstrap&) = delete;
+
+  // IPv4 address of the local interface that reaches the coordinator (the interface the
+  // tcp provider should bind to, so pods pick their pod network and not loopback).
+  const std::string& local_ip() const { return local_ip_; }
+
+  // Every rank passes its blob; every rank gets all blobs indexed by rank.
+  std::vector<std::vector<uint8_t>> allgather(const std::vector<uint8_t>& mine);
+
+ private:
+  Config config_;
+  double deadline_;             // monotonic seconds
+  int listen_fd_ = -1;          // rank 0 only
+  std::vector<int> peer_fds_;   // rank 0: socket of rank r at [r]; others: [0] = rank 0
+  std::string local_ip_;
+};
+
+}  // namespace moerl::transport

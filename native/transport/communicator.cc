@@ -1,0 +1,163 @@
+// Communicator construction and tagged point-to-point messaging with deadlines.
+//
+// Tag layout (60 bits, every provider we target offers at least that many):
+//   [59:36] operation number (24 bits, wraps; older operations are complete by then)
+//   [35:20] source rank      (16 bits; receives match any address, the tag names the source)
+//   [19:12] part             (8 bits, chosen by the caller)
+//   [11:0]  chunk            (12 bits, messages above the provider's max_msg_size are split)
+#include "transport/communicator.h"
+
+#include <rdma/fi_errno.h>  // FI_EAGAIN
+#include <sched.h>          // sched_yield: ranks may outnumber cores, so polls give way
+
+#include <algorithm>  // std::min
+#include <set>        // ranks named in a timeout message
+#include <sstream>    // std::ostringstream
+
+#include "common/check.h"
+#include "transport/bootstrap.h"
+#include "transport/clock.h"
+#include "transport/fabric.h"
+
+namespace moerl::transport {
+
+struct Communicator::Pending {
+  fi_context2 context;  // first member: the provider hands this pointer back on completion
+  int peer = -1;
+  bool is_send = false;
+  bool done = false;
+  fid_mr* mr = nullptr;
+};
+
+namespace {
+
+constexpr size_t kMaxChunk = size_t(1) << 30;  // 1 GiB: below every provider's limit
+constexpr int kMaxChunks = 1 << 12;
+
+uint64_t make_tag(uint32_t op, int src, int part, int chunk) {
+  return (uint64_t(op & 0xffffffu) << 36) | (uint64_t(src & 0xffff) << 20) |
+         (uint64_t(part & 0xff) << 12) | uint64_t(chunk & 0xfff);
+}
+
+}  // namespace
+
+Communicator::Communicator(const Config& config) : config_(config) {
+  config_.validate();
+  if (config_.world_size == 1) return;
+  Bootstrap bootstrap(config_);
+  fabric_ = std::make_unique<Fabric>(config_.provider, bootstrap.local_ip(), config_.rank);
+  fabric_->insert_peers(bootstrap.allgather(fabric_->address()));
+  // Every endpoint exists once the address table is complete, so messages sent from here on
+  // have a live destination. A barrier proves the fabric path works before returning.
+  barrier();
+}
+
+Communicator::~Communicator() {
+  for (auto& p : pending_) Fabric::deregister(p->mr);
+}
+
+std::string Communicator::provider_name() const {
+  return fabric_ ? fabric_->provider_name() : std::string("none");
+}
+
+uint32_t Communicator::begin_op() { return next_op_++; }
+
+void Communicator::post_send(int peer, const void* data, size_t bytes, uint32_t op, int part) {
+  post(true, peer, const_cast<void*>(data), bytes, op, part);
+}
+
+void Communicator::post_recv(int peer, void* data, size_t bytes, uint32_t op, int part) {
+  post(false, peer, data, bytes, op, part);
+}
+
+void Communicator::post(bool is_send, int peer, void* data, size_t bytes, uint32_t op,
+                        int part) {
+  MOERL_CHECK(!broken_, "rank ", rank(), ": communicator used after a peer failure");
+  MOERL_CHECK(fabric_ != nullptr && peer >= 0 && peer < world_size() && peer != rank(),
+              "rank ", rank(), ": bad peer ", peer, " for a message");
+  MOERL_CHECK(part >= 0 && part < 256, "message part ", part, " out of range");
+  const size_t chunk_bytes = std::min(kMaxChunk, fabric_->max_msg_size());
+  const size_t num_chunks = bytes == 0 ? 1 : (bytes + chunk_bytes - 1) / chunk_bytes;
+  MOERL_CHECK(num_chunks <= size_t(kMaxChunks), "message of ", bytes, " bytes is too large");
+  const double deadline = now_s() + config_.timeout_s;
+  for (size_t c = 0; c < num_chunks; ++c) {
+    if (num_posted_ == pending_.size()) pending_.push_back(std::make_unique<Pending>());
+    Pending& p = *pending_[num_posted_];
+    p.peer = peer;
+    p.is_send = is_send;
+    p.done = false;
+    char* chunk = static_cast<char*>(data) + c * chunk_bytes;
+    const size_t len = std::min(chunk_bytes, bytes - std::min(bytes, c * chunk_bytes));
+    p.mr = fabric_->needs_local_mr() && len > 0 ? fabric_->register_memory(chunk, len, is_send)
+                                                 : nullptr;
+    const uint64_t tag = make_tag(op, is_send ? rank() : peer, part, int(c));
+    ++num_posted_;
+    for (;;) {
+      const int rc = is_send ? fabric_->try_send(peer, chunk, len, Fabric::descriptor(p.mr), tag,
+                                                 &p.context)
+                             : fabric_->try_recv(peer, chunk, len, Fabric::descriptor(p.mr), tag,
+                                                 &p.context);
+      if (rc == 0) break;
+      // The provider's queues are full: reap completions to make room, then retry.
+      progress("posting a message");
+      if (now_s() > deadline) {
+        broken_ = true;
+        MOERL_FAIL(Timeout, "rank ", rank(), ": could not post a message to rank ", peer,
+                   " within ", config_.timeout_s, " s (queues full; rank ", peer,
+                   " is dead or stalled)");
+      }
+    }
+  }
+}
+
+void Communicator::progress(const char* what) {
+  Completion done[64];
+  const size_t n = fabric_->poll(done, 64);
+  for (size_t i = 0; i < n; ++i) {
+    auto* p = reinterpret_cast<Pending*>(done[i].context);
+    if (!done[i].ok) {
+      broken_ = true;
+      MOERL_FAIL(PeerFailure, "rank ", rank(), ": ", what, ": message ",
+                 (p != nullptr && p->is_send ? "to" : "from"), " rank ",
+                 (p != nullptr ? p->peer : -1), " failed: ", done[i].error, "; rank ",
+                 (p != nullptr ? p->peer : -1), " is dead or unreachable");
+    }
+    p->done = true;
+    ++num_done_;
+  }
+}
+
+void Communicator::wait_all(const char* what) {
+  if (num_posted_ == 0) return;
+  const double deadline = now_s() + config_.timeout_s;
+  while (num_done_ < num_posted_) {
+    const size_t before = num_done_;
+    progress(what);
+    if (num_done_ != before) continue;
+    if (now_s() > deadline) {
+      broken_ = true;
+      std::set<int> waiting_for;
+      size_t outstanding = 0;
+      for (size_t i = 0; i < num_posted_; ++i) {
+        if (!pending_[i]->done) {
+          waiting_for.insert(pending_[i]->peer);
+          ++outstanding;
+        }
+      }
+      std::ostringstream ranks;
+      for (int r : waiting_for) ranks << (ranks.tellp() > 0 ? ", " : "") << r;
+      MOERL_FAIL(Timeout, "rank ", rank(), ": ", what, " timed out after ", config_.timeout_s,
+                 " s waiting for rank ", ranks.str(), " (", outstanding,
+                 " message(s) outstanding); that rank is dead, stalled or unreachable");
+    }
+    sched_yield();
+  }
+  for (size_t i = 0; i < num_posted_; ++i) {
+    Fabric::deregister(pending_[i]->mr);
+    pending_[i]->mr = nullptr;
+  }
+  num_posted_ = 0;
+  num_done_ = 0;
+}
+
+}  // namespace moerl::transport

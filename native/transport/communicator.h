@@ -1,0 +1,74 @@
+// Communicator: one rank's view of the expert-parallel group. It owns the libfabric
+// RDM endpoint (efa | tcp | shm), the address vector indexed by rank, and offers the
+// collectives the trainer needs plus the tagged point-to-point primitives ep/ is built on.
+//
+// Every call is collective in the SPMD sense: all ranks call the same methods in the same
+// order (each call takes an operation number from a counter that must advance identically
+// everywhere). Every wait has the Config's deadline; a dead or stalled peer makes the call
+// throw moerl::Error(PeerFailure or Timeout) with a message naming the rank.
+// world_size == 1 needs no network: no libfabric object is created.
+#pragma once
+
+#include <cstddef>   // size_t
+#include <cstdint>   // uint64_t
+#include <memory>    // std::unique_ptr for the libfabric state
+#include <string>
+#include <vector>    // pool of in-flight message records
+
+#include "transport/config.h"
+
+namespace moerl::transport {
+
+class Fabric;  // libfabric endpoint, defined in fabric.h (kept out of this header)
+
+class Communicator {
+ public:
+  // Creates the endpoint and exchanges addresses through the coordinator (rank 0).
+  explicit Communicator(const Config& config);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return config_.rank; }
+  int world_size() const { return config_.world_size; }
+  const Config& config() const { return config_; }
+  // Name of the libfabric provider in use ("shm", "tcp;ofi_rxm", "efa"), "none" for one rank.
+  std::string provider_name() const;
+
+  // ---- collectives --------------------------------------------------------------------
+  // data [n] fp32, in place: every rank ends with the element-wise sum over ranks.
+  // The sum is taken in rank order 0..R-1 for every element, so the result is bitwise
+  // identical on all ranks and equal to a sequential reference sum.
+  void allreduce_sum(float* data, size_t n);
+  // data [bytes]: root's bytes are copied to every rank.
+  void broadcast(void* data, size_t bytes, int root);
+  // Returns once every rank has entered the barrier.
+  void barrier();
+
+  // ---- point-to-point (building blocks for ep/) ---------------------------------------
+  // begin_op() returns the number of a new collective operation; messages of different
+  // operations never match each other. `part` (0..255) separates the messages one
+  // operation sends to the same peer. Buffers must stay valid until wait_all() returns.
+  uint32_t begin_op();
+  void post_send(int peer, const void* data, size_t bytes, uint32_t op, int part);
+  void post_recv(int peer, void* data, size_t bytes, uint32_t op, int part);
+  // Waits for every posted message; `what` names the operation in error messages.
+  // After a failure the communicator is unusable (its peers are gone): later calls throw.
+  void wait_all(const char* what);
+
+ private:
+  struct Pending;  // one in-flight message, defined in communicator.cc
+  void post(bool is_send, int peer, void* data, size_t bytes, uint32_t op, int part);
+  void progress(const char* what);
+
+  Config config_;
+  std::unique_ptr<Fabric> fabric_;  // null when world_size == 1
+  std::vector<std::unique_ptr<Pending>> pending_;  // records reused across operations
+  size_t num_posted_ = 0;                          // records in use since the last wait_all
+  size_t num_done_ = 0;
+  uint32_t next_op_ = 0;
+  bool broken_ = false;        // a wait failed: peers are gone, later calls throw at once
+  std::vector<float> scratch_;  // allreduce receive space, kept between calls
+};
+
+}  // namespace moerl::transport

@@ -1,0 +1,62 @@
+// Rank env contract parsing (see config.h). Every error names the variable, the value and
+// what is allowed, and maps to exit code 2 (bad input, do not retry).
+#include "transport/config.h"
+
+#include <cerrno>   // errno for strtol/strtod range errors
+#include <cstdlib>  // std::getenv, std::strtol, std::strtod
+
+#include "common/check.h"
+
+namespace moerl::transport {
+namespace {
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && v[0] != '\0') ? std::string(v) : std::string(fallback);
+}
+
+long parse_int(const char* name, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  MOERL_CHECK_INPUT(errno == 0 && end != text.c_str() && *end == '\0', name, "='", text,
+                    "' is not an integer");
+  return v;
+}
+
+}  // namespace
+
+Config Config::from_env() {
+  Config c;
+  c.rank = int(parse_int("MOERL_RANK", env_or("MOERL_RANK", "0")));
+  c.world_size = int(parse_int("MOERL_WORLD_SIZE", env_or("MOERL_WORLD_SIZE", "1")));
+  c.coordinator = env_or("MOERL_COORDINATOR", "");
+  c.provider = env_or("MOERL_FI_PROVIDER", "shm");
+  const std::string timeout = env_or("MOERL_TIMEOUT_S", "60");
+  char* end = nullptr;
+  errno = 0;
+  c.timeout_s = std::strtod(timeout.c_str(), &end);
+  MOERL_CHECK_INPUT(errno == 0 && end != timeout.c_str() && *end == '\0',
+                    "MOERL_TIMEOUT_S='", timeout, "' is not a number of seconds");
+  c.validate();
+  return c;
+}
+
+void Config::validate() const {
+  MOERL_CHECK_INPUT(world_size >= 1 && world_size <= 65535, "MOERL_WORLD_SIZE=", world_size,
+                    " must be between 1 and 65535");
+  MOERL_CHECK_INPUT(rank >= 0 && rank < world_size, "MOERL_RANK=", rank,
+                    " must be in [0, MOERL_WORLD_SIZE=", world_size, ")");
+  MOERL_CHECK_INPUT(provider == "shm" || provider == "tcp" || provider == "efa",
+                    "MOERL_FI_PROVIDER='", provider, "' must be one of efa, tcp, shm");
+  MOERL_CHECK_INPUT(timeout_s > 0.0 && timeout_s <= 86400.0, "MOERL_TIMEOUT_S=", timeout_s,
+                    " must be in (0, 86400]");
+  if (world_size > 1) {
+    const auto colon = coordinator.rfind(':');
+    MOERL_CHECK_INPUT(colon != std::string::npos && colon > 0 && colon + 1 < coordinator.size(),
+                      "MOERL_COORDINATOR='", coordinator,
+                      "' must be host:port of rank 0 when MOERL_WORLD_SIZE > 1");
+  }
+}
+
+}  // namespace moerl::transport

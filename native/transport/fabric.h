@@ -1,0 +1,62 @@
+// Fabric: one libfabric RDM endpoint with its CQ and a table address vector in which peer
+// r has fi_addr_t r. Only features the efa provider also offers are used: RDM endpoints,
+// tagged send/recv, provider-chosen memory registration (FI_MR_LOCAL honoured when asked).
+// Internal to transport/: the Communicator is the public face.
+#pragma once
+
+#include <rdma/fabric.h>     // fi_info, fi_context2, fid_* handles
+#include <rdma/fi_domain.h>  // fid_mr
+
+#include <cstdint>  // uint8_t, uint64_t
+#include <string>
+#include <vector>
+
+namespace moerl::transport {
+
+struct Completion {
+  void* context;  // the fi_context2 passed when posting
+  bool ok;
+  std::string error;  // provider's message when !ok
+};
+
+class Fabric {
+ public:
+  // provider: "efa" | "tcp" | "shm". local_ip: interface for tcp (ignored otherwise).
+  // rank and timeout name this endpoint in messages.
+  Fabric(const std::string& provider, const std::string& local_ip, int rank);
+  ~Fabric();
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  std::vector<uint8_t> address() const;
+  void insert_peers(const std::vector<std::vector<uint8_t>>& addresses);
+  std::string provider_name() const;
+
+  // Memory registration, needed only when the provider asks for FI_MR_LOCAL (efa).
+  bool needs_local_mr() const { return needs_local_mr_; }
+  fid_mr* register_memory(void* data, size_t bytes, bool is_send);
+  static void* descriptor(fid_mr* mr);
+  static void deregister(fid_mr* mr);
+
+  // Return 0 when posted, -FI_EAGAIN when the caller must drive progress and retry.
+  int try_send(int peer, const void* data, size_t bytes, void* desc, uint64_t tag,
+               fi_context2* ctx);
+  int try_recv(int peer, void* data, size_t bytes, void* desc, uint64_t tag, fi_context2* ctx);
+  // Reaps up to max completions (drives progress); returns how many were written.
+  size_t poll(Completion* out, size_t max);
+  size_t max_msg_size() const { return max_msg_size_; }
+
+ private:
+  fi_info* info_ = nullptr;
+  fid_fabric* fabric_ = nullptr;
+  fid_domain* domain_ = nullptr;
+  fid_av* av_ = nullptr;
+  fid_cq* cq_ = nullptr;
+  fid_ep* ep_ = nullptr;
+  std::vector<fi_addr_t> peers_;
+  bool needs_local_mr_ = false;
+  size_t max_msg_size_ = 0;
+  int rank_;
+};
+
+}  // namespace moerl::transport
