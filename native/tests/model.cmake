@@ -1,7 +1,9 @@
 # Tests of the MoE policy, the RL losses, checkpoints, sampler and tasks.
 add_executable(model_tests
   ${CMAKE_CURRENT_LIST_DIR}/model_ops_test.cc
-  ${CMAKE_CURRENT_LIST_DIR}/model_golden_test.cc)
-target_link_libraries(model_tests PRIVATE moerl_model GTest::gtest_main)
+  ${CMAKE_CURRENT_LIST_DIR}/model_golden_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/sampler_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/tasks_test.cc)
+target_link_libraries(model_tests PRIVATE moerl_model moerl_tasks GTest::gtest_main)
 target_compile_definitions(model_tests PRIVATE MOERL_GOLDEN_DIR="${CMAKE_CURRENT_LIST_DIR}/golden")
 gtest_discover_tests(model_tests DISCOVERY_TIMEOUT 60)

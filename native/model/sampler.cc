@@ -1,0 +1,224 @@
+// Sampler: KV-cached decode step, token choice (temperature, top-k, top-p) and a
+// recompute-everything path used only to measure what the cache saves.
+#include "model/sampler.h"
+
+#include <algorithm>  // std::sort, std::max
+#include <cmath>      // std::exp, std::log, std::sqrt
+#include <numeric>    // std::iota
+
+#include "common/check.h"
+#include "model/model.h"
+#include "model/moe.h"
+#include "model/ops.h"
+
+namespace moerl::model {
+namespace {
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double next_uniform(uint64_t& s) { return (splitmix64(s) >> 11) * 0x1.0p-53; }
+
+// KV cache: per layer, per sequence, T_max rows of k and v, each [C].
+struct KvCache {
+  int S = 0, T = 0, C = 0;
+  std::vector<std::vector<float>> k, v;  // [L][S*T*C]
+  float* key(int l, int s, int t) { return k[l].data() + ((size_t)s * T + t) * C; }
+  float* val(int l, int s, int t) { return v[l].data() + ((size_t)s * T + t) * C; }
+};
+
+// One decode step: rows [n] feed token tokens[i] at position pos[i] of sequence seq[i].
+// Writes logits [n,V].
+void decode_step(ParamStore& ps, ExpertComm& comm, KvCache& cache, const std::vector<int32_t>& seq,
+                 const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos,
+                 std::vector<float>& logits) {
+  const ModelConfig& cfg = ps.layout.cfg;
+  const int n = (int)seq.size(), C = cfg.dim, H = cfg.num_heads, D = C / H, V = cfg.vocab_size;
+  const float scale = 1.0f / std::sqrt((float)D);
+  const Weights& w = ps.w;
+  std::vector<float> x((size_t)n * C), h((size_t)n * C), rstd(n), qkv((size_t)n * 3 * C),
+      att((size_t)n * C), proj((size_t)n * C), scores(cfg.max_seq_len);
+  embedding_forward(x.data(), tokens.data(), pos.data(), w.wte, w.wpe, n, C);
+  MoeActs moe;
+  for (int l = 0; l < cfg.num_layers; l++) {
+    const LayerWeights& lw = w.layers[l];
+    rmsnorm_forward(h.data(), rstd.data(), x.data(), lw.ln1, n, C, cfg.norm_eps);
+    matmul_forward(qkv.data(), h.data(), lw.wqkv, n, C, 3 * C);
+    for (int i = 0; i < n; i++) {
+      std::copy_n(qkv.data() + (size_t)i * 3 * C + C, C, cache.key(l, seq[i], pos[i]));
+      std::copy_n(qkv.data() + (size_t)i * 3 * C + 2 * C, C, cache.val(l, seq[i], pos[i]));
+    }
+    for (int i = 0; i < n; i++) {
+      for (int hd = 0; hd < H; hd++) {
+        const float* q = qkv.data() + (size_t)i * 3 * C + hd * D;
+        float maxv = -INFINITY;
+        for (int s = 0; s <= pos[i]; s++) {
+          const float* k = cache.key(l, seq[i], s) + hd * D;
+          float dot = 0.0f;
+          for (int d = 0; d < D; d++) dot += q[d] * k[d];
+          scores[s] = dot * scale;
+          maxv = std::max(maxv, scores[s]);
+        }
+        float sum = 0.0f;
+        for (int s = 0; s <= pos[i]; s++) {
+          scores[s] = std::exp(scores[s] - maxv);
+          sum += scores[s];
+        }
+        float* o = att.data() + (size_t)i * C + hd * D;
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        for (int s = 0; s <= pos[i]; s++) {
+          const float* v = cache.val(l, seq[i], s) + hd * D;
+          float p = scores[s] / sum;
+          for (int d = 0; d < D; d++) o[d] += p * v[d];
+        }
+      }
+    }
+    matmul_forward(proj.data(), att.data(), lw.wo, n, C, C);
+    for (size_t j = 0; j < x.size(); j++) x[j] += proj[j];
+    rmsnorm_forward(h.data(), rstd.data(), x.data(), lw.ln2, n, C, cfg.norm_eps);
+    moe_forward(proj.data(), h.data(), n, cfg, lw, SeqInfo{}, comm, moe);
+    for (size_t j = 0; j < x.size(); j++) x[j] += proj[j];
+  }
+  rmsnorm_forward(h.data(), rstd.data(), x.data(), w.lnf, n, C, cfg.norm_eps);
+  logits.resize((size_t)n * V);
+  matmul_forward(logits.data(), h.data(), w.lm_head, n, C, V);
+}
+
+// Picks the next token from one row of logits; returns it and its log-prob.
+int32_t choose_token(const float* logits, int V, const SampleParams& sp, uint64_t& rng,
+                     float* logprob) {
+  const bool greedy = sp.temperature <= 0.0f;
+  const float inv_t = greedy ? 1.0f : 1.0f / sp.temperature;
+  std::vector<double> p(V);
+  double maxv = -INFINITY;
+  for (int v = 0; v < V; v++) maxv = std::max(maxv, (double)logits[v] * inv_t);
+  double sum = 0.0;
+  for (int v = 0; v < V; v++) sum += (p[v] = std::exp(logits[v] * inv_t - maxv));
+  for (int v = 0; v < V; v++) p[v] /= sum;
+  int32_t chosen = 0;
+  if (greedy) {
+    for (int v = 1; v < V; v++)
+      if (p[v] > p[chosen]) chosen = v;
+  } else {
+    std::vector<int> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+    int keep = sp.top_k > 0 ? std::min(sp.top_k, V) : V;
+    double mass = 0.0;
+    for (int i = 0; i < keep; i++) {
+      mass += p[order[i]];
+      if (mass >= sp.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    double total = 0.0;
+    for (int i = 0; i < keep; i++) total += p[order[i]];
+    double u = next_uniform(rng) * total, acc = 0.0;
+    chosen = order[keep - 1];
+    for (int i = 0; i < keep; i++) {
+      acc += p[order[i]];
+      if (u < acc) {
+        chosen = order[i];
+        break;
+      }
+    }
+  }
+  *logprob = (float)std::log(p[chosen]);
+  return chosen;
+}
+
+}  // namespace
+
+uint64_t sample_seed(uint64_t campaign_seed, uint64_t iteration, uint64_t prompt_id,
+                     uint64_t sample_index) {
+  uint64_t s = campaign_seed;
+  s ^= splitmix64(s) ^ iteration;
+  s ^= splitmix64(s) ^ prompt_id;
+  s ^= splitmix64(s) ^ sample_index;
+  return splitmix64(s);
+}
+
+void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>& requests,
+              const SampleParams& sp, std::vector<SampleResult>& results) {
+  const ModelConfig& cfg = ps.layout.cfg;
+  const int S = (int)requests.size(), V = cfg.vocab_size;
+  results.assign(S, SampleResult{});
+  std::vector<uint64_t> rng(S);
+  std::vector<std::vector<int32_t>> seqs(S);
+  for (int s = 0; s < S; s++) {
+    MOERL_CHECK_INPUT(!requests[s].prompt.empty(), "sample ", s, " has an empty prompt");
+    MOERL_CHECK_INPUT((int)requests[s].prompt.size() < cfg.max_seq_len, "prompt of sample ", s,
+                      " has ", requests[s].prompt.size(), " tokens; max_seq_len is ",
+                      cfg.max_seq_len);
+    rng[s] = requests[s].rng_seed;
+    seqs[s] = requests[s].prompt;
+  }
+  KvCache cache;
+  if (sp.use_kv_cache) {
+    cache.S = S;
+    cache.T = cfg.max_seq_len;
+    cache.C = cfg.dim;
+    cache.k.assign(cfg.num_layers, std::vector<float>((size_t)S * cfg.max_seq_len * cfg.dim));
+    cache.v = cache.k;
+  }
+  std::vector<int> fed(S, 0);  // tokens of seqs[s] already in the cache
+  std::vector<bool> done(S, false);
+  std::vector<int32_t> row_seq, row_tok, row_pos;
+  std::vector<float> logits;
+  Activations acts;
+  for (;;) {
+    row_seq.clear();
+    row_tok.clear();
+    row_pos.clear();
+    for (int s = 0; s < S; s++) {
+      if (done[s]) continue;
+      row_seq.push_back(s);
+      row_tok.push_back(seqs[s][fed[s]]);
+      row_pos.push_back(fed[s]);
+    }
+    if (row_seq.empty()) break;
+    const int n = (int)row_seq.size();
+    if (sp.use_kv_cache) {
+      decode_step(ps, comm, cache, row_seq, row_tok, row_pos, logits);
+    } else {
+      // recompute: full forward over every active sequence's whole prefix
+      int T = 0;
+      for (int i = 0; i < n; i++) T = std::max(T, row_pos[i] + 1);
+      std::vector<int32_t> tokens((size_t)n * T, 0), lengths(n);
+      for (int i = 0; i < n; i++) {
+        lengths[i] = row_pos[i] + 1;
+        std::copy_n(seqs[row_seq[i]].begin(), lengths[i], tokens.begin() + (size_t)i * T);
+      }
+      model_forward(ps, comm, tokens.data(), lengths.data(), n, T, acts);
+      logits.resize((size_t)n * V);
+      for (int i = 0; i < n; i++)
+        std::copy_n(acts.logits.data() + ((size_t)i * T + row_pos[i]) * V, V,
+                    logits.data() + (size_t)i * V);
+    }
+    for (int i = 0; i < n; i++) {
+      int s = row_seq[i];
+      fed[s]++;
+      if (fed[s] < (int)seqs[s].size()) continue;  // still feeding the prompt
+      float lp;
+      int32_t tok = choose_token(logits.data() + (size_t)i * V, V, sp, rng[s], &lp);
+      SampleResult& r = results[s];
+      r.tokens.push_back(tok);
+      r.logprobs.push_back(lp);
+      seqs[s].push_back(tok);
+      if (tok == sp.eos_id) {
+        r.stopped = true;
+        done[s] = true;
+      } else if ((int)r.tokens.size() >= sp.max_new_tokens ||
+                 (int)seqs[s].size() >= cfg.max_seq_len) {
+        done[s] = true;
+      }
+    }
+  }
+}
+
+}  // namespace moerl::model

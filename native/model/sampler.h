@@ -1,0 +1,44 @@
+// Batched autoregressive generation with a KV cache. Every sequence of a batch advances
+// one token per step (prompt tokens first, then sampled ones), so prompts of different
+// lengths share the GEMMs of each step. Each sample owns an RNG seeded by
+// (campaign seed, iteration, prompt id, sample index) and draws one uniform per generated
+// token, so a sample does not depend on which other samples share its batch's RNG.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/expert_comm.h"
+#include "model/weights.h"
+
+namespace moerl::model {
+
+struct SampleParams {
+  float temperature = 1.0f;  // 0 = greedy (argmax)
+  float top_p = 1.0f;        // nucleus: keep the smallest prefix of sorted probs with mass >= top_p
+  int top_k = 0;             // 0 = no top-k truncation
+  int max_new_tokens = 16;
+  int32_t eos_id = 1;
+  bool use_kv_cache = true;  // false: recompute the whole prefix every step (benchmark only)
+};
+
+struct SampleRequest {
+  std::vector<int32_t> prompt;  // non-empty
+  uint64_t rng_seed = 0;        // from sample_seed()
+};
+
+struct SampleResult {
+  std::vector<int32_t> tokens;   // generated tokens, <eos> included when stopped
+  std::vector<float> logprobs;   // [tokens] log p(token) under softmax(logits / temperature)
+                                 // (temperature 1 when greedy), before top-k/top-p truncation
+  bool stopped = false;          // true: ended with <eos>; false: hit a length limit
+};
+
+// splitmix64 chain over the four ids: the per-sample RNG seed of the rank contract.
+uint64_t sample_seed(uint64_t campaign_seed, uint64_t iteration, uint64_t prompt_id,
+                     uint64_t sample_index);
+
+void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>& requests,
+              const SampleParams& params, std::vector<SampleResult>& results);
+
+}  // namespace moerl::model
