@@ -1,0 +1,52 @@
+// Test harness for integration tests: a real Temporal dev server (the pinned CLI from
+// scripts/tools.sh) on free loopback ports, with the campaign search attributes registered.
+// One environment per suite; workers per test with `worker.runUntil(...)`.
+import type { Client, Connection } from '@temporalio/client';
+import { TestWorkflowEnvironment } from '@temporalio/testing';
+import type { NativeConnection } from '@temporalio/worker';
+import { resolveTool } from '../../cli/temporal-tools.js';
+import { campaignSearchAttributes } from '../../workflows/search-attributes.js';
+
+export interface TestEnvironment {
+  env: TestWorkflowEnvironment;
+  client: Client;
+  /** Connection for `client`; gives the raw workflow and operator services. */
+  connection: Connection;
+  /** Connection for workers: `Worker.create({ connection: nativeConnection, ... })`. */
+  nativeConnection: NativeConnection;
+  namespace: string;
+  /** Frontend address, `127.0.0.1:<port>`. */
+  address: string;
+  teardown(): Promise<void>;
+}
+
+export interface TestEnvironmentOptions {
+  /** Namespace created at start; default "default". */
+  namespace?: string;
+  /** SQLite file for persistence across restarts; in-memory when absent. */
+  dbFile?: string;
+}
+
+export async function startTestEnvironment(opts: TestEnvironmentOptions = {}): Promise<TestEnvironment> {
+  const namespace = opts.namespace ?? 'default';
+  const env = await TestWorkflowEnvironment.createLocal({
+    server: {
+      executable: { type: 'existing-path', path: await resolveTool('temporal') },
+      ip: '127.0.0.1',
+      namespace,
+      searchAttributes: campaignSearchAttributes,
+      ui: false,
+      log: { format: 'pretty', level: 'warn' },
+      ...(opts.dbFile ? { dbFilename: opts.dbFile } : {}),
+    },
+  });
+  return {
+    env,
+    client: env.client,
+    connection: env.connection,
+    nativeConnection: env.nativeConnection,
+    namespace,
+    address: env.address,
+    teardown: () => env.teardown(),
+  };
+}
