@@ -1,0 +1,139 @@
+// Test implementations of the campaign activities: they do no real work, they record every
+// call (with start and end times) and can be slowed, blocked or made to fail, so workflow tests
+// can assert on scheduling, overlap, retries and cancellation against the real dev server.
+import { ApplicationFailure, Context, sleep } from '@temporalio/activity';
+import { badInputErrorType } from '../../activities/types.js';
+import type {
+  CampaignActivities,
+  CheckpointInput,
+  CheckpointOutput,
+  PrepareInput,
+  PrepareOutput,
+  RewardInput,
+  RewardOutput,
+  RolloutShardInput,
+  RolloutShardOutput,
+  StagedCheckpoint,
+  UpdateInput,
+  UpdateOutput,
+} from '../../activities/types.js';
+
+export type ActivityName = keyof CampaignActivities;
+
+export interface RecordedCall {
+  activity: ActivityName;
+  campaignId: string;
+  iteration: number;
+  shard?: number;
+  attempt: number;
+  startedAt: number;
+  endedAt?: number;
+  outcome?: 'ok' | 'failed' | 'cancelled';
+  input: unknown;
+}
+
+export interface RecordingOptions {
+  /** Milliseconds each activity takes (heartbeating meanwhile); default 0. */
+  delayMs?: Partial<Record<ActivityName, number>>;
+  /** Return an error to throw for this call (retryable unless it is an ApplicationFailure saying otherwise). */
+  failWhen?: (call: RecordedCall) => Error | undefined;
+  /** Mean reward reported for an iteration; default rises with the iteration. */
+  rewardFor?: (iteration: number) => number;
+}
+
+export function badInput(message: string): ApplicationFailure {
+  return ApplicationFailure.create({ message, type: badInputErrorType, nonRetryable: true });
+}
+
+/** Creates recording test activities; `calls` fills as activities run. */
+export function createRecordingTestActivities(opts: RecordingOptions = {}) {
+  const calls: RecordedCall[] = [];
+
+  async function record<T>(
+    activity: ActivityName,
+    input: { campaignId: string; iteration: number; shard?: number },
+    full: unknown,
+    produce: () => T,
+  ): Promise<T & { attempt: number }> {
+    const attempt = Context.current().info.attempt;
+    const call: RecordedCall = {
+      activity,
+      campaignId: input.campaignId,
+      iteration: input.iteration,
+      attempt,
+      startedAt: Date.now(),
+      input: full,
+      ...(input.shard === undefined ? {} : { shard: input.shard }),
+    };
+    calls.push(call);
+    try {
+      const delay = opts.delayMs?.[activity] ?? 0;
+      for (let waited = 0; waited < delay; waited += 50) {
+        Context.current().heartbeat();
+        await sleep(Math.min(50, delay - waited));
+      }
+      const failure = opts.failWhen?.(call);
+      if (failure) throw failure;
+      call.outcome = 'ok';
+      return { ...produce(), attempt };
+    } catch (err) {
+      call.outcome = Context.current().cancellationSignal.aborted ? 'cancelled' : 'failed';
+      throw err;
+    } finally {
+      call.endedAt = Date.now();
+    }
+  }
+
+  const checkpointKey = (campaignId: string, iteration: number) =>
+    `campaigns/${campaignId}/checkpoints/${String(iteration).padStart(6, '0')}`;
+  const staged = (campaignId: string, iteration: number): StagedCheckpoint => ({
+    campaignId,
+    iteration,
+    key: checkpointKey(campaignId, iteration),
+    files: [{ name: 'dense.safetensors', bytes: 1, sha256: 'test' }],
+  });
+  const rewardFor = opts.rewardFor ?? ((i: number) => Math.min(1, 0.1 + 0.05 * i));
+
+  const activities: CampaignActivities = {
+    preparePolicy: (input: PrepareInput): Promise<PrepareOutput> => {
+      const iteration = input.source.kind === 'fork' ? input.source.checkpoint.iteration : 0;
+      return record('preparePolicy', { campaignId: input.campaignId, iteration }, input, () => ({
+        staged: staged(input.campaignId, iteration),
+        metrics: {},
+      }));
+    },
+    rolloutShard: (input: RolloutShardInput): Promise<RolloutShardOutput> =>
+      record('rolloutShard', input, input, () => ({
+        shard: input.shard,
+        chunkKeys: [`campaigns/${input.campaignId}/rollouts/${input.iteration}/shard-${input.shard}/chunk-0.jsonl`],
+        samples: input.promptCount * input.spec.groupSize,
+        tokens: input.promptCount * input.spec.groupSize * 10,
+        tokensPerSecond: 1000,
+        chunksRedone: 0,
+      })),
+    computeRewards: (input: RewardInput): Promise<RewardOutput> =>
+      record('computeRewards', input, input, () => ({
+        rewardKeys: input.rollouts.map((r) => `campaigns/${input.campaignId}/rewards/${input.iteration}/shard-${r.shard}.jsonl`),
+        meanReward: rewardFor(input.iteration),
+        stdReward: 0.1,
+        passRate: rewardFor(input.iteration),
+      })),
+    updatePolicy: (input: UpdateInput): Promise<UpdateOutput> =>
+      record('updatePolicy', input, input, () => ({
+        staged: staged(input.campaignId, input.iteration),
+        metrics: { loss: 1 / (1 + input.iteration) },
+      })),
+    commitCheckpoint: (input: CheckpointInput): Promise<CheckpointOutput> =>
+      record('commitCheckpoint', { campaignId: input.campaignId, iteration: input.staged.iteration }, input, () => ({
+        checkpoint: {
+          campaignId: input.campaignId,
+          iteration: input.staged.iteration,
+          key: input.staged.key,
+          manifestSha256: `test-${input.staged.iteration}`,
+          meanReward: input.meanReward,
+        },
+        removed: [],
+      })),
+  };
+  return { activities, calls };
+}

@@ -1,0 +1,95 @@
+// Worker process entrypoint: `node dist/workers/main.js --role rollout` (or MOERL_WORKER_ROLES).
+// SIGTERM/SIGINT (a Spot notice, a pod deletion, Ctrl-C) starts a graceful shutdown: polling
+// stops, in-flight activities get the grace period to flush, then the process exits.
+import { parseArgs } from 'node:util';
+import { Runtime } from '@temporalio/worker';
+import { createActivities } from '../activities/index.js';
+import { connectWorkerConnection, taskQueuesFrom, temporalOptionsFrom } from './temporal-options.js';
+import { roles, runWorkers } from './worker.js';
+import type { Role } from './worker.js';
+
+const usage = `usage: moerl-worker [--role control|rollout|train|all]... [--shutdown-grace-seconds N]
+                    [--address host:port] [--namespace NS] [--api-key KEY]
+                    [--tls-cert FILE --tls-key FILE] [--tls-ca FILE] [--tls-server-name NAME]
+env: MOERL_WORKER_ROLES (comma list), MOERL_SHUTDOWN_GRACE_SECONDS, MOERL_TASK_QUEUE_PREFIX,
+     TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_*`;
+
+export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process.env) {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      role: { type: 'string', multiple: true },
+      'shutdown-grace-seconds': { type: 'string' },
+      address: { type: 'string' },
+      namespace: { type: 'string' },
+      'api-key': { type: 'string' },
+      'tls-cert': { type: 'string' },
+      'tls-key': { type: 'string' },
+      'tls-ca': { type: 'string' },
+      'tls-server-name': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+  });
+  const requested = values.role ?? (env.MOERL_WORKER_ROLES ?? 'all').split(',').map((r) => r.trim());
+  for (const r of requested)
+    if (!(roles as readonly string[]).includes(r)) throw new Error(`unknown role "${r}"; allowed: ${roles.join(', ')}`);
+  const graceText = values['shutdown-grace-seconds'] ?? env.MOERL_SHUTDOWN_GRACE_SECONDS ?? '20';
+  const graceSeconds = Number(graceText);
+  if (!Number.isFinite(graceSeconds) || graceSeconds < 0)
+    throw new Error(`shutdown grace must be a number of seconds ≥ 0, got "${graceText}"`);
+  return {
+    help: values.help ?? false,
+    roles: requested as Role[],
+    shutdownGraceMs: graceSeconds * 1000,
+    temporal: temporalOptionsFrom(
+      {
+        address: values.address,
+        namespace: values.namespace,
+        apiKey: values['api-key'],
+        tlsCert: values['tls-cert'],
+        tlsKey: values['tls-key'],
+        tlsCa: values['tls-ca'],
+        tlsServerName: values['tls-server-name'],
+      },
+      env,
+    ),
+  };
+}
+
+async function main(): Promise<void> {
+  const args = parseWorkerArgs(process.argv.slice(2));
+  if (args.help) {
+    console.log(usage);
+    return;
+  }
+  // The process owns its signals: the SDK must not shut down on its own.
+  Runtime.install({ shutdownSignals: [] });
+  const stop = new AbortController();
+  for (const sig of ['SIGTERM', 'SIGINT'] as const)
+    process.once(sig, () => {
+      console.error(`moerl-worker: ${sig}, shutting down (grace ${args.shutdownGraceMs / 1000}s)`);
+      stop.abort();
+    });
+  const connection = await connectWorkerConnection(args.temporal);
+  try {
+    console.error(`moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}`);
+    await runWorkers({
+      roles: args.roles,
+      connection,
+      namespace: args.temporal.namespace,
+      taskQueues: taskQueuesFrom(),
+      activities: createActivities(),
+      shutdownGraceMs: args.shutdownGraceMs,
+      signal: stop.signal,
+    });
+  } finally {
+    await connection.close();
+  }
+}
+
+if (process.argv[1] && import.meta.url.endsWith(process.argv[1].replace(/\\/g, '/'))) {
+  main().catch((err: unknown) => {
+    console.error(`moerl-worker: ${err instanceof Error ? err.message : String(err)}`);
+    process.exit(1);
+  });
+}

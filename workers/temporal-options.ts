@@ -1,0 +1,97 @@
+// How every moerl process reaches Temporal: address, namespace, TLS and API key from flags or
+// the environment (the same variable names the Temporal CLI uses), and the task queue names.
+import { readFileSync } from 'node:fs';
+import { Client, Connection } from '@temporalio/client';
+import type { ConnectionOptions } from '@temporalio/client';
+import { NativeConnection } from '@temporalio/worker';
+import type { TaskQueues } from '../workflows/types.js';
+
+export interface TemporalOptions {
+  /** host:port of the frontend. */
+  address: string;
+  namespace: string;
+  apiKey?: string;
+  tls?: {
+    serverNameOverride?: string;
+    serverRootCACertificate?: Buffer;
+    clientCertPair?: { crt: Buffer; key: Buffer };
+  };
+}
+
+export interface TemporalFlags {
+  address?: string;
+  namespace?: string;
+  apiKey?: string;
+  tlsCert?: string;
+  tlsKey?: string;
+  tlsCa?: string;
+  tlsServerName?: string;
+  /** Use TLS with the system roots even without certificates (Temporal Cloud with an API key). */
+  tls?: boolean;
+}
+
+export const defaultAddress = '127.0.0.1:7233';
+
+/** Flags win over the environment; files named by TLS options are read here, once. */
+export function temporalOptionsFrom(flags: TemporalFlags = {}, env: NodeJS.ProcessEnv = process.env): TemporalOptions {
+  const pick = (flag: string | undefined, name: string) => flag ?? (env[name] || undefined);
+  const cert = pick(flags.tlsCert, 'TEMPORAL_TLS_CERT');
+  const key = pick(flags.tlsKey, 'TEMPORAL_TLS_KEY');
+  const ca = pick(flags.tlsCa, 'TEMPORAL_TLS_CA');
+  const serverName = pick(flags.tlsServerName, 'TEMPORAL_TLS_SERVER_NAME');
+  const apiKey = pick(flags.apiKey, 'TEMPORAL_API_KEY');
+  if ((cert === undefined) !== (key === undefined))
+    throw new Error('TLS needs both a client certificate and its key (--tls-cert and --tls-key)');
+  const read = (what: string, path: string) => {
+    try {
+      return readFileSync(path);
+    } catch (err) {
+      throw new Error(`cannot read ${what} ${path}: ${(err as Error).message}`);
+    }
+  };
+  const useTls = flags.tls || env.TEMPORAL_TLS === 'true' || cert || ca || serverName || apiKey;
+  return {
+    address: pick(flags.address, 'TEMPORAL_ADDRESS') ?? defaultAddress,
+    namespace: pick(flags.namespace, 'TEMPORAL_NAMESPACE') ?? 'default',
+    ...(apiKey ? { apiKey } : {}),
+    ...(useTls
+      ? {
+          tls: {
+            ...(serverName ? { serverNameOverride: serverName } : {}),
+            ...(ca ? { serverRootCACertificate: read('TLS CA certificate', ca) } : {}),
+            ...(cert && key
+              ? { clientCertPair: { crt: read('TLS certificate', cert), key: read('TLS key', key) } }
+              : {}),
+          },
+        }
+      : {}),
+  };
+}
+
+function connectionOptions(opts: TemporalOptions): ConnectionOptions & { apiKey?: string } {
+  return {
+    address: opts.address,
+    ...(opts.tls ? { tls: opts.tls } : {}),
+    ...(opts.apiKey ? { apiKey: opts.apiKey } : {}),
+  };
+}
+
+/** A client for starting, signalling and querying campaigns. */
+export async function connectClient(
+  opts: TemporalOptions,
+  connectTimeoutMs = 10_000,
+): Promise<{ client: Client; connection: Connection }> {
+  const connection = await Connection.connect({ ...connectionOptions(opts), connectTimeout: connectTimeoutMs });
+  return { client: new Client({ connection, namespace: opts.namespace }), connection };
+}
+
+/** The connection workers poll through. */
+export function connectWorkerConnection(opts: TemporalOptions): Promise<NativeConnection> {
+  return NativeConnection.connect(connectionOptions(opts));
+}
+
+/** Task queue names; a prefix lets several deployments (or test runs) share one namespace. */
+export function taskQueuesFrom(env: NodeJS.ProcessEnv = process.env): TaskQueues {
+  const prefix = env.MOERL_TASK_QUEUE_PREFIX ?? '';
+  return { control: `${prefix}control`, rollout: `${prefix}rollout`, train: `${prefix}train` };
+}

@@ -1,0 +1,87 @@
+// Runs the Temporal workers of one moerl process. A role maps to the task queue it polls:
+//   control  campaign workflows + checkpoint commits   (stable, small)
+//   rollout  rollout shards + rewards                    (Spot capacity, scales out)
+//   train    policy preparation + updates               (stable, launches trainer ranks)
+import { fileURLToPath } from 'node:url';
+import { Worker } from '@temporalio/worker';
+import type { NativeConnection, WorkflowBundle } from '@temporalio/worker';
+import type { CampaignActivities } from '../activities/types.js';
+import type { TaskQueues } from '../workflows/types.js';
+
+export const roles = ['control', 'rollout', 'train', 'all'] as const;
+export type Role = (typeof roles)[number];
+
+type QueueRole = Exclude<Role, 'all'>;
+
+/** Which activities each queue serves; the workflow schedules each activity on exactly one. */
+const activitiesByRole: Record<QueueRole, (keyof CampaignActivities)[]> = {
+  control: ['commitCheckpoint'],
+  rollout: ['rolloutShard', 'computeRewards'],
+  train: ['preparePolicy', 'updatePolicy'],
+};
+
+export const workflowsPath = fileURLToPath(new URL('../workflows/index.js', import.meta.url));
+
+export interface RunWorkersOptions {
+  roles: Role[];
+  connection: NativeConnection;
+  namespace: string;
+  taskQueues: TaskQueues;
+  activities: CampaignActivities;
+  /** How long in-flight activities get to finish after shutdown starts (keep below the pod's grace). */
+  shutdownGraceMs?: number;
+  /** Pre-built workflow code (tests reuse one bundle); bundled from workflowsPath when absent. */
+  workflowBundle?: WorkflowBundle;
+  /** Aborting it starts a graceful shutdown: stop polling, let activities flush, then return. */
+  signal?: AbortSignal;
+}
+
+export function expandRoles(requested: readonly Role[]): QueueRole[] {
+  const set = new Set<QueueRole>();
+  for (const role of requested) {
+    if (role === 'all') ['control', 'rollout', 'train'].forEach((r) => set.add(r as QueueRole));
+    else set.add(role);
+  }
+  return [...set];
+}
+
+export async function createWorkers(opts: RunWorkersOptions): Promise<Worker[]> {
+  const graceMs = opts.shutdownGraceMs ?? 20_000;
+  return Promise.all(
+    expandRoles(opts.roles).map((role) =>
+      Worker.create({
+        connection: opts.connection,
+        namespace: opts.namespace,
+        taskQueue: opts.taskQueues[role],
+        activities: Object.fromEntries(activitiesByRole[role].map((name) => [name, opts.activities[name]])),
+        ...(role === 'control'
+          ? opts.workflowBundle
+            ? { workflowBundle: opts.workflowBundle }
+            : { workflowsPath }
+          : {}),
+        shutdownGraceTime: graceMs,
+        shutdownForceTime: graceMs + 5_000,
+      }),
+    ),
+  );
+}
+
+/** Runs the workers for `roles` until `signal` aborts (or a worker fails), then shuts all down. */
+export async function runWorkers(opts: RunWorkersOptions): Promise<void> {
+  const workers = await createWorkers(opts);
+  const shutdown = () => {
+    for (const w of workers) if (w.getState() === 'RUNNING') w.shutdown();
+  };
+  if (opts.signal?.aborted) shutdown();
+  opts.signal?.addEventListener('abort', shutdown, { once: true });
+  const running = workers.map((w) => w.run());
+  try {
+    await Promise.all(running);
+  } catch (err) {
+    shutdown();
+    await Promise.allSettled(running);
+    throw err;
+  } finally {
+    opts.signal?.removeEventListener('abort', shutdown);
+  }
+}
