@@ -117,7 +117,7 @@ void moe_forward(float* out, const float* inp, int N, const ModelConfig& cfg,
   a.act.resize((size_t)P * F);
   a.y.resize((size_t)P * C);
   for (int p = 0; p < P; p++)
-    std::copy_n(a.recv.x.data() + (size_t)a.pair_row[p] * C, C, a.xin.data() + (size_t)p * C);
+    std::copy_n(a.recv.x() + (size_t)a.pair_row[p] * C, C, a.xin.data() + (size_t)p * C);
   for (int e = 0; e < NL; e++) {
     int p0 = a.offsets[e], n = a.offsets[e + 1] - p0;
     if (n == 0) continue;
@@ -131,7 +131,7 @@ void moe_forward(float* out, const float* inp, int N, const ModelConfig& cfg,
   a.recv_out.assign((size_t)Nr * C, 0.0f);
   for (int p = 0; p < P; p++) {
     int r = a.pair_row[p];
-    float w = a.recv.w[(size_t)r * K + a.pair_slot[p]];
+    float w = a.recv.w()[(size_t)r * K + a.pair_slot[p]];
     float* o = a.recv_out.data() + (size_t)r * C;
     const float* y = a.y.data() + (size_t)p * C;
     for (int c = 0; c < C; c++) o[c] += w * y[c];
@@ -157,7 +157,7 @@ void moe_backward(float* dinp, const LayerWeights& dlw, const float* dout, const
   std::vector<float> dy((size_t)P * C), drecv_w((size_t)Nr * K, 0.0f);
   for (int p = 0; p < P; p++) {
     int r = a.pair_row[p], k = a.pair_slot[p];
-    float w = a.recv.w[(size_t)r * K + k];
+    float w = a.recv.w()[(size_t)r * K + k];
     const float* d = drecv_out.data() + (size_t)r * C;
     const float* y = a.y.data() + (size_t)p * C;
     float* g = dy.data() + (size_t)p * C;

@@ -72,7 +72,8 @@ TEST(ModelGolden, MatchesIndependentReference) {
   cfg.top_k = std::stoi(g.config["top_k"]);
   cfg.expert_dim = std::stoi(g.config["expert_dim"]);
   cfg.norm_eps = std::stof(g.config["norm_eps"]);
-  ExpertComm comm(0, 1, cfg.num_experts);
+  transport::Communicator tc{transport::Config{}};
+  ExpertComm comm(tc, cfg.num_experts);
   ParamStore ps(make_layout(cfg, 0, cfg.num_experts));
   for (auto* specs : {&ps.layout.dense, &ps.layout.experts}) {
     for (const TensorSpec& s : *specs) {

@@ -127,7 +127,8 @@ ModelConfig tiny_config() {
 
 TEST(Model, WholeModelGradientMatchesFiniteDifferences) {
   ModelConfig cfg = tiny_config();
-  ExpertComm comm(0, 1, cfg.num_experts);
+  transport::Communicator tc{transport::Config{}};
+  ExpertComm comm(tc, cfg.num_experts);
   ParamStore ps(make_layout(cfg, 0, cfg.num_experts));
   // Larger-than-training init so every gradient is well above float32 rounding noise.
   // copy, not move-assign: the weight views point into the arenas

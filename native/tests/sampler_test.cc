@@ -33,7 +33,8 @@ std::vector<SampleRequest> requests(int n, int first_prompt) {
 
 struct SamplerTest : ::testing::Test {
   ModelConfig cfg = small_config();
-  ExpertComm comm{0, 1, cfg.num_experts};
+  transport::Communicator tc{transport::Config{}};
+  ExpertComm comm{tc, cfg.num_experts};
   ParamStore ps{make_layout(cfg, 0, cfg.num_experts)};
   // A large init std makes sampled tokens vary, which is what the determinism tests need.
   SamplerTest() {
