@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317 # the step functions are called indirectly, as step_<name>
+# Prepares a machine to build and test moerl; safe to run again at any time, and quick when
+# nothing is missing.
+#
+#   scripts/setup.sh [--sanitize] [STEP...]
+#
+# Steps, in order (default: all but native-asan; --sanitize adds native-asan):
+#   packages     Debian packages the native core builds against (apt-get, as root or via sudo)
+#   npm          npm ci, when node_modules is missing or older than package-lock.json
+#   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
+#   ts           npm run build (tsc into dist/)
+#   native       cmake + ninja into native/build
+#   native-asan  the same with -DMOERL_SANITIZE=ON into native/build-asan
+# MOERL_SKIP_NATIVE=1 skips both native steps. Output of each step goes to .moerl/logs/;
+# its tail is shown when the step fails.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+cd "$ROOT"
+
+# Debian packages for the native core: compiler and build tools, libfabric (EP transport),
+# OpenBLAS (GEMM), OpenMPI (benchmark baseline only), GoogleTest.
+DEBIAN_PACKAGES=(
+  g++ cmake ninja-build pkg-config
+  libfabric-dev libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev
+)
+ALL_STEPS=(packages npm tools ts native native-asan)
+
+LOG_DIR="$ROOT/.moerl/logs"
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e '/shellcheck/d' -e 's/^# \{0,1\}//'
+  exit "${1:-2}"
+}
+
+sanitize=0
+steps=()
+for arg in "$@"; do
+  case "$arg" in
+    --sanitize) sanitize=1 ;;
+    -h | --help) usage 0 ;;
+    -*) echo "setup.sh: unknown option $arg" >&2 && usage >&2 ;;
+    *)
+      [[ " ${ALL_STEPS[*]} " == *" $arg "* ]] || { echo "setup.sh: unknown step $arg" >&2 && usage >&2; }
+      steps+=("$arg")
+      ;;
+  esac
+done
+if [[ ${#steps[@]} -eq 0 ]]; then
+  steps=(packages npm tools ts native)
+  [[ $sanitize -eq 1 ]] && steps+=(native-asan)
+fi
+
+say() { echo "setup: $*"; }
+
+# run_logged <log name> <command...>: output to the step's log; on failure, show its tail.
+run_logged() {
+  local name="$1"
+  shift
+  mkdir -p "$LOG_DIR"
+  local log="$LOG_DIR/setup-$name.log"
+  local rc=0
+  "$@" >"$log" 2>&1 || rc=$?
+  [[ $rc -eq 0 ]] && return 0
+  echo "---- last lines of $log ----" >&2
+  tail -n 40 "$log" >&2
+  echo "----" >&2
+  return "$rc"
+}
+
+as_root() {
+  if [[ $(id -u) -eq 0 ]]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    return 127
+  fi
+}
+
+step_packages() {
+  if ! command -v dpkg-query >/dev/null 2>&1; then
+    say "packages: not a Debian system; make sure the equivalents of these are installed: ${DEBIAN_PACKAGES[*]}"
+    return 0
+  fi
+  local missing=() pkg
+  for pkg in "${DEBIAN_PACKAGES[@]}"; do
+    [[ "$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null)" == installed ]] || missing+=("$pkg")
+  done
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    say "packages: all present"
+    return 0
+  fi
+  say "packages: installing ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]] && ! command -v sudo >/dev/null 2>&1; then
+    say "packages: not root and no sudo; install them as root: apt-get install ${missing[*]}"
+    return 1
+  fi
+  run_logged packages as_root env DEBIAN_FRONTEND=noninteractive \
+    bash -c 'apt-get update && apt-get install -y --no-install-recommends "$@"' apt "${missing[@]}"
+}
+
+step_npm() {
+  command -v node >/dev/null 2>&1 || {
+    say "npm: Node.js is not installed; install Node 20 (20.19 or newer) and run this again"
+    return 1
+  }
+  local major
+  major="$(node -p 'process.versions.node.split(".")[0]')"
+  [[ $major -ge 20 ]] || {
+    say "npm: Node $(node --version) is too old; Node 20.19 or newer is needed"
+    return 1
+  }
+  # npm writes node_modules/.package-lock.json on every install: a lockfile newer than it
+  # means the dependencies changed since.
+  if [[ -f node_modules/.package-lock.json && ! package-lock.json -nt node_modules/.package-lock.json ]]; then
+    say "npm: node_modules up to date"
+    return 0
+  fi
+  say "npm: npm ci"
+  run_logged npm npm ci --no-audit --no-fund
+}
+
+step_tools() {
+  local tool path
+  for tool in temporal versitygw; do
+    path="$(run_tool "$tool")" || return 1
+    say "tools: $tool $path"
+  done
+}
+
+# tools.sh prints the path on stdout; its progress (a first build) goes to the log.
+run_tool() {
+  mkdir -p "$LOG_DIR"
+  local log="$LOG_DIR/setup-tools-$1.log"
+  if bash "$ROOT/scripts/tools.sh" "$1" 2>"$log"; then
+    return 0
+  fi
+  grep '^tools.sh:' "$log" >&2 || tail -n 20 "$log" >&2
+  return 1
+}
+
+step_ts() {
+  say "ts: tsc"
+  run_logged ts npm run --silent build
+}
+
+# build_native <build dir> <extra cmake args...>
+build_native() {
+  local dir="$1"
+  shift
+  if [[ ! -f "$dir/build.ninja" ]]; then
+    say "$(basename "$dir"): cmake configure"
+    run_logged "$(basename "$dir")-configure" cmake -S native -B "$dir" -G Ninja "$@" || return 1
+  fi
+  say "$(basename "$dir"): ninja"
+  run_logged "$(basename "$dir")" ninja -C "$dir"
+}
+
+step_native() { build_native native/build; }
+step_native_asan() { build_native native/build-asan -DMOERL_SANITIZE=ON; }
+
+failed=0
+for step in "${steps[@]}"; do
+  if [[ $step == native* && ${MOERL_SKIP_NATIVE:-0} == 1 ]]; then
+    say "$step: skipped (MOERL_SKIP_NATIVE=1)"
+    continue
+  fi
+  started=$SECONDS
+  if "step_${step//-/_}"; then
+    [[ $((SECONDS - started)) -ge 2 ]] && say "$step: done in $((SECONDS - started))s"
+  else
+    say "$step: FAILED"
+    failed=1
+    break
+  fi
+done
+exit $failed
