@@ -1,0 +1,223 @@
+// One rank of a multi-process EP / collectives test. The GoogleTest binaries spawn R of these
+// with the rank env contract set; each checks its own outputs against the single-process
+// reference (ep_reference.h) and exits 0 on a bitwise match, 1 on a mismatch (printing the
+// first difference), 2/3 on an exception (bad input / peer failure or timeout).
+//
+// usage: ep_test_rank ep        <experts> <topk> <hidden> <tokens> <token_rule> <routing> <dtype> <seed>
+//        ep_test_rank allreduce <n>
+//        ep_test_rank loop      <tokens>      (dispatch+combine until a peer dies)
+#include <cmath>     // std::fabs
+#include <cstdio>    // std::fprintf
+#include <cstdlib>   // std::atoi, std::atoll
+#include <cstring>   // std::memcmp, std::strcmp
+#include <string>
+
+#include "common/check.h"
+#include "ep/dtype.h"
+#include "ep/ep.h"
+#include "ep_reference.h"
+#include "transport/communicator.h"
+
+using namespace moerl;
+using namespace moerl::ep;
+using namespace moerl::ep::testing;
+
+namespace {
+
+int g_rank = 0;
+
+#define EXPECT_SAME(cond, ...)                                  \
+  do {                                                          \
+    if (!(cond)) {                                              \
+      std::fprintf(stderr, "rank %d: mismatch: ", g_rank);      \
+      std::fprintf(stderr, __VA_ARGS__);                        \
+      std::fprintf(stderr, "\n");                               \
+      return 1;                                                 \
+    }                                                           \
+  } while (0)
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::F32;
+  if (s == "bf16") return DType::BF16;
+  if (s == "fp8") return DType::F8E4M3;
+  MOERL_FAIL(BadInput, "unknown dtype ", s);
+}
+
+int run_ep(transport::Communicator& comm, const Case& c) {
+  const int R = comm.world_size(), self = comm.rank(), K = c.num_topk;
+  const int64_t C = c.hidden;
+  std::vector<RankInputs> all;
+  for (int r = 0; r < R; ++r) all.push_back(make_inputs(c, r));
+  const RankInputs& in = all[size_t(self)];
+  const Expected ex = expected_dispatch(c, all, self);
+  const int64_t N = int64_t(ex.src_rank.size());
+
+  Buffer buffer(comm, c.num_experts);
+  Layout layout;
+  buffer.get_dispatch_layout(in.topk_idx.data(), in.num_tokens, K, layout);
+  DispatchOut out;
+  buffer.dispatch({in.x.data(), c.dtype, in.num_tokens, C}, in.x_scales.data(),
+                  in.topk_idx.data(), in.topk_weights.data(), layout, out);
+
+  // dispatch: rows, scales, local ids, weights, per-expert counts.
+  EXPECT_SAME(out.recv_x.rows == N, "received %lld rows, expected %lld", (long long)out.recv_x.rows,
+              (long long)N);
+  const size_t row_bytes = size_t(C) * dtype_bytes(c.dtype);
+  for (int64_t n = 0; n < N; ++n) {
+    const RankInputs& src = all[size_t(ex.src_rank[size_t(n)])];
+    const int64_t t = ex.src_token[size_t(n)];
+    EXPECT_SAME(std::memcmp(out.recv_x.bytes.data() + n * row_bytes, src.x.data() + t * row_bytes,
+                            row_bytes) == 0,
+                "recv_x row %lld (rank %d token %lld)", (long long)n, ex.src_rank[size_t(n)],
+                (long long)t);
+    for (int k = 0; k < K; ++k) {
+      EXPECT_SAME(out.recv_topk_idx[size_t(n * K + k)] == ex.recv_topk_idx[size_t(n * K + k)],
+                  "recv_topk_idx[%lld,%d]=%lld expected %lld", (long long)n, k,
+                  (long long)out.recv_topk_idx[size_t(n * K + k)],
+                  (long long)ex.recv_topk_idx[size_t(n * K + k)]);
+      EXPECT_SAME(out.recv_topk_weights[size_t(n * K + k)] == src.topk_weights[size_t(t * K + k)],
+                  "recv_topk_weights[%lld,%d]", (long long)n, k);
+    }
+    if (c.dtype == DType::F8E4M3) {
+      const int64_t B = C / 128;
+      EXPECT_SAME(std::memcmp(out.recv_x_scales.data() + n * B, src.x_scales.data() + t * B,
+                              size_t(B) * 4) == 0, "recv_x_scales row %lld", (long long)n);
+      // Stated FP8 tolerance against the unquantized input: |err| <= |x|/16 + scale * 2^-9.
+      for (int64_t ch = 0; ch < C; ++ch) {
+        const float scale = out.recv_x_scales[size_t(n * B + ch / 128)];
+        const float deq = fp8_e4m3_to_f32(out.recv_x.bytes[size_t(n * C + ch)]) * scale;
+        const float orig = src.x_f32[size_t(t * C + ch)];
+        EXPECT_SAME(std::fabs(deq - orig) <= std::fabs(orig) / 16 + scale * 0x1.0p-9f,
+                    "fp8 row %lld ch %lld: %g vs %g", (long long)n, (long long)ch, deq, orig);
+      }
+    }
+  }
+  EXPECT_SAME(out.num_recv_tokens_per_expert == ex.num_recv_tokens_per_expert,
+              "num_recv_tokens_per_expert differs");
+  if (c.dtype == DType::F8E4M3) return 0;  // combine takes fp32/bf16 only
+
+  // combine: scale rows per destination (the test's expert step), sum back, compare bits.
+  Tensor y;
+  y.resize(c.dtype, N, C);
+  for (int64_t i = 0; i < N * C; ++i) {
+    if (c.dtype == DType::F32) y.data<float>()[i] = out.recv_x.data<float>()[i] * expert_scale(self);
+    else y.data<uint16_t>()[i] = f32_to_bf16(bf16_to_f32(out.recv_x.data<uint16_t>()[i]) * expert_scale(self));
+  }
+  Tensor combined;
+  buffer.combine(y.view(), out.handle, combined);
+  const std::vector<float> ref = expected_combine(c, in, self);
+  for (int64_t i = 0; i < in.num_tokens * C; ++i) {
+    if (c.dtype == DType::F32) {
+      EXPECT_SAME(std::memcmp(&combined.data<float>()[i], &ref[size_t(i)], 4) == 0,
+                  "combine[%lld]=%.9g expected %.9g", (long long)i, combined.data<float>()[i],
+                  ref[size_t(i)]);
+    } else {
+      EXPECT_SAME(combined.data<uint16_t>()[i] == f32_to_bf16(ref[size_t(i)]),
+                  "combine[%lld] bf16 %04x expected %04x", (long long)i,
+                  combined.data<uint16_t>()[i], f32_to_bf16(ref[size_t(i)]));
+    }
+  }
+
+  // Backward shapes: cached dispatch of a [T, 3] fp32 tensor, and combine of the [N, K]
+  // per-slot weights masked to local experts, which must give back topk_weights exactly
+  // (one rank contributes each slot, the others add zeros).
+  const int64_t C2 = 3;
+  std::vector<float> g(size_t(in.num_tokens * C2));
+  for (int64_t t = 0; t < in.num_tokens; ++t)
+    for (int64_t ch = 0; ch < C2; ++ch) g[size_t(t * C2 + ch)] = float(self * 100000 + t * 10 + ch);
+  Tensor recv_g;
+  buffer.dispatch({g.data(), DType::F32, in.num_tokens, C2}, nullptr, out.handle, recv_g, nullptr);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t ch = 0; ch < C2; ++ch)
+      EXPECT_SAME(recv_g.data<float>()[n * C2 + ch] ==
+                      float(ex.src_rank[size_t(n)] * 100000 + ex.src_token[size_t(n)] * 10 + ch),
+                  "cached dispatch row %lld", (long long)n);
+  std::vector<float> w(size_t(N * K));
+  for (int64_t i = 0; i < N * K; ++i)
+    w[size_t(i)] = out.recv_topk_idx[size_t(i)] >= 0 ? out.recv_topk_weights[size_t(i)] : 0.0f;
+  Tensor grad_w;
+  buffer.combine({w.data(), DType::F32, N, K}, out.handle, grad_w);
+  for (int64_t t = 0; t < in.num_tokens; ++t) {
+    for (int k = 0; k < K; ++k) {
+      const bool valid = in.topk_idx[size_t(t * K + k)] >= 0;
+      const float want = valid ? in.topk_weights[size_t(t * K + k)] : 0.0f;
+      EXPECT_SAME(grad_w.data<float>()[t * K + k] == want, "combine of weights [%lld,%d]",
+                  (long long)t, k);
+    }
+  }
+  return 0;
+}
+
+int run_allreduce(transport::Communicator& comm, size_t n) {
+  const int R = comm.world_size();
+  std::vector<std::vector<float>> all(static_cast<size_t>(R), std::vector<float>(n));
+  for (int r = 0; r < R; ++r) {
+    Rng rng(uint64_t(r) + 99);
+    for (auto& v : all[size_t(r)]) v = float(rng.uniform() * 2 - 1);
+  }
+  std::vector<float> data = all[size_t(comm.rank())];
+  comm.allreduce_sum(data.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    float ref = all[0][i];
+    for (int r = 1; r < R; ++r) ref += all[size_t(r)][i];
+    EXPECT_SAME(std::memcmp(&data[i], &ref, 4) == 0, "allreduce[%zu]=%.9g expected %.9g", i,
+                data[i], ref);
+  }
+  std::vector<uint8_t> blob(n * 3 + 1, uint8_t(comm.rank() == R - 1 ? 7 : 0));
+  comm.broadcast(blob.data(), blob.size(), R - 1);
+  for (uint8_t b : blob) EXPECT_SAME(b == 7, "broadcast byte");
+  comm.barrier();
+  return 0;
+}
+
+int run_loop(transport::Communicator& comm, int64_t tokens) {
+  Case c;
+  c.world_size = comm.world_size();
+  c.tokens = tokens;
+  c.num_experts = 2 * c.world_size;
+  std::vector<RankInputs> all;
+  const RankInputs in = make_inputs(c, comm.rank());
+  Buffer buffer(comm, c.num_experts);
+  Layout layout;
+  buffer.get_dispatch_layout(in.topk_idx.data(), in.num_tokens, c.num_topk, layout);
+  DispatchOut out;
+  Tensor combined;
+  std::fprintf(stderr, "rank %d: looping\n", comm.rank());
+  for (;;) {
+    buffer.dispatch({in.x.data(), c.dtype, in.num_tokens, c.hidden}, nullptr, in.topk_idx.data(),
+                    in.topk_weights.data(), layout, out);
+    buffer.combine(out.recv_x.view(), out.handle, combined);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const transport::Config config = transport::Config::from_env();
+    g_rank = config.rank;
+    MOERL_CHECK_INPUT(argc >= 2, "usage: ep_test_rank ep|allreduce|loop ...");
+    const std::string mode = argv[1];
+    transport::Communicator comm(config);
+    if (mode == "allreduce" && argc == 3) return run_allreduce(comm, size_t(std::atoll(argv[2])));
+    if (mode == "loop" && argc == 3) return run_loop(comm, std::atoll(argv[2]));
+    MOERL_CHECK_INPUT(mode == "ep" && argc == 10, "bad arguments for mode ", mode);
+    Case c;
+    c.world_size = config.world_size;
+    c.num_experts = std::atoi(argv[2]);
+    c.num_topk = std::atoi(argv[3]);
+    c.hidden = std::atoll(argv[4]);
+    c.tokens = std::atoll(argv[5]);
+    c.token_rule = argv[6];
+    c.routing = argv[7];
+    c.dtype = parse_dtype(argv[8]);
+    c.seed = uint64_t(std::atoll(argv[9]));
+    return run_ep(comm, c);
+  } catch (const moerl::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return e.kind() == moerl::ErrorKind::BadInput ? 2 : 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", g_rank, e.what());
+    return 3;
+  }
+}
