@@ -1,0 +1,39 @@
+// Checkpoint directory (ARCHITECTURE.md): dense.safetensors (replicated tensors, rank 0),
+// experts-rank<r>.safetensors (rank r's experts, global expert ids in the names) and
+// manifest.json (config, world size, optimizer step, files with bytes and sha256), written
+// LAST: a directory without a manifest is not a checkpoint. AdamW moments travel in the
+// same files as "adam.m.<name>" / "adam.v.<name>". Loading re-shards experts, so a
+// checkpoint written by R ranks loads on any R' that divides num_experts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/expert_comm.h"
+#include "model/weights.h"
+
+namespace moerl::io {
+
+// AdamW first/second moments in the same layout as the parameters.
+struct OptimizerState {
+  std::vector<float> m_dense, m_experts, v_dense, v_experts;
+  int64_t step = 0;  // optimizer steps taken so far
+  void reset(const model::ParamLayout& layout);
+};
+
+// Collective over comm's ranks. meta_json: a JSON object stored as "meta" in the manifest
+// (e.g. {"iteration":3}); "{}" if none.
+void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
+                     const OptimizerState& opt, model::ExpertComm& comm,
+                     const std::string& meta_json = "{}");
+
+// Reads and validates manifest.json; returns the config (throws BadInput naming the file).
+model::ModelConfig read_checkpoint_config(const std::string& dir);
+
+// Fills ps (built for this rank's layout) and opt; verifies the sha256 and size of every
+// file read, then names, shapes and dtypes of every tensor. Errors name file and tensor.
+void load_checkpoint(const std::string& dir, model::ParamStore& ps, OptimizerState& opt);
+
+}  // namespace moerl::io

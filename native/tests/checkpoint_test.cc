@@ -1,0 +1,205 @@
+// Checkpoints: round trip, re-sharding on load, and each corruption case failing with a
+// message that names the file (and the tensor where one is at fault).
+#include <gtest/gtest.h>
+#include <unistd.h>  // getpid
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "common/check.h"
+#include "io/checkpoint.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "io/sha256.h"
+
+namespace moerl::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+model::ModelConfig config() {
+  model::ModelConfig c;
+  c.vocab_size = 12;
+  c.max_seq_len = 8;
+  c.dim = 8;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.num_experts = 4;
+  c.top_k = 2;
+  c.expert_dim = 4;
+  return c;
+}
+
+struct CheckpointTest : ::testing::Test {
+  std::string dir;
+  transport::Communicator tc{transport::Config{}};
+  model::ExpertComm comm{tc, config().num_experts};
+  model::ParamStore ps{model::make_layout(config(), 0, 4)};
+  OptimizerState opt;
+
+  void SetUp() override {
+    dir = (fs::temp_directory_path() /
+           ("moerl-ckpt-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+              .string();
+    fs::remove_all(dir);
+    ps.init_random(3);
+    opt.reset(ps.layout);
+    for (size_t i = 0; i < opt.m_dense.size(); i++) opt.m_dense[i] = 0.001f * i;
+    for (size_t i = 0; i < opt.v_experts.size(); i++) opt.v_experts[i] = 0.002f * i;
+    opt.step = 17;
+    save_checkpoint(dir, ps, opt, comm, "{\"iteration\":3}");
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  std::string load_error() {
+    model::ParamStore other(ps.layout);
+    OptimizerState o;
+    try {
+      load_checkpoint(dir, other, o);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+      return e.what();
+    }
+    return "";
+  }
+
+  // Rewrites the manifest's sha256 and size for `name` to match the file on disk.
+  void refresh_manifest_entry(const std::string& name) {
+    std::string text = read_file(dir + "/manifest.json");
+    Json m = parse_json(text, "manifest");
+    for (const Json& f : m.at("files", "m").arr) {
+      if (f.at("name", "f").str != name) continue;
+      uint64_t bytes = 0;
+      std::string digest = sha256_file(dir + "/" + name, &bytes);
+      size_t at = text.find(f.at("sha256", "f").str);
+      text.replace(at, 64, digest);
+      std::string old_bytes = "\"bytes\":" + std::to_string((int64_t)f.at("bytes", "f").num);
+      at = text.find(old_bytes, text.find("\"" + name + "\""));
+      text.replace(at, old_bytes.size(), "\"bytes\":" + std::to_string(bytes));
+    }
+    write_file_atomic(dir + "/manifest.json", text);
+  }
+};
+
+TEST(Sha256, KnownVectors) {
+  EXPECT_EQ(sha256_hex("", 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc", 3), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  std::string m(1000, 'a');  // crosses block boundaries
+  EXPECT_EQ(sha256_hex(m.data(), m.size()),
+            "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
+}
+
+TEST_F(CheckpointTest, RoundTripIsExact) {
+  EXPECT_TRUE(fs::exists(dir + "/dense.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/experts-rank0.safetensors"));
+  EXPECT_EQ(read_checkpoint_config(dir).dim, 8);
+  model::ParamStore back(ps.layout);
+  OptimizerState o;
+  load_checkpoint(dir, back, o);
+  EXPECT_EQ(back.dense, ps.dense);
+  EXPECT_EQ(back.experts, ps.experts);
+  EXPECT_EQ(o.m_dense, opt.m_dense);
+  EXPECT_EQ(o.v_experts, opt.v_experts);
+  EXPECT_EQ(o.step, 17);
+  Json m = parse_json(read_file(dir + "/manifest.json"), "manifest");
+  EXPECT_EQ(m.at("meta", "m").at("iteration", "m").num, 3);
+}
+
+TEST_F(CheckpointTest, LoadsIntoAnotherShardingOfTheExperts) {
+  // As rank 1 of 2: experts 2 and 3 only.
+  model::ParamStore half(model::make_layout(config(), 2, 2));
+  OptimizerState o;
+  load_checkpoint(dir, half, o);
+  for (const model::TensorSpec& s : half.layout.experts) {
+    const float* want = ps.find(s.name);
+    const float* got = half.experts.data() + s.offset;
+    for (size_t i = 0; i < s.numel; i++) ASSERT_EQ(got[i], want[i]) << s.name;
+  }
+}
+
+TEST_F(CheckpointTest, MissingManifestMeansNotCommitted) {
+  fs::remove(dir + "/manifest.json");
+  EXPECT_NE(load_error().find("manifest.json"), std::string::npos);
+}
+
+TEST_F(CheckpointTest, FlippedByteFailsChecksum) {
+  std::string path = dir + "/dense.safetensors";
+  std::string data = read_file(path);
+  data[data.size() - 5] ^= 0x40;
+  write_file_atomic(path, data);
+  std::string err = load_error();
+  EXPECT_NE(err.find("dense.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("sha256"), std::string::npos) << err;
+}
+
+TEST_F(CheckpointTest, TruncatedExpertFileFailsSize) {
+  std::string path = dir + "/experts-rank0.safetensors";
+  std::string data = read_file(path);
+  write_file_atomic(path, data.substr(0, data.size() / 2));
+  std::string err = load_error();
+  EXPECT_NE(err.find("experts-rank0.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("size"), std::string::npos) << err;
+}
+
+TEST_F(CheckpointTest, WrongShapeNamesFileAndTensor) {
+  // A self-consistent file (checksum refreshed) whose wqkv has the wrong shape.
+  SafetensorsFile f = read_safetensors(dir + "/dense.safetensors");
+  std::vector<TensorOut> out;
+  std::vector<std::vector<float>> keep;
+  for (const auto& [name, t] : f.tensors) {
+    keep.emplace_back((t.end - t.begin) / 4);
+    std::memcpy(keep.back().data(), f.data.data() + t.begin, t.end - t.begin);
+    std::vector<int64_t> shape = t.shape;
+    if (name == "layers.1.wqkv") shape = {shape[1], shape[0]};
+    out.push_back({name, shape, keep.back().data()});
+  }
+  write_safetensors(dir + "/dense.safetensors", out);
+  refresh_manifest_entry("dense.safetensors");
+  std::string err = load_error();
+  EXPECT_NE(err.find("dense.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("layers.1.wqkv"), std::string::npos) << err;
+  EXPECT_NE(err.find("shape"), std::string::npos) << err;
+}
+
+TEST_F(CheckpointTest, MissingTensorNamesFileAndTensor) {
+  SafetensorsFile f = read_safetensors(dir + "/experts-rank0.safetensors");
+  std::vector<TensorOut> out;
+  std::vector<std::vector<float>> keep;
+  for (const auto& [name, t] : f.tensors) {
+    if (name == "layers.0.experts.3.w2") continue;
+    keep.emplace_back((t.end - t.begin) / 4);
+    std::memcpy(keep.back().data(), f.data.data() + t.begin, t.end - t.begin);
+    out.push_back({name, t.shape, keep.back().data()});
+  }
+  write_safetensors(dir + "/experts-rank0.safetensors", out);
+  refresh_manifest_entry("experts-rank0.safetensors");
+  std::string err = load_error();
+  EXPECT_NE(err.find("experts-rank0.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("layers.0.experts.3.w2"), std::string::npos) << err;
+}
+
+TEST_F(CheckpointTest, WrongDtypeNamesFileAndTensor) {
+  std::string path = dir + "/dense.safetensors";
+  std::string data = read_file(path);
+  size_t at = data.find("\"F32\"");  // first tensor in the header
+  data.replace(at, 5, "\"F16\"");
+  write_file_atomic(path, data);
+  refresh_manifest_entry("dense.safetensors");
+  std::string err = load_error();
+  EXPECT_NE(err.find("dense.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("dtype F16"), std::string::npos) << err;
+}
+
+TEST_F(CheckpointTest, ConfigMismatchIsBadInput) {
+  model::ModelConfig c = config();
+  c.dim = 16;
+  model::ParamStore other(model::make_layout(c, 0, 4));
+  OptimizerState o;
+  EXPECT_THROW(load_checkpoint(dir, other, o), Error);
+}
+
+}  // namespace
+}  // namespace moerl::io
