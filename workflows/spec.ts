@@ -178,8 +178,22 @@ export function formatIssues(issues: readonly z.core.$ZodIssue[], input: unknown
     if (issue.code === 'unrecognized_keys') {
       return `${field === '(top level)' ? '' : field + ': '}unknown field(s) ${issue.keys.map((k) => `"${k}"`).join(', ')}`;
     }
-    if (issue.code === 'invalid_union') {
-      return `${field}: got ${describeValue(valueAt(input, issue.path))}; expected one of the allowed forms (see \`moerl spec schema\`)`;
+    if (issue.code === 'invalid_union' && issue.errors.length > 0) {
+      const got = `${field}: got ${describeValue(valueAt(input, issue.path))}`;
+      // Every form wants a literal here (e.g. staleness 0 | 1): list them all.
+      const flat = issue.errors.flat();
+      if (flat.every((e) => e.code === 'invalid_value' && e.path.length === 0)) {
+        const values = flat.flatMap((e) => (e.code === 'invalid_value' ? e.values : []));
+        return `${got}; expected one of ${values.map((v) => JSON.stringify(v)).join(', ')}`;
+      }
+      // The form the input meant is the one whose keys it uses: report that form's first problem.
+      const meant = issue.errors.filter(
+        (errs) => errs.length > 0 && errs.every((e) => e.code !== 'unrecognized_keys'),
+      );
+      const first = meant.sort((a, b) => a.length - b.length)[0]?.[0];
+      if (first)
+        return formatIssues([{ ...first, path: [...issue.path, ...first.path] }], input)[0] as string;
+      return `${got}; expected one of the allowed forms (see \`moerl spec schema\`)`;
     }
     return `${field}: got ${describeValue(valueAt(input, issue.path))}; ${issue.message}`;
   });
