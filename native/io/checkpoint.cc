@@ -1,9 +1,6 @@
 // Checkpoint save/load with a sha256 manifest written last.
 #include "io/checkpoint.h"
 
-#include <sys/stat.h>  // mkdir
-
-#include <cerrno>   // errno
 #include <cstdio>   // std::remove
 #include <map>
 #include <sstream>  // std::ostringstream
@@ -18,16 +15,6 @@ namespace {
 
 constexpr const char* kFormat = "moerl-checkpoint";
 constexpr int kVersion = 1;
-
-void make_dirs(const std::string& dir) {
-  for (size_t i = 1; i <= dir.size(); i++) {
-    if (i == dir.size() || dir[i] == '/') {
-      std::string part = dir.substr(0, i);
-      if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
-        MOERL_FAIL(BadInput, "cannot create directory ", part);
-    }
-  }
-}
 
 std::string expert_file(int rank) { return "experts-rank" + std::to_string(rank) + ".safetensors"; }
 

@@ -1,6 +1,10 @@
 // JSON parser (recursive descent) and helpers.
 #include "io/json.h"
 
+#include <sys/stat.h>  // mkdir
+
+#include <cerrno>   // errno
+
 #include <cctype>   // std::isdigit
 #include <cmath>    // std::isfinite
 #include <cstdio>   // std::snprintf, std::rename, FILE
@@ -201,6 +205,16 @@ std::string read_file(const std::string& path) {
   std::ostringstream os;
   os << in.rdbuf();
   return os.str();
+}
+
+void make_dirs(const std::string& dir) {
+  for (size_t i = 1; i <= dir.size(); i++) {
+    if (i == dir.size() || dir[i] == '/') {
+      std::string part = dir.substr(0, i);
+      if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+        MOERL_FAIL(BadInput, "cannot create directory ", part);
+    }
+  }
 }
 
 void write_file_atomic(const std::string& path, const std::string& data) {

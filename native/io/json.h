@@ -38,6 +38,8 @@ std::string json_quote(const std::string& s);
 std::string json_float(double x);
 
 std::string read_file(const std::string& path);
+// mkdir -p; throws BadInput naming the part that cannot be created.
+void make_dirs(const std::string& dir);
 // Writes to path + ".tmp" then renames, so readers never see a partial file.
 void write_file_atomic(const std::string& path, const std::string& data);
 

@@ -18,6 +18,16 @@ struct Timer {
   }
 };
 
+// Rows a cached dispatch sends to other ranks (rows for this rank are copied locally).
+int64_t remote_rows_sent(const ep::Handle& h, int self) {
+  return h.send_rank_prefix[h.num_ranks] - (h.send_rank_prefix[self + 1] - h.send_rank_prefix[self]);
+}
+
+// Rows a combine returns to other ranks.
+int64_t remote_rows_returned(const ep::Handle& h, int self) {
+  return h.recv_rank_prefix[h.num_ranks] - (h.recv_rank_prefix[self + 1] - h.recv_rank_prefix[self]);
+}
+
 }  // namespace
 
 ExpertComm::ExpertComm(transport::Communicator& comm, int num_experts)
@@ -46,7 +56,7 @@ void ExpertComm::dispatch_cached(const float* x, int C2, const Dispatched& d,
   buffer_.dispatch({x, ep::DType::F32, h.num_tokens, C2}, nullptr, h, scratch_, nullptr);
   recv.resize((size_t)d.num_recv * C2);
   std::copy_n(scratch_.data<float>(), recv.size(), recv.data());
-  stats.bytes += (uint64_t)(h.send_token_idx.size()) * C2 * sizeof(float);
+  stats.bytes += (uint64_t)remote_rows_sent(h, rank()) * C2 * sizeof(float);
 }
 
 void ExpertComm::combine(const float* y, int C2, const Dispatched& d, float* out) {
@@ -54,7 +64,7 @@ void ExpertComm::combine(const float* y, int C2, const Dispatched& d, float* out
   const ep::Handle& h = d.out.handle;
   buffer_.combine({y, ep::DType::F32, h.num_recv_tokens, C2}, h, scratch_);
   std::copy_n(scratch_.data<float>(), (size_t)h.num_tokens * C2, out);
-  stats.bytes += (uint64_t)(h.num_recv_tokens) * C2 * sizeof(float);
+  stats.bytes += (uint64_t)remote_rows_returned(h, rank()) * C2 * sizeof(float);
 }
 
 void ExpertComm::allreduce_sum(float* data, size_t n) {

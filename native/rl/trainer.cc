@@ -1,0 +1,228 @@
+// SFT and GRPO steps: micro-batching, per-token loss gradients, EP-parallel backward,
+// gradient allreduce, AdamW, global metrics.
+#include "rl/trainer.h"
+
+#include <algorithm>  // std::max, std::min
+#include <chrono>     // steady_clock
+#include <cmath>      // std::exp, std::log
+#include <sstream>    // std::ostringstream
+
+#include "common/check.h"
+#include "io/json.h"
+#include "model/model.h"
+
+namespace moerl::rl {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// This rank's share: sequences i with i % R == rank, then split into micro-batches. Every
+// rank runs the same number of micro-batches (possibly empty) because each forward and
+// backward is collective.
+std::vector<std::vector<int>> micro_batches(int n, int rank, int R, int mb) {
+  std::vector<int> mine;
+  for (int i = rank; i < n; i += R) mine.push_back(i);
+  int max_share = (n + R - 1) / R;
+  int count = std::max(1, (max_share + mb - 1) / mb);
+  std::vector<std::vector<int>> out(count);
+  for (size_t j = 0; j < mine.size(); j++) out[j / mb].push_back(mine[j]);
+  return out;
+}
+
+struct Packed {
+  int B = 0, T = 1;
+  std::vector<int32_t> tokens, lengths;
+};
+
+Packed pack(const std::vector<TrainSequence>& batch, const std::vector<int>& ids, int max_len) {
+  Packed p;
+  p.B = (int)ids.size();
+  for (int i : ids) p.T = std::max(p.T, (int)batch[i].tokens.size());
+  MOERL_CHECK_INPUT(p.T <= max_len, "sequence of ", p.T, " tokens exceeds max_seq_len ", max_len);
+  p.tokens.assign((size_t)p.B * p.T, 0);
+  for (int b = 0; b < p.B; b++) {
+    const TrainSequence& s = batch[ids[b]];
+    std::copy(s.tokens.begin(), s.tokens.end(), p.tokens.begin() + (size_t)b * p.T);
+    p.lengths.push_back((int32_t)s.tokens.size());
+  }
+  return p;
+}
+
+// log-softmax of z = logits / tau at row `r`; fills p (probs) and returns log p[target].
+double row_logprob(const float* logits, int V, float tau, int target, std::vector<double>& p,
+                   double* entropy) {
+  double m = -INFINITY;
+  for (int v = 0; v < V; v++) m = std::max(m, (double)logits[v] / tau);
+  double s = 0.0;
+  for (int v = 0; v < V; v++) s += (p[v] = std::exp(logits[v] / tau - m));
+  double lse = m + std::log(s);
+  double h = 0.0;
+  for (int v = 0; v < V; v++) {
+    p[v] /= s;
+    if (p[v] > 0.0) h -= p[v] * std::log(p[v]);
+  }
+  if (entropy) *entropy = h;
+  return logits[target] / tau - lse;
+}
+
+void check_sequence(const TrainSequence& s, Objective obj, int i) {
+  MOERL_CHECK_INPUT(s.prompt_len >= 1 && s.prompt_len < (int)s.tokens.size(), "sequence ", i,
+                    ": prompt length ", s.prompt_len, " must be in [1, ", s.tokens.size(), ")");
+  if (obj == Objective::Grpo)
+    MOERL_CHECK_INPUT(s.old_logprobs.size() == s.tokens.size() - s.prompt_len, "sequence ", i,
+                      ": ", s.old_logprobs.size(), " behaviour log-probs for ",
+                      s.tokens.size() - s.prompt_len, " completion tokens");
+}
+
+}  // namespace
+
+StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
+                       const std::vector<TrainSequence>& batch, const LossConfig& lc,
+                       const AdamWConfig& ac) {
+  const model::ModelConfig& cfg = ps.layout.cfg;
+  const int V = cfg.vocab_size, E = cfg.num_experts, L = cfg.num_layers;
+  const double t0 = now_s();
+  const double ep_s0 = comm.stats.seconds;
+  const uint64_t ep_b0 = comm.stats.bytes;
+  MOERL_CHECK_INPUT(!batch.empty(), "training batch is empty");
+
+  // Global normalisers, known to every rank without communication.
+  double n_tok = 0.0, n_valid = 0.0;
+  for (size_t i = 0; i < batch.size(); i++) {
+    check_sequence(batch[i], lc.objective, (int)i);
+    n_tok += batch[i].tokens.size() - batch[i].prompt_len;
+    n_valid += batch[i].tokens.size();
+  }
+  const double n_seq = (double)batch.size();
+  const float aux_weight = (float)(lc.aux_coef / (n_seq * L));
+  const float z_weight = (float)(lc.z_coef / (n_valid * L));
+
+  // metric accumulators, summed over ranks at the end
+  enum { kLoss, kPolicy, kKl, kEntropy, kClip, kAux, kZ, kFlops, kNum };
+  std::vector<float> acc(kNum + E, 0.0f);
+
+  ps.zero_grad();
+  model::Activations a;
+  std::vector<double> p(V);
+  for (const std::vector<int>& ids : micro_batches((int)batch.size(), comm.rank(),
+                                                   comm.world_size(), lc.micro_batch)) {
+    Packed pk = pack(batch, ids, cfg.max_seq_len);
+    model::model_forward(ps, comm, pk.tokens.data(), pk.lengths.data(), pk.B, pk.T, a);
+    std::vector<float> dlogits(a.logits.size(), 0.0f);
+    for (int b = 0; b < pk.B; b++) {
+      const TrainSequence& s = batch[ids[b]];
+      acc[kFlops] += (float)(3.0 * model::forward_flops(cfg, 1, (int)s.tokens.size()));
+      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++) {
+        const float* lg = a.logits.data() + ((size_t)b * pk.T + t) * V;
+        float* dl = dlogits.data() + ((size_t)b * pk.T + t) * V;
+        const int target = s.tokens[t + 1];
+        const int j = t + 1 - s.prompt_len;
+        if (lc.objective == Objective::Sft) {
+          double h;
+          double lp = row_logprob(lg, V, 1.0f, target, p, &h);
+          acc[kLoss] += (float)(-lp);
+          acc[kEntropy] += (float)h;
+          for (int v = 0; v < V; v++) dl[v] = (float)(p[v] / n_tok);
+          dl[target] -= (float)(1.0 / n_tok);
+          continue;
+        }
+        double h;
+        const float tau = lc.temperature;
+        double lp = row_logprob(lg, V, tau, target, p, &h);
+        double A = s.advantage;
+        double ratio = std::exp(lp - s.old_logprobs[j]);
+        double clipped = std::min(std::max(ratio, 1.0 - lc.clip_eps), 1.0 + lc.clip_eps);
+        bool is_clipped = ratio * A > clipped * A;
+        double pg = -std::min(ratio * A, clipped * A);
+        double g_lp = is_clipped ? 0.0 : -A * ratio;  // d pg / d logp
+        double kl = 0.0;
+        if (lc.kl_coef != 0.0f) {
+          double d = s.ref_logprobs[j] - lp;
+          kl = std::exp(d) - d - 1.0;
+          g_lp += lc.kl_coef * (1.0 - std::exp(d));
+        }
+        acc[kPolicy] += (float)pg;
+        acc[kKl] += (float)kl;
+        acc[kEntropy] += (float)h;
+        acc[kClip] += is_clipped ? 1.0f : 0.0f;
+        acc[kLoss] += (float)(pg + lc.kl_coef * kl - lc.entropy_coef * h);
+        // d/dz of g_lp * logp[target] - entropy_coef * H, then through z = logits / tau
+        for (int v = 0; v < V; v++) {
+          double lpv = p[v] > 0.0 ? std::log(p[v]) : 0.0;
+          double dz = g_lp * ((v == target) - p[v]) + lc.entropy_coef * p[v] * (lpv + h);
+          dl[v] = (float)(dz / (tau * n_tok));
+        }
+      }
+    }
+    acc[kAux] += (float)a.aux_sum;
+    acc[kZ] += (float)a.z_sum;
+    for (int e = 0; e < E; e++) acc[kNum + e] += (float)a.expert_load[e];
+    model::model_backward(ps, comm, dlogits.data(), aux_weight, z_weight, a);
+  }
+  comm.allreduce_sum(ps.grad_dense.data(), ps.grad_dense.size());
+  comm.allreduce_sum(acc.data(), acc.size());
+
+  StepMetrics m;
+  float lr = 0.0f;
+  m.grad_norm = adamw_step(ps, opt, ac, comm, &lr);
+  m.lr = lr;
+  m.tokens = n_tok;
+  m.sequences = n_seq;
+  m.aux_loss = acc[kAux] / (n_seq * L);
+  m.z_loss = acc[kZ] / (n_valid * L);
+  m.policy_loss = acc[kPolicy] / n_tok;
+  m.kl = acc[kKl] / n_tok;
+  m.entropy = acc[kEntropy] / n_tok;
+  m.clip_frac = acc[kClip] / n_tok;
+  m.loss = acc[kLoss] / n_tok + lc.aux_coef * m.aux_loss + lc.z_coef * m.z_loss;
+  m.flops = acc[kFlops];
+  double total_load = 0.0;
+  for (int e = 0; e < E; e++) total_load += acc[kNum + e];
+  for (int e = 0; e < E; e++) m.expert_load.push_back(acc[kNum + e] / std::max(1.0, total_load));
+  m.seconds = now_s() - t0;
+  m.ep_seconds = comm.stats.seconds - ep_s0;
+  m.ep_bytes = (double)(comm.stats.bytes - ep_b0);
+  return m;
+}
+
+void fill_ref_logprobs(model::ParamStore& ps, model::ExpertComm& comm,
+                       std::vector<TrainSequence>& batch, const LossConfig& lc) {
+  const model::ModelConfig& cfg = ps.layout.cfg;
+  const int V = cfg.vocab_size;
+  model::Activations a;
+  std::vector<double> p(V);
+  for (const std::vector<int>& ids : micro_batches((int)batch.size(), comm.rank(),
+                                                   comm.world_size(), lc.micro_batch)) {
+    Packed pk = pack(batch, ids, cfg.max_seq_len);
+    model::model_forward(ps, comm, pk.tokens.data(), pk.lengths.data(), pk.B, pk.T, a);
+    for (int b = 0; b < pk.B; b++) {
+      TrainSequence& s = batch[ids[b]];
+      s.ref_logprobs.clear();
+      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++)
+        s.ref_logprobs.push_back((float)row_logprob(
+            a.logits.data() + ((size_t)b * pk.T + t) * V, V, lc.temperature, s.tokens[t + 1], p,
+            nullptr));
+    }
+  }
+}
+
+std::string StepMetrics::to_json(int64_t step) const {
+  std::ostringstream os;
+  auto f = [](double x) { return io::json_float(x); };
+  os << "{\"step\":" << step << ",\"loss\":" << f(loss) << ",\"policy_loss\":" << f(policy_loss)
+     << ",\"kl\":" << f(kl) << ",\"entropy\":" << f(entropy) << ",\"clip_frac\":" << f(clip_frac)
+     << ",\"aux_loss\":" << f(aux_loss) << ",\"z_loss\":" << f(z_loss)
+     << ",\"grad_norm\":" << f(grad_norm) << ",\"lr\":" << f(lr) << ",\"tokens\":" << f(tokens)
+     << ",\"sequences\":" << f(sequences) << ",\"seconds\":" << f(seconds)
+     << ",\"tokens_per_s\":" << f(tokens / std::max(seconds, 1e-9))
+     << ",\"gflops\":" << f(flops / std::max(seconds, 1e-9) / 1e9)
+     << ",\"ep_seconds\":" << f(ep_seconds) << ",\"ep_bytes\":" << f(ep_bytes)
+     << ",\"expert_load\":[";
+  for (size_t e = 0; e < expert_load.size(); e++) os << (e ? "," : "") << f(expert_load[e]);
+  os << "]}";
+  return os.str();
+}
+
+}  // namespace moerl::rl

@@ -1,0 +1,57 @@
+// One optimizer step of SFT or GRPO over a global minibatch of sequences, expert parallel:
+// every rank reads the same minibatch and takes sequences i with i % R == rank, losses are
+// normalised by global counts, dense gradients are allreduced and expert gradients stay on
+// the expert's rank. The step is therefore the single-rank step up to summation order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "model/expert_comm.h"
+#include "model/weights.h"
+#include "rl/adamw.h"
+
+namespace moerl::rl {
+
+struct TrainSequence {
+  std::vector<int32_t> tokens;        // prompt followed by completion
+  int prompt_len = 0;                 // loss on positions predicting tokens[prompt_len..]
+  std::vector<float> old_logprobs;    // [completion] behaviour log-probs (GRPO)
+  std::vector<float> ref_logprobs;    // [completion] reference log-probs (GRPO with KL)
+  float advantage = 0.0f;             // GRPO, per sequence
+};
+
+enum class Objective { Sft, Grpo };
+
+struct LossConfig {
+  Objective objective = Objective::Sft;
+  float clip_eps = 0.2f;      // GRPO ratio clip
+  float kl_coef = 0.0f;       // k3 KL to the reference policy
+  float entropy_coef = 0.0f;  // bonus: loss -= entropy_coef * mean entropy
+  float aux_coef = 0.01f;     // sequence-wise balance loss, mean over sequences and layers
+  float z_coef = 0.001f;      // router z-loss, mean over completion tokens, summed over layers
+  float temperature = 1.0f;   // log-probs of softmax(logits / temperature), as the sampler
+  int micro_batch = 32;       // sequences per forward/backward on one rank
+};
+
+struct StepMetrics {
+  double loss = 0, policy_loss = 0, kl = 0, entropy = 0, clip_frac = 0, aux_loss = 0, z_loss = 0;
+  double tokens = 0, sequences = 0, grad_norm = 0, lr = 0;
+  double seconds = 0, compute_seconds = 0, flops = 0, ep_seconds = 0, ep_bytes = 0;
+  std::vector<double> expert_load;  // [E] fraction of (token, slot) picks per expert
+  std::string to_json(int64_t step) const;
+};
+
+// Runs forward/backward over `batch` (global; this rank uses its share) and one AdamW step.
+StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
+                       const std::vector<TrainSequence>& batch, const LossConfig& lc,
+                       const AdamWConfig& ac);
+
+// Per-token log-probs of each sequence's completion under `ps` (e.g. the reference policy),
+// written to seq.ref_logprobs for this rank's share; collective like train_step.
+void fill_ref_logprobs(model::ParamStore& ps, model::ExpertComm& comm,
+                       std::vector<TrainSequence>& batch, const LossConfig& lc);
+
+}  // namespace moerl::rl
