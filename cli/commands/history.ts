@@ -1,0 +1,69 @@
+// `moerl history <id>`: one row per iteration from the workflow history, across all runs.
+import { stageNames } from '../../workflows/types.js';
+import { describeCampaign } from '../campaigns.js';
+import type { Command, CommandContext } from '../command.js';
+import { decimal, keyValues, seconds, table, timestamp } from '../format.js';
+import { readCampaignHistory, type CampaignHistory } from '../history.js';
+
+export function historyText(history: CampaignHistory): string {
+  const runs = history.runs.length;
+  const header = `campaign ${history.campaignId}: ${history.iterations.length} iterations in ${runs} workflow run${runs === 1 ? '' : 's'}`;
+  if (history.iterations.length === 0) return `${header}\nno activity yet`;
+  const rows = history.iterations.map((it) => {
+    const attempts = stageNames
+      .filter((s) => (it.stages[s]?.attempts ?? 1) > 1)
+      .map((s) => `${s} ${it.stages[s]?.attempts}`);
+    const changes = it.hyperparameterChanges.map((c) => keyValues(c.changes)).join(' ');
+    return [
+      String(it.iteration),
+      ...stageNames.map((s) => {
+        const stage = it.stages[s];
+        return stage === undefined ? '-' : stage.running ? 'running' : seconds(stage.seconds);
+      }),
+      attempts.length ? attempts.join(', ') : '1',
+      decimal(it.meanReward),
+      changes || '-',
+    ];
+  });
+  const out = [
+    header,
+    table(
+      ['ITER', ...stageNames.map((s) => s.toUpperCase()), 'ATTEMPTS', 'REWARD', 'CHANGES'],
+      rows,
+      new Set([0, 1, 2, 3, 4, 5, 7]),
+    ),
+  ];
+  const failures = history.iterations.flatMap((it) =>
+    stageNames.flatMap((s) =>
+      (it.stages[s]?.failures ?? []).map((f) => `  iteration ${it.iteration} ${s} ${f}`),
+    ),
+  );
+  if (failures.length) out.push('failures:', ...failures);
+  if (history.hyperparameterChanges.length)
+    out.push(
+      'hyperparameter changes:',
+      ...history.hyperparameterChanges.map(
+        (c) =>
+          `  from iteration ${c.iteration}: ${keyValues(c.changes)}${c.reason ? ` (${c.reason})` : ''} at ${timestamp(c.at)}`,
+      ),
+    );
+  return out.join('\n');
+}
+
+export const historyCommand: Command = {
+  name: 'history',
+  summary: 'per-iteration table from the workflow history: stage times, attempts, failures, reward',
+  usage: 'history <campaign-id>',
+  options: {},
+  optionHelp: {},
+  details:
+    'Stage time runs from the first activity scheduled to the last one closed (retries and backoff included).',
+  positionals: { min: 1, max: 1 },
+  async run(ctx: CommandContext) {
+    const client = await ctx.client();
+    const id = ctx.positionals[0] as string;
+    await describeCampaign(client, id);
+    const history = await readCampaignHistory(client, id);
+    ctx.print(history, () => historyText(history));
+  },
+};

@@ -1,0 +1,93 @@
+// `moerl status <id>`: the campaign's own account of itself (the status query), as a summary.
+import type { WorkflowExecutionDescription } from '@temporalio/client';
+import type { CampaignState } from '../../workflows/types.js';
+import { describeCampaign, executionStatus, queryState, type CampaignMemo } from '../campaigns.js';
+import type { Command, CommandContext } from '../command.js';
+import { decimal, keyValues, seconds, timestamp } from '../format.js';
+
+export function statusText(state: CampaignState, description: WorkflowExecutionDescription): string {
+  const memo = description.memo as Partial<CampaignMemo> | undefined;
+  const total = memo?.spec?.iterations;
+  const execution = executionStatus(description);
+  const lines: [string, string][] = [];
+  lines.push(['campaign', `${state.campaignId} (${state.name})`]);
+  const statusLine = execution === 'running' ? state.status : `${state.status} (workflow ${execution})`;
+  lines.push(['status', state.pauseReason ? `${statusLine}: ${state.pauseReason}` : statusLine]);
+  const committed = state.committedIteration < 0 ? 'none yet' : String(state.committedIteration);
+  lines.push([
+    'iterations',
+    `committed ${committed}${total === undefined ? '' : ` of ${total}`}, next rollout ${state.nextIteration}`,
+  ]);
+  if (state.activeStages.length > 0)
+    lines.push([
+      'running',
+      state.activeStages
+        .map((s) => `${s.stage} of iteration ${s.iteration} since ${timestamp(s.startedAt)}`)
+        .join('; '),
+    ]);
+  if (state.latestCheckpoint) {
+    const c = state.latestCheckpoint;
+    lines.push(['checkpoint', `iteration ${c.iteration} at ${c.key} (mean reward ${decimal(c.meanReward)})`]);
+  }
+  if (state.checkpoints.length > 0)
+    lines.push(['retained', `iterations ${state.checkpoints.map((c) => c.iteration).join(', ')}`]);
+  lines.push(['hyperparameters', keyValues(state.hyperparameters)]);
+  for (const change of state.hyperparameterChanges)
+    lines.push([
+      'change',
+      `from iteration ${change.iteration}: ${keyValues(change.changes)}${change.reason ? ` (${change.reason})` : ''}`,
+    ]);
+  const retries = Object.entries(state.retries).filter(([, n]) => n > 0);
+  lines.push(['retries', retries.length ? retries.map(([stage, n]) => `${stage} ${n}`).join(', ') : 'none']);
+  if (state.lastFailure) {
+    const f = state.lastFailure;
+    lines.push([
+      'last failure',
+      `${f.stage} of iteration ${f.iteration} at ${timestamp(f.at)}: ${f.type}: ${f.message}`,
+    ]);
+  }
+  const last = state.recentIterations[state.recentIterations.length - 1];
+  if (last) {
+    const stageTimes = Object.entries(last.stageSeconds)
+      .map(([stage, s]) => `${stage} ${seconds(s)}`)
+      .join(', ');
+    lines.push([
+      'last iteration',
+      `${last.iteration}: mean reward ${decimal(last.meanReward)}, pass rate ${decimal(last.passRate)}, ${last.samples} samples; ${stageTimes}`,
+    ]);
+  }
+  if (state.forkedFrom)
+    lines.push(['forked from', `${state.forkedFrom.campaignId} at iteration ${state.forkedFrom.iteration}`]);
+  lines.push(['workflow runs', String(state.runs)]);
+  const width = Math.max(...lines.map(([k]) => k.length));
+  return lines.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
+}
+
+export const statusCommand: Command = {
+  name: 'status',
+  summary: 'show a campaign: status, iteration, checkpoint, hyperparameters, retries',
+  usage: 'status <campaign-id>',
+  options: {},
+  optionHelp: {},
+  positionals: { min: 1, max: 1 },
+  async run(ctx: CommandContext) {
+    const client = await ctx.client();
+    const { handle, description } = await describeCampaign(client, ctx.positionals[0] as string);
+    const state = await queryState(client, handle);
+    ctx.print(
+      {
+        campaignId: state.campaignId,
+        execution: {
+          status: executionStatus(description),
+          runId: description.runId,
+          startTime: description.startTime,
+          closeTime: description.closeTime ?? null,
+          historyLength: description.historyLength,
+        },
+        memo: description.memo ?? null,
+        state,
+      },
+      () => statusText(state, description),
+    );
+  },
+};

@@ -1,0 +1,341 @@
+// Reads a campaign's workflow history across continue-as-new runs and turns it into one record
+// per iteration: stage durations (activity scheduled → closed), attempts and failure reasons,
+// the reward, and the hyperparameter changes accepted through updates.
+import { defaultPayloadConverter, type Client, type WorkflowHandle } from '@temporalio/client';
+import type {
+  CampaignActivities,
+  CheckpointOutput,
+  PrepareInput,
+  RewardOutput,
+} from '../activities/types.js';
+import type { HyperparameterChange, StageName } from '../workflows/types.js';
+import { isNotFound, notFound } from './campaigns.js';
+
+type History = Awaited<ReturnType<WorkflowHandle['fetchHistory']>>;
+export type HistoryEvent = NonNullable<History['events']>[number];
+type Payloads =
+  { payloads?: Parameters<typeof defaultPayloadConverter.fromPayload>[0][] | null } | null | undefined;
+type ProtoFailure = {
+  message?: string | null;
+  applicationFailureInfo?: { type?: string | null } | null;
+} | null;
+type Timestamp =
+  { seconds?: number | { toNumber(): number } | null; nanos?: number | null } | null | undefined;
+
+const stageOf: Record<keyof CampaignActivities, StageName> = {
+  preparePolicy: 'prepare',
+  rolloutShard: 'rollout',
+  computeRewards: 'reward',
+  updatePolicy: 'update',
+  commitCheckpoint: 'checkpoint',
+};
+
+/** One scheduled activity as the history tells it. */
+export interface ActivityRecord {
+  activityId: string;
+  activity: keyof CampaignActivities;
+  stage: StageName;
+  iteration: number;
+  shard?: number;
+  runId: string;
+  scheduledAt: number;
+  closedAt: number | null;
+  outcome: 'running' | 'completed' | 'failed' | 'timed out' | 'cancelled';
+  /** Attempts made (the last one included); 1 while the first attempt has not closed. */
+  attempts: number;
+  /** Failure reasons seen, as "attempt N: Type: message". */
+  failures: string[];
+  result: unknown;
+}
+
+export interface StageHistory {
+  /** First scheduled → last closed; null while an activity of the stage is still open. */
+  seconds: number | null;
+  /** Most attempts any one activity (shard) of the stage took. */
+  attempts: number;
+  activities: number;
+  failures: string[];
+  running: boolean;
+}
+
+export interface IterationHistory {
+  iteration: number;
+  stages: Partial<Record<StageName, StageHistory>>;
+  meanReward: number | null;
+  /** Key of the checkpoint committed for this iteration. */
+  checkpoint: string | null;
+  hyperparameterChanges: HyperparameterChange[];
+}
+
+export interface CampaignHistory {
+  campaignId: string;
+  /** Run ids, oldest first. */
+  runs: string[];
+  iterations: IterationHistory[];
+  hyperparameterChanges: HyperparameterChange[];
+}
+
+export function timestampMs(ts: Timestamp): number {
+  if (!ts) return 0;
+  const s = ts.seconds;
+  const secs = s === null || s === undefined ? 0 : typeof s === 'number' ? s : s.toNumber();
+  return secs * 1000 + (ts.nanos ?? 0) / 1e6;
+}
+
+function decode<T>(payloads: Payloads): T | undefined {
+  const payload = payloads?.payloads?.[0];
+  if (!payload) return undefined;
+  try {
+    return defaultPayloadConverter.fromPayload<T>(payload);
+  } catch {
+    return undefined;
+  }
+}
+
+function failureText(failure: ProtoFailure | undefined): string {
+  if (!failure) return 'unknown failure';
+  const type = failure.applicationFailureInfo?.type;
+  return `${type ? `${type}: ` : ''}${failure.message ?? ''}`.split('\n')[0] as string;
+}
+
+/** The iteration (and shard) an activity input belongs to. */
+function iterationOf(
+  activity: keyof CampaignActivities,
+  input: unknown,
+): { iteration: number; shard?: number } {
+  const i = (input ?? {}) as Record<string, unknown>;
+  if (activity === 'preparePolicy') {
+    const source = (i as Partial<PrepareInput>).source;
+    return { iteration: source?.kind === 'fork' ? source.checkpoint.iteration : 0 };
+  }
+  if (activity === 'commitCheckpoint') {
+    const staged = i.staged as { iteration?: number } | undefined;
+    return { iteration: staged?.iteration ?? -1 };
+  }
+  const iteration = typeof i.iteration === 'number' ? i.iteration : -1;
+  return typeof i.shard === 'number' ? { iteration, shard: i.shard } : { iteration };
+}
+
+/** Activity records and accepted hyperparameter changes of one run, from its events. */
+export function readRunEvents(
+  runId: string,
+  events: readonly HistoryEvent[],
+): { activities: ActivityRecord[]; changes: HyperparameterChange[]; continuedFrom: string | null } {
+  const byEventId = new Map<string, ActivityRecord>();
+  const activities: ActivityRecord[] = [];
+  const changes: HyperparameterChange[] = [];
+  let continuedFrom: string | null = null;
+  const close = (
+    scheduledEventId: unknown,
+    at: number,
+    outcome: ActivityRecord['outcome'],
+    failure?: ProtoFailure,
+  ) => {
+    const record = byEventId.get(String(scheduledEventId));
+    if (!record) return;
+    record.closedAt = at;
+    record.outcome = outcome;
+    if (failure) record.failures.push(`attempt ${record.attempts}: ${failureText(failure)}`);
+  };
+  for (const event of events) {
+    const at = timestampMs(event.eventTime);
+    if (event.workflowExecutionStartedEventAttributes) {
+      continuedFrom = event.workflowExecutionStartedEventAttributes.continuedExecutionRunId || null;
+    } else if (event.activityTaskScheduledEventAttributes) {
+      const a = event.activityTaskScheduledEventAttributes;
+      const activity = a.activityType?.name as keyof CampaignActivities;
+      if (!(activity in stageOf)) continue;
+      const record: ActivityRecord = {
+        activityId: a.activityId ?? '',
+        activity,
+        stage: stageOf[activity],
+        ...iterationOf(activity, decode(a.input)),
+        runId,
+        scheduledAt: at,
+        closedAt: null,
+        outcome: 'running',
+        attempts: 1,
+        failures: [],
+        result: undefined,
+      };
+      byEventId.set(String(event.eventId), record);
+      activities.push(record);
+    } else if (event.activityTaskStartedEventAttributes) {
+      // Written when the activity closes: `attempt` is the last one, `lastFailure` the one before.
+      const a = event.activityTaskStartedEventAttributes;
+      const record = byEventId.get(String(a.scheduledEventId));
+      if (!record) continue;
+      record.attempts = a.attempt ?? 1;
+      if (a.lastFailure)
+        record.failures.push(`attempt ${record.attempts - 1}: ${failureText(a.lastFailure)}`);
+    } else if (event.activityTaskCompletedEventAttributes) {
+      const a = event.activityTaskCompletedEventAttributes;
+      close(a.scheduledEventId, at, 'completed');
+      const record = byEventId.get(String(a.scheduledEventId));
+      if (record) record.result = decode(a.result);
+    } else if (event.activityTaskFailedEventAttributes) {
+      const a = event.activityTaskFailedEventAttributes;
+      close(a.scheduledEventId, at, 'failed', a.failure);
+    } else if (event.activityTaskTimedOutEventAttributes) {
+      const a = event.activityTaskTimedOutEventAttributes;
+      close(a.scheduledEventId, at, 'timed out', a.failure);
+    } else if (event.activityTaskCanceledEventAttributes) {
+      close(event.activityTaskCanceledEventAttributes.scheduledEventId, at, 'cancelled');
+    } else if (event.workflowExecutionUpdateCompletedEventAttributes) {
+      const change = decode<HyperparameterChange>(
+        event.workflowExecutionUpdateCompletedEventAttributes.outcome?.success,
+      );
+      if (change && typeof change.iteration === 'number') changes.push(change);
+    }
+  }
+  return { activities, changes, continuedFrom };
+}
+
+/** What the server says about activities of the current run that are still open (retrying). */
+export interface PendingActivity {
+  activityId: string;
+  attempt: number;
+  lastFailure: ProtoFailure | undefined;
+}
+
+/** Folds activity records (all runs) into one record per iteration, ascending. */
+export function iterationsFrom(
+  activities: readonly ActivityRecord[],
+  changes: readonly HyperparameterChange[],
+): IterationHistory[] {
+  const byIteration = new Map<number, ActivityRecord[]>();
+  for (const a of activities) {
+    if (a.iteration < 0) continue;
+    byIteration.set(a.iteration, [...(byIteration.get(a.iteration) ?? []), a]);
+  }
+  return [...byIteration.keys()]
+    .sort((x, y) => x - y)
+    .map((iteration) => {
+      const records = byIteration.get(iteration) ?? [];
+      const stages: Partial<Record<StageName, StageHistory>> = {};
+      for (const stage of ['prepare', 'rollout', 'reward', 'update', 'checkpoint'] as const) {
+        const rs = records.filter((r) => r.stage === stage);
+        if (rs.length === 0) continue;
+        const running = rs.some((r) => r.closedAt === null);
+        // A stage that failed for good and was resumed is scheduled again: attempts add up per shard.
+        const attemptsBySlot = new Map<string, number>();
+        for (const r of rs)
+          attemptsBySlot.set(String(r.shard), (attemptsBySlot.get(String(r.shard)) ?? 0) + r.attempts);
+        stages[stage] = {
+          seconds: running
+            ? null
+            : (Math.max(...rs.map((r) => r.closedAt ?? 0)) - Math.min(...rs.map((r) => r.scheduledAt))) /
+              1000,
+          attempts: Math.max(...attemptsBySlot.values()),
+          activities: rs.length,
+          failures: rs.flatMap((r) =>
+            r.failures.map((f) => (r.shard === undefined ? f : `shard ${r.shard} ${f}`)),
+          ),
+          running,
+        };
+      }
+      const reward = records
+        .filter((r) => r.activity === 'computeRewards' && r.outcome === 'completed')
+        .pop();
+      const commit = records
+        .filter((r) => r.activity === 'commitCheckpoint' && r.outcome === 'completed')
+        .pop();
+      return {
+        iteration,
+        stages,
+        meanReward: (reward?.result as RewardOutput | undefined)?.meanReward ?? null,
+        checkpoint: (commit?.result as CheckpointOutput | undefined)?.checkpoint.key ?? null,
+        hyperparameterChanges: changes.filter((c) => c.iteration === iteration),
+      };
+    });
+}
+
+async function fetchRun(
+  client: Client,
+  id: string,
+  runId?: string,
+): Promise<{ runId: string; events: HistoryEvent[] }> {
+  const handle = client.workflow.getHandle(id, runId);
+  try {
+    const history = await handle.fetchHistory();
+    const events = history.events ?? [];
+    const resolved = runId ?? (await handle.describe()).runId;
+    return { runId: resolved, events };
+  } catch (err) {
+    if (isNotFound(err)) throw notFound(client, id);
+    throw err;
+  }
+}
+
+/**
+ * Walks the campaign's runs from the latest back through each WorkflowExecutionStarted's
+ * continuedExecutionRunId, newest first, calling `visit` until it returns false.
+ */
+export async function walkRuns(
+  client: Client,
+  id: string,
+  visit: (run: { runId: string; events: HistoryEvent[] }) => boolean,
+): Promise<void> {
+  let runId: string | undefined;
+  for (;;) {
+    const run = await fetchRun(client, id, runId);
+    if (!visit(run)) return;
+    const started = run.events[0]?.workflowExecutionStartedEventAttributes;
+    const previous = started?.continuedExecutionRunId;
+    if (!previous) return;
+    runId = previous;
+  }
+}
+
+/** The whole campaign history, folded per iteration. */
+export async function readCampaignHistory(client: Client, id: string): Promise<CampaignHistory> {
+  const runs: { runId: string; events: HistoryEvent[] }[] = [];
+  await walkRuns(client, id, (run) => (runs.unshift(run), true));
+  const activities: ActivityRecord[] = [];
+  const changes: HyperparameterChange[] = [];
+  for (const run of runs) {
+    const read = readRunEvents(run.runId, run.events);
+    activities.push(...read.activities);
+    changes.push(...read.changes);
+  }
+  // Activities still retrying in the latest run: the server knows their attempt and last failure.
+  const latest = runs[runs.length - 1];
+  if (latest) {
+    const description = await client.workflow.getHandle(id, latest.runId).describe();
+    const pending = (description.raw.pendingActivities ?? []).map((p): PendingActivity => ({
+      activityId: p.activityId ?? '',
+      attempt: p.attempt ?? 1,
+      lastFailure: p.lastFailure,
+    }));
+    for (const p of pending) {
+      const record = activities.find(
+        (a) => a.runId === latest.runId && a.activityId === p.activityId && !a.closedAt,
+      );
+      if (!record) continue;
+      record.attempts = p.attempt;
+      if (p.lastFailure) record.failures.push(`attempt ${p.attempt - 1}: ${failureText(p.lastFailure)}`);
+    }
+  }
+  return {
+    campaignId: id,
+    runs: runs.map((r) => r.runId),
+    iterations: iterationsFrom(activities, changes),
+    hyperparameterChanges: changes,
+  };
+}
+
+/** The last checkpoint committed in the campaign's history (newest run first), or null. */
+export async function lastCommittedCheckpoint(
+  client: Client,
+  id: string,
+): Promise<CheckpointOutput['checkpoint'] | null> {
+  let found: CheckpointOutput['checkpoint'] | null = null;
+  await walkRuns(client, id, (run) => {
+    const commits = readRunEvents(run.runId, run.events).activities.filter(
+      (a) => a.activity === 'commitCheckpoint' && a.outcome === 'completed',
+    );
+    found = (commits.pop()?.result as CheckpointOutput | undefined)?.checkpoint ?? null;
+    return found === null;
+  });
+  return found;
+}
