@@ -12,6 +12,34 @@
 #include "ep/ep.h"
 
 namespace moerl::ep {
+namespace {
+
+// Row kernels, compiled for AVX-512, AVX2 and baseline x86-64; the loader picks the best the
+// CPU has (GCC function multiversioning), so one binary runs everywhere at full width.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MOERL_ROW_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MOERL_ROW_KERNEL
+#endif
+
+MOERL_ROW_KERNEL void add_f32_row(float* dst, const float* src, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) dst[c] += src[c];
+}
+
+// acc = a + b in fp32 (a: the first contribution, b: the second).
+MOERL_ROW_KERNEL void sum_bf16_rows(float* acc, const uint16_t* a, const uint16_t* b, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) acc[c] = bf16_to_f32(a[c]) + bf16_to_f32(b[c]);
+}
+
+MOERL_ROW_KERNEL void add_bf16_row(float* acc, const uint16_t* src, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) acc[c] += bf16_to_f32(src[c]);
+}
+
+MOERL_ROW_KERNEL void store_bf16_row(uint16_t* dst, const float* acc, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) dst[c] = f32_to_bf16(acc[c]);
+}
+
+}  // namespace
 
 void Buffer::combine(TensorView y, const Handle& h, Tensor& out) {
   const int R = num_ranks(), self = comm_.rank();
@@ -63,7 +91,7 @@ void Buffer::combine(TensorView y, const Handle& h, Tensor& out) {
         if (row < 0) continue;
         const auto* src = reinterpret_cast<const float*>(block[size_t(d)] + size_t(row) * row_bytes);
         if (first) std::memcpy(dst, src, row_bytes);
-        else for (int64_t c = 0; c < C; ++c) dst[c] += src[c];
+        else add_f32_row(dst, src, C);
         first = false;
       }
       if (first) std::memset(dst, 0, row_bytes);
@@ -74,17 +102,19 @@ void Buffer::combine(TensorView y, const Handle& h, Tensor& out) {
   float* acc = accumulator_.data();
   for (int64_t t = 0; t < T; ++t) {
     uint16_t* dst = out.data<uint16_t>() + t * C;
-    bool first = true;
+    int num_added = 0;
     for (int d = 0; d < R; ++d) {
       const int32_t row = h.send_row[size_t(t) * R + d];
       if (row < 0) continue;
       const auto* src = reinterpret_cast<const uint16_t*>(block[size_t(d)] + size_t(row) * row_bytes);
-      if (first) for (int64_t c = 0; c < C; ++c) acc[c] = bf16_to_f32(src[c]);
-      else for (int64_t c = 0; c < C; ++c) acc[c] += bf16_to_f32(src[c]);
-      first = false;
+      // A single contribution is copied as is: fp32 -> bf16 of a bf16 value is exact.
+      if (num_added == 0) std::memcpy(dst, src, row_bytes);
+      else if (num_added == 1) sum_bf16_rows(acc, dst, src, C);
+      else add_bf16_row(acc, src, C);
+      ++num_added;
     }
-    if (first) std::memset(dst, 0, row_bytes);
-    else for (int64_t c = 0; c < C; ++c) dst[c] = f32_to_bf16(acc[c]);
+    if (num_added == 0) std::memset(dst, 0, row_bytes);
+    else if (num_added > 1) store_bf16_row(dst, acc, C);
   }
 }
 

@@ -1,14 +1,16 @@
 // dispatch: send each token once to every rank holding one of its experts.
 //
 // Data path per call (R ranks):
-//   1. counts: one int64 to and from every peer (how many tokens each will receive);
-//   2. every rank posts its receives straight into the outputs at the row offset of each
-//      source rank, so received rows land in their final place (no unpacking pass);
-//   3. rows for each remote rank are packed into one staging block per section (x,
-//      scales, topk_idx rewritten to local ids, weights) and sent as one message each;
+//   1. counts: one small message to and from every peer: how many rows it will receive and
+//      how the block is cut into segments (see Handle);
+//   2. every rank posts its receives straight into the outputs, at the row offset of each
+//      source rank and segment, so received rows land in their final place;
+//   3. for each remote rank, runs of consecutive tokens are sent directly from x; the other
+//      rows are packed into staging first (one copy) and sent as one segment; the small
+//      sections (scales, topk_idx rewritten to local ids, weights) are packed and sent whole;
 //   4. rows for this rank are copied from x to the output directly, no staging.
-// On shm with cross-memory attach a remote row is copied twice (pack, then the kernel's
-// process-to-process copy), a local row once.
+// On shm with cross-memory attach the receiver's kernel copies each message once from the
+// sender's memory, so a directly sent row is copied once and a packed row twice.
 #include <cstring>  // std::memcpy
 
 #include "common/check.h"
@@ -16,6 +18,8 @@
 
 namespace moerl::ep {
 namespace {
+
+constexpr int kSectionPart = Handle::kMaxSegments;  // parts >= this carry the small sections
 
 // One payload travelling per token: [T, row_bytes] at src -> [N, row_bytes] at dst.
 struct Section {
@@ -25,13 +29,25 @@ struct Section {
   bool is_topk_idx;  // rewrite global expert ids to the destination's local ids
 };
 
-// Copies the rows of `tokens` from s.src to out, rewriting expert ids for rank `dest`.
+// Counts message: rows for the receiver and their segmentation.
+struct CountsMessage {
+  int64_t num_rows;
+  int32_t num_segments;
+  int32_t segment_rows[Handle::kMaxSegments];
+};
+
+// Copies the rows of `tokens` from s.src to out (runs of consecutive tokens in one memcpy),
+// rewriting expert ids for rank `dest` in the topk_idx section.
 void pack_rows(const Section& s, const int64_t* tokens, int64_t count, int dest,
                int num_local_experts, uint8_t* out) {
   if (!s.is_topk_idx) {
-    for (int64_t i = 0; i < count; ++i)
+    for (int64_t i = 0; i < count;) {
+      int64_t run = 1;
+      while (i + run < count && tokens[i + run] == tokens[i] + run) ++run;
       std::memcpy(out + size_t(i) * s.row_bytes, s.src + size_t(tokens[i]) * s.row_bytes,
-                  s.row_bytes);
+                  size_t(run) * s.row_bytes);
+      i += run;
+    }
     return;
   }
   const int64_t K = int64_t(s.row_bytes / sizeof(topk_idx_t));
@@ -47,39 +63,96 @@ void pack_rows(const Section& s, const int64_t* tokens, int64_t count, int dest,
   }
 }
 
+// Cuts the ascending token list for one destination into segments (see Handle).
+void segment_block(const int64_t* tokens, int64_t count, Handle& h) {
+  const int max_direct = (Handle::kMaxSegments - 1) / 2;  // direct and packed alternate
+  int num_direct = 0;
+  int64_t packed = 0;
+  for (int64_t i = 0; i < count;) {
+    int64_t run = 1;
+    while (i + run < count && tokens[i + run] == tokens[i] + run) ++run;
+    if (run >= Handle::kMinDirectRows && num_direct < max_direct) {
+      if (packed > 0) {
+        h.send_segment_rows.push_back(int32_t(packed));
+        h.send_segment_token.push_back(-1);
+        packed = 0;
+      }
+      h.send_segment_rows.push_back(int32_t(run));
+      h.send_segment_token.push_back(tokens[i]);
+      ++num_direct;
+    } else {
+      packed += run;
+    }
+    i += run;
+  }
+  if (packed > 0) {
+    h.send_segment_rows.push_back(int32_t(packed));
+    h.send_segment_token.push_back(-1);
+  }
+}
+
 // Moves every section along the handle's routes; outputs must already have N rows.
+// sections[0] is the token payload, cut into segments; the others travel whole.
 void exchange_rows(transport::Communicator& comm, const Handle& h, const Section* sections,
                    int num_sections, int num_local_experts, std::vector<uint8_t>& staging) {
   const int R = h.num_ranks, self = comm.rank();
-  size_t row_bytes = 0;
-  for (int i = 0; i < num_sections; ++i) row_bytes += sections[i].row_bytes;
+  const Section& x = sections[0];
   auto send_count = [&](int r) { return h.send_rank_prefix[r + 1] - h.send_rank_prefix[r]; };
   auto recv_count = [&](int r) { return h.recv_rank_prefix[r + 1] - h.recv_rank_prefix[r]; };
 
   const uint32_t op = comm.begin_op();
   for (int s = 0; s < R; ++s) {
     if (s == self || recv_count(s) == 0) continue;
-    for (int i = 0; i < num_sections; ++i) {
+    int64_t row = h.recv_rank_prefix[s];
+    for (int g = h.recv_segment_prefix[s]; g < h.recv_segment_prefix[s + 1]; ++g) {
+      const int64_t rows = h.recv_segment_rows[size_t(g)];
+      comm.post_recv(s, x.dst + size_t(row) * x.row_bytes, size_t(rows) * x.row_bytes, op,
+                     g - h.recv_segment_prefix[s]);
+      row += rows;
+    }
+    for (int i = 1; i < num_sections; ++i) {
       const Section& sec = sections[i];
       comm.post_recv(s, sec.dst + size_t(h.recv_rank_prefix[s]) * sec.row_bytes,
-                     size_t(recv_count(s)) * sec.row_bytes, op, i);
+                     size_t(recv_count(s)) * sec.row_bytes, op, kSectionPart + i);
     }
   }
+  // Staging holds the packed segments and the small sections for every remote rank.
+  size_t small_row_bytes = 0;
+  for (int i = 1; i < num_sections; ++i) small_row_bytes += sections[i].row_bytes;
   size_t staging_bytes = 0;
-  for (int d = 0; d < R; ++d)
-    if (d != self) staging_bytes += size_t(send_count(d)) * row_bytes;
+  for (int d = 0; d < R; ++d) {
+    if (d == self) continue;
+    staging_bytes += size_t(send_count(d)) * small_row_bytes;
+    for (int g = h.send_segment_prefix[d]; g < h.send_segment_prefix[d + 1]; ++g)
+      if (h.send_segment_token[size_t(g)] < 0)
+        staging_bytes += size_t(h.send_segment_rows[size_t(g)]) * x.row_bytes;
+  }
   if (staging.size() < staging_bytes) staging.resize(staging_bytes);
-  // Start with the next rank so that not every rank packs for rank 0 first.
+  // Start with the next rank so that not every rank serves rank 0 first.
   size_t offset = 0;
   for (int j = 1; j < R; ++j) {
     const int d = (self + j) % R;
     const int64_t count = send_count(d);
     if (count == 0) continue;
     const int64_t* tokens = h.send_token_idx.data() + h.send_rank_prefix[d];
-    for (int i = 0; i < num_sections; ++i) {
+    int64_t row = 0;
+    for (int g = h.send_segment_prefix[d]; g < h.send_segment_prefix[d + 1]; ++g) {
+      const int64_t rows = h.send_segment_rows[size_t(g)], first = h.send_segment_token[size_t(g)];
+      const size_t bytes = size_t(rows) * x.row_bytes;
+      const int part = g - h.send_segment_prefix[d];
+      if (first >= 0) {
+        comm.post_send(d, x.src + size_t(first) * x.row_bytes, bytes, op, part);
+      } else {
+        pack_rows(x, tokens + row, rows, d, num_local_experts, staging.data() + offset);
+        comm.post_send(d, staging.data() + offset, bytes, op, part);
+        offset += bytes;
+      }
+      row += rows;
+    }
+    for (int i = 1; i < num_sections; ++i) {
       uint8_t* block = staging.data() + offset;
       pack_rows(sections[i], tokens, count, d, num_local_experts, block);
-      comm.post_send(d, block, size_t(count) * sections[i].row_bytes, op, i);
+      comm.post_send(d, block, size_t(count) * sections[i].row_bytes, op, kSectionPart + i);
       offset += size_t(count) * sections[i].row_bytes;
     }
   }
@@ -105,24 +178,14 @@ void check_payload(TensorView x, const float* x_scales, int64_t num_tokens) {
   }
 }
 
-}  // namespace
-
-void Buffer::dispatch(TensorView x, const float* x_scales, const topk_idx_t* topk_idx,
-                      const float* topk_weights, const Layout& layout, DispatchOut& out) {
-  const int R = num_ranks(), self = comm_.rank(), L = num_local_experts();
+// Routes: tokens for each rank in ascending order, each token's row in those blocks, and the
+// segmentation of every block; then the counts exchange fills the receive side.
+void build_handle(transport::Communicator& comm, const Layout& layout, int num_experts,
+                  Handle& h) {
+  const int R = comm.world_size(), self = comm.rank();
   const int64_t T = layout.num_tokens;
-  const int K = layout.num_topk;
-  check_payload(x, x_scales, T);
-  MOERL_CHECK_INPUT(layout.num_tokens_per_rank.size() == size_t(R) &&
-                        layout.is_token_in_rank.size() == size_t(T) * size_t(R),
-                    "dispatch: layout was made for another world size");
-  MOERL_CHECK_INPUT(T == 0 || (topk_idx != nullptr && topk_weights != nullptr),
-                    "dispatch: topk_idx and topk_weights are required");
-
-  // Routes: tokens for each rank in ascending order, and each token's row in those blocks.
-  Handle& h = out.handle;
   h.num_ranks = R;
-  h.num_experts = num_experts_;
+  h.num_experts = num_experts;
   h.num_tokens = T;
   h.send_rank_prefix.assign(size_t(R) + 1, 0);
   for (int r = 0; r < R; ++r)
@@ -137,20 +200,62 @@ void Buffer::dispatch(TensorView x, const float* x_scales, const topk_idx_t* top
       h.send_token_idx[size_t(cursor[size_t(r)]++)] = t;
     }
   }
+  h.send_segment_prefix.assign(size_t(R) + 1, 0);
+  h.send_segment_rows.clear();
+  h.send_segment_token.clear();
+  for (int r = 0; r < R; ++r) {
+    segment_block(h.send_token_idx.data() + h.send_rank_prefix[r],
+                  h.send_rank_prefix[r + 1] - h.send_rank_prefix[r], h);
+    h.send_segment_prefix[r + 1] = int32_t(h.send_segment_rows.size());
+  }
 
-  // Counts: how many rows every source rank will send us.
-  std::vector<int64_t> recv_counts(static_cast<size_t>(R), 0);
-  recv_counts[size_t(self)] = layout.num_tokens_per_rank[size_t(self)];
-  const uint32_t op = comm_.begin_op();
+  std::vector<CountsMessage> to(static_cast<size_t>(R)), from(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    CountsMessage& m = to[size_t(r)];
+    m.num_rows = layout.num_tokens_per_rank[size_t(r)];
+    m.num_segments = h.send_segment_prefix[r + 1] - h.send_segment_prefix[r];
+    for (int g = 0; g < m.num_segments; ++g)
+      m.segment_rows[g] = h.send_segment_rows[size_t(h.send_segment_prefix[r] + g)];
+  }
+  from[size_t(self)] = to[size_t(self)];
+  const uint32_t op = comm.begin_op();
   for (int r = 0; r < R; ++r) {
     if (r == self) continue;
-    comm_.post_recv(r, &recv_counts[size_t(r)], sizeof(int64_t), op, 0);
-    comm_.post_send(r, &layout.num_tokens_per_rank[size_t(r)], sizeof(int64_t), op, 0);
+    comm.post_recv(r, &from[size_t(r)], sizeof(CountsMessage), op, 0);
+    comm.post_send(r, &to[size_t(r)], sizeof(CountsMessage), op, 0);
   }
-  comm_.wait_all("dispatch (token counts)");
+  comm.wait_all("dispatch (token counts)");
   h.recv_rank_prefix.assign(size_t(R) + 1, 0);
-  for (int r = 0; r < R; ++r) h.recv_rank_prefix[r + 1] = h.recv_rank_prefix[r] + recv_counts[r];
-  const int64_t N = h.num_recv_tokens = h.recv_rank_prefix[R];
+  h.recv_segment_prefix.assign(size_t(R) + 1, 0);
+  h.recv_segment_rows.clear();
+  for (int r = 0; r < R; ++r) {
+    const CountsMessage& m = from[size_t(r)];
+    MOERL_CHECK(m.num_segments >= 0 && m.num_segments <= Handle::kMaxSegments,
+                "rank ", self, ": rank ", r, " sent a corrupt counts message");
+    h.recv_rank_prefix[r + 1] = h.recv_rank_prefix[r] + m.num_rows;
+    h.recv_segment_rows.insert(h.recv_segment_rows.end(), m.segment_rows,
+                               m.segment_rows + m.num_segments);
+    h.recv_segment_prefix[r + 1] = int32_t(h.recv_segment_rows.size());
+  }
+  h.num_recv_tokens = h.recv_rank_prefix[R];
+}
+
+}  // namespace
+
+void Buffer::dispatch(TensorView x, const float* x_scales, const topk_idx_t* topk_idx,
+                      const float* topk_weights, const Layout& layout, DispatchOut& out) {
+  const int R = num_ranks(), L = num_local_experts();
+  const int64_t T = layout.num_tokens;
+  const int K = layout.num_topk;
+  check_payload(x, x_scales, T);
+  MOERL_CHECK_INPUT(layout.num_tokens_per_rank.size() == size_t(R) &&
+                        layout.is_token_in_rank.size() == size_t(T) * size_t(R),
+                    "dispatch: layout was made for another world size");
+  MOERL_CHECK_INPUT(T == 0 || (topk_idx != nullptr && topk_weights != nullptr),
+                    "dispatch: topk_idx and topk_weights are required");
+  Handle& h = out.handle;
+  build_handle(comm_, layout, num_experts_, h);
+  const int64_t N = h.num_recv_tokens;
 
   out.recv_x.resize(x.dtype, N, x.cols);
   const bool is_fp8 = x.dtype == DType::F8E4M3;

@@ -16,13 +16,13 @@ inline float bf16_to_f32(uint16_t h) {
   return f;
 }
 
-// Round to nearest even; NaN stays NaN (quiet).
+// Round to nearest even; NaN stays NaN (quiet). Branch-free so row loops vectorize.
 inline uint16_t f32_to_bf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return uint16_t(bits >> 16);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return uint16_t((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 constexpr float kFp8E4M3Max = 448.0f;

@@ -22,7 +22,7 @@ struct EpCase {
 std::string name_of(const ::testing::TestParamInfo<EpCase>& info) {
   const EpCase& c = info.param;
   std::string n = std::string(c.provider) + "_r" + std::to_string(c.world) + "_" + c.routing +
-                  "_" + c.token_rule + "_" + c.dtype;
+                  "_" + c.token_rule + "_" + c.dtype + "_t" + std::to_string(c.tokens);
   return n;
 }
 
@@ -52,6 +52,10 @@ INSTANTIATE_TEST_SUITE_P(
         EpCase{4, "shm", 8, 2, 64, 70, "zero", "minus1", "f32"},
         EpCase{4, "shm", 16, 4, 64, 70, "fixed", "one_expert", "bf16"},
         EpCase{4, "shm", 16, 4, 128, 70, "fixed", "skewed", "fp8"},
+        // Long runs of consecutive tokens per destination: direct segments, packed rows in
+        // between, and more runs than Handle::kMaxSegments allows to send directly.
+        EpCase{2, "shm", 16, 4, 16, 8000, "varied", "random", "bf16"},
+        EpCase{4, "shm", 16, 4, 32, 3000, "fixed", "skewed", "f32"},
         EpCase{2, "tcp", 8, 2, 128, 80, "varied", "random", "bf16"},
         EpCase{4, "tcp", 16, 4, 64, 60, "zero", "minus1", "f32"}),
     name_of);
