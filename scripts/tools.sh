@@ -49,7 +49,7 @@ build_with_go() {
   local override_var="$5"
   if ! command -v go >/dev/null 2>&1; then
     die "no $name binary found and Go is not installed to build one.
-  Either install Go (https://go.dev/dl/, 1.24 or newer) and run this again,
+  Either install Go (https://go.dev/dl/, 1.25 or newer) and run this again,
   or put a $name binary on PATH, or set $override_var=/path/to/$name."
   fi
   local parent tmp started
