@@ -4,7 +4,7 @@
 //   moe_generate --checkpoint DIR --task add --out-dir DIR [--split train|eval] [--seed S]
 //                [--iteration I] [--first-prompt 0] [--num-prompts 64] [--samples 8]
 //                [--chunk-size 16] [--start-chunk 0] [--temperature 1] [--top-p 1]
-//                [--top-k 0] [--max-new-tokens 16] [--no-kv-cache]
+//                [--top-k 0] [--max-new-tokens 16] [--no-kv-cache] [--ignore-eos]
 //
 // Chunk k holds prompts first+k*chunk .. first+(k+1)*chunk-1, every sample of each, and is
 // written to <out-dir>/chunk-<k>.jsonl (atomically). Sample s of prompt p is seeded by
@@ -49,6 +49,7 @@ int run(const Args& a) {
   sp.max_new_tokens = (int)a.integer("max-new-tokens", 16);
   sp.eos_id = tasks::kEos;
   sp.use_kv_cache = !a.flag("no-kv-cache");
+  if (a.flag("ignore-eos")) sp.eos_id = -1;  // benchmark: always generate max-new-tokens
   a.check_all_used();
   MOERL_CHECK_INPUT(first >= 0 && num_prompts > 0 && samples > 0 && chunk > 0 && start_chunk >= 0,
                     "--first-prompt >= 0, --num-prompts, --samples, --chunk-size > 0 and "
@@ -122,5 +123,5 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   using namespace moerl::tools;
-  return run_tool("moe_generate", [&] { return run(Args(argc, argv, 1, {"no-kv-cache"})); });
+  return run_tool("moe_generate", [&] { return run(Args(argc, argv, 1, {"no-kv-cache", "ignore-eos"})); });
 }
