@@ -52,17 +52,30 @@ build_with_go() {
   Either install Go (https://go.dev/dl/, 1.25 or newer) and run this again,
   or put a $name binary on PATH, or set $override_var=/path/to/$name."
   fi
-  local parent tmp started
+  local parent tmp started go_pid
   parent="$(dirname "$final_dir")"
+  # Leftovers of builds killed with SIGKILL a day or more ago.
+  find "$parent" -maxdepth 1 -name ".build-$name-*" -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
   tmp="$(mktemp -d "$parent/.build-$name-XXXXXX")"
   chmod 755 "$tmp"
-  # shellcheck disable=SC2064 # expand now: the trap must remove this build's own directory
-  trap "rm -rf '$tmp'" EXIT
   started=$SECONDS
   log "building $name $version from Go modules into $final_dir (takes a few minutes once)"
-  if ! CGO_ENABLED=0 GOBIN="$tmp" go install "$module@$version" >&2; then
+  # go runs in its own process group so that an interrupted build stops go and the compiler
+  # and linker under it; otherwise they would finish and recreate the temporary folder.
+  if command -v setsid >/dev/null 2>&1; then
+    CGO_ENABLED=0 GOBIN="$tmp" setsid go install "$module@$version" >&2 &
+  else
+    CGO_ENABLED=0 GOBIN="$tmp" go install "$module@$version" >&2 &
+  fi
+  go_pid=$!
+  # shellcheck disable=SC2064 # expand now: the traps act on this build's process and folder
+  trap "kill -TERM -- -$go_pid $go_pid 2>/dev/null; wait $go_pid; rm -rf '$tmp'; exit 143" TERM INT HUP
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  if ! wait "$go_pid"; then
     die "building $name $version failed (see the go output above)."
   fi
+  trap - TERM INT HUP
   [[ -x "$tmp/$name" ]] || die "go install finished but produced no $tmp/$name."
   # Another process may have finished the same build meanwhile; its binary is as good.
   if [[ ! -x "$final_dir/$name" ]]; then
