@@ -43,7 +43,7 @@ function stageActivities(spec: CampaignSpec, queues: TaskQueues) {
     taskQueue: queues.rollout,
     startToCloseTimeout: stageTimeout,
     heartbeatTimeout: `${o.rolloutHeartbeatSeconds} seconds`,
-    retry: { initialInterval: '1 second', maximumInterval: '30 seconds', maximumAttempts: 0, nonRetryableErrorTypes },
+    retry: { initialInterval: '1 second', maximumInterval: '30 seconds', nonRetryableErrorTypes },
   };
   // Trainer ranks run on stable capacity; repeated failure means something is wrong.
   const train: ActivityOptions = {
