@@ -114,6 +114,9 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
     for (int b = 0; b < pk.B; b++) {
       const TrainSequence& s = batch[ids[b]];
       acc[kFlops] += (float)(3.0 * model::forward_flops(cfg, 1, (int)s.tokens.size()));
+      MOERL_CHECK(lc.objective == Objective::Sft || lc.kl_coef == 0.0f ||
+                      s.ref_logprobs.size() == s.old_logprobs.size(),
+                  "sequence ", ids[b], " has no reference log-probs (fill_ref_logprobs first)");
       for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++) {
         const float* lg = a.logits.data() + ((size_t)b * pk.T + t) * V;
         float* dl = dlogits.data() + ((size_t)b * pk.T + t) * V;

@@ -226,12 +226,16 @@ int cmd_grpo(const Args& a) {
   auto ps = make_store(cfg, rank.ep);
   io::OptimizerState opt;
   io::load_checkpoint(in, *ps, opt);
+  // minibatch m holds sequences i with i % minibatches == m
+  std::vector<std::vector<rl::TrainSequence>> mbs(minibatches);
+  for (size_t i = 0; i < seqs.size(); i++) mbs[i % minibatches].push_back(seqs[i]);
   if (lc.kl_coef != 0.0f && !seqs.empty()) {
     auto ref_ps = make_store(cfg, rank.ep);
     io::OptimizerState ref_opt;
     io::load_checkpoint(ref, *ref_ps, ref_opt);
-    // every rank fills its own share, which is the share train_step will use
-    rl::fill_ref_logprobs(*ref_ps, rank.ep, seqs, lc);
+    // per minibatch, so each rank fills exactly the share train_step will give it
+    for (auto& mb : mbs)
+      if (!mb.empty()) rl::fill_ref_logprobs(*ref_ps, rank.ep, mb, lc);
   }
   double mean_reward = rollouts.empty() ? 0.0 : reward_sum / rollouts.size();
   int64_t step = 0;
@@ -242,8 +246,7 @@ int cmd_grpo(const Args& a) {
   }
   for (int64_t e = 0; e < epochs && !seqs.empty(); e++) {
     for (int64_t m = 0; m < minibatches; m++) {
-      std::vector<rl::TrainSequence> mb;
-      for (size_t i = m; i < seqs.size(); i += minibatches) mb.push_back(seqs[i]);
+      const std::vector<rl::TrainSequence>& mb = mbs[m];
       if (mb.empty()) continue;
       rl::StepMetrics sm = rl::train_step(*ps, opt, rank.ep, mb, lc, ac);
       std::string line = sm.to_json(step++);
