@@ -9,12 +9,17 @@ namespace {
 
 void update(float* p, const float* g, float* m, float* v, size_t n, float lr, float scale,
             float decay, const AdamWConfig& c, float bc1, float bc2) {
+  // Bias corrections folded into two scalars: one sqrt and one divide per element.
+  const float step_size = lr / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  const float b1 = c.beta1, b2 = c.beta2, a1 = 1.0f - c.beta1, a2 = 1.0f - c.beta2;
+  const float eps = c.eps, shrink = 1.0f - lr * decay;
   for (size_t i = 0; i < n; i++) {
     float gi = g[i] * scale;
-    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * gi;
-    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * gi * gi;
-    float mhat = m[i] / bc1, vhat = v[i] / bc2;
-    p[i] -= lr * (mhat / (std::sqrt(vhat) + c.eps) + decay * p[i]);
+    float mi = b1 * m[i] + a1 * gi;
+    float vi = b2 * v[i] + a2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * shrink - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
   }
 }
 
