@@ -13,6 +13,7 @@ import { statusQuery } from '../workflows/messages.js';
 import type { CampaignSpec } from '../workflows/spec.js';
 import type { CampaignInput, CampaignState } from '../workflows/types.js';
 import type { campaign } from '../workflows/campaign.js';
+import { reasonOf } from './command.js';
 import { CliError, UsageError } from './errors.js';
 
 export const campaignWorkflowType = 'campaign';
@@ -79,8 +80,7 @@ export async function queryState(client: Client, handle: CampaignHandle): Promis
     return await client.connection.withDeadline(Date.now() + queryTimeoutMs, () => handle.query(statusQuery));
   } catch (err) {
     if (isNotFound(err)) throw notFound(client, handle.workflowId);
-    const message = err instanceof Error ? err.message : String(err);
-    if (/deadline|timed? ?out/i.test(message))
+    if (/deadline|timed? ?out/i.test(reasonOf(err)))
       throw new CliError(
         `campaign "${handle.workflowId}" did not answer the status query within ${queryTimeoutMs / 1000} s (is a control worker running?)`,
       );

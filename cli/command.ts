@@ -110,7 +110,14 @@ export class CommandContext {
   }
 }
 
+/** The error and its causes on one line: "Failed to query Workflow: query timed out ...". */
 export function reasonOf(err: unknown): string {
-  const message = err instanceof Error ? err.message : String(err);
-  return message.split('\n')[0] ?? message;
+  const parts: string[] = [];
+  for (let e: unknown = err; e !== undefined && e !== null && parts.length < 4; e = (e as Error).cause) {
+    const text = e instanceof Error ? ((e as { details?: unknown }).details ?? e.message) : String(e);
+    const line = String(text).split('\n')[0]?.trim();
+    if (line && !parts.some((p) => p.includes(line))) parts.push(line);
+    if (!(e instanceof Error)) break;
+  }
+  return parts.join(': ') || 'unknown error';
 }

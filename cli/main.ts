@@ -11,7 +11,7 @@ import { setCommand } from './commands/set.js';
 import { specCommand } from './commands/spec.js';
 import { startCommand } from './commands/start.js';
 import { statusCommand } from './commands/status.js';
-import { CommandContext, type CliIo, type Command, type OptionsConfig } from './command.js';
+import { CommandContext, reasonOf, type CliIo, type Command, type OptionsConfig } from './command.js';
 import { CliError, UsageError } from './errors.js';
 
 export type { CliIo } from './command.js';
@@ -172,12 +172,9 @@ export async function main(argv: readonly string[], ioOverrides: Partial<CliIo> 
     if (err instanceof CliError) return fail(err.message, 1);
     if (isUnavailable(err)) {
       const address = safeAddress(ctx);
-      return fail(
-        `cannot reach Temporal${address ? ` at ${address}` : ''}: ${errorMessage(err).split('\n')[0]}`,
-        1,
-      );
+      return fail(`cannot reach Temporal${address ? ` at ${address}` : ''}: ${reasonOf(err)}`, 1);
     }
-    return fail(errorMessage(err).split('\n')[0] || 'unexpected error', 1);
+    return fail(reasonOf(err), 1);
   } finally {
     await ctx?.close();
   }
