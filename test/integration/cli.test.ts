@@ -343,7 +343,7 @@ describe('moerl CLI on the dev server', () => {
     );
     assert.match(
       text.stdout,
-      /^hyperparameter changes:\n  from iteration \d+: lr=0\.0005 temperature=0\.9 \(cli test\)/m,
+      /^hyperparameter changes:\n {2}from iteration \d+: lr=0\.0005 temperature=0\.9 \(cli test\)/m,
     );
   });
 
