@@ -1,0 +1,118 @@
+// Helpers for tests that run real campaign workflows on the dev server: a workflow bundle built
+// once, workers with test activities on task queues unique to the test, small specs, polling.
+import { randomUUID } from 'node:crypto';
+import type { Client, WorkflowHandle } from '@temporalio/client';
+import { bundleWorkflowCode } from '@temporalio/worker';
+import type { NativeConnection, WorkflowBundle } from '@temporalio/worker';
+import type { CampaignActivities } from '../../activities/types.js';
+import type { campaign } from '../../workflows/campaign.js';
+import { campaignNameKey, campaignStatusKey } from '../../workflows/search-attributes.js';
+import { parseCampaignSpec } from '../../workflows/spec.js';
+import type { CampaignSpec, CampaignSpecInput } from '../../workflows/spec.js';
+import type { CampaignInput, CampaignState, TaskQueues } from '../../workflows/types.js';
+import { runWorkers, workflowsPath } from '../../workers/worker.js';
+
+let bundle: Promise<WorkflowBundle> | undefined;
+/** The production workflow code, bundled once per test process. */
+export function workflowBundle(): Promise<WorkflowBundle> {
+  bundle ??= bundleWorkflowCode({ workflowsPath, logger: quietLogger });
+  return bundle;
+}
+
+const noop = () => undefined;
+const quietLogger = { log: noop, trace: noop, debug: noop, info: noop, warn: noop, error: noop };
+
+export function uniqueTaskQueues(): TaskQueues {
+  const prefix = `t-${randomUUID().slice(0, 8)}-`;
+  return { control: `${prefix}control`, rollout: `${prefix}rollout`, train: `${prefix}train` };
+}
+
+/** A small valid spec; `overrides` are merged at the top level (and into orchestration). */
+export function testSpec(overrides: Partial<CampaignSpecInput> = {}): CampaignSpec {
+  return parseCampaignSpec({
+    name: 'test-campaign',
+    task: { builtin: 'addition' },
+    model: { layers: 1, hidden: 16, heads: 2, experts: 4, topK: 2 },
+    iterations: 3,
+    promptsPerIteration: 4,
+    groupSize: 2,
+    rolloutShards: 2,
+    chunkSize: 2,
+    epWorldSize: 2,
+    seed: 7,
+    ...overrides,
+    orchestration: { rolloutHeartbeatSeconds: 5, updateHeartbeatSeconds: 5, ...overrides.orchestration },
+  });
+}
+
+/** Runs all-role workers with `activities` while `body` runs, then shuts them down cleanly. */
+export async function withWorkers<T>(
+  connection: NativeConnection,
+  namespace: string,
+  activities: CampaignActivities,
+  body: (taskQueues: TaskQueues) => Promise<T>,
+  taskQueues: TaskQueues = uniqueTaskQueues(),
+): Promise<T> {
+  const stop = new AbortController();
+  const running = runWorkers({
+    roles: ['all'],
+    connection,
+    namespace,
+    taskQueues,
+    activities,
+    workflowBundle: await workflowBundle(),
+    shutdownGraceMs: 1000,
+    signal: stop.signal,
+  });
+  try {
+    return await body(taskQueues);
+  } finally {
+    stop.abort();
+    await running;
+  }
+}
+
+export async function startCampaign(
+  client: Client,
+  spec: CampaignSpec,
+  taskQueues: TaskQueues,
+  extra: Partial<CampaignInput> = {},
+): Promise<WorkflowHandle<typeof campaign>> {
+  const campaignId = `${spec.name}-${randomUUID().slice(0, 8)}`;
+  return client.workflow.start<typeof campaign>('campaign', {
+    workflowId: campaignId,
+    taskQueue: taskQueues.control,
+    args: [{ campaignId, spec, taskQueues, ...extra }],
+    typedSearchAttributes: [
+      { key: campaignNameKey, value: spec.name },
+      { key: campaignStatusKey, value: 'running' },
+    ],
+  });
+}
+
+/** Polls `probe` until it returns a value other than undefined, or fails after `timeoutMs`. */
+export async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 30_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+export async function waitForState(
+  handle: WorkflowHandle<typeof campaign>,
+  what: string,
+  predicate: (s: CampaignState) => boolean,
+  timeoutMs?: number,
+): Promise<CampaignState> {
+  return waitFor(
+    what,
+    async () => {
+      const state = await handle.query<CampaignState>('status');
+      return predicate(state) ? state : undefined;
+    },
+    timeoutMs,
+  );
+}
