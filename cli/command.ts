@@ -28,6 +28,8 @@ export interface Command {
   /** More help: what the command does, examples. */
   details?: string;
   positionals: { min: number; max: number };
+  /** The first argument is a campaign id (checked before any connection is made). */
+  campaignIdArgument?: boolean;
   run(ctx: CommandContext): Promise<number | void>;
 }
 

@@ -42,9 +42,12 @@ export function timestamp(value: Date | string | undefined): string {
 
 /** The message on one line: continuation lines joined with "; ". */
 export function oneLine(message: string): string {
-  return message
+  const lines = message
     .split('\n')
     .map((l) => l.trim().replace(/^- /, ''))
-    .filter(Boolean)
-    .join('; ');
+    .filter(Boolean);
+  return lines.reduce(
+    (out, line) => (out === '' ? line : out.endsWith(':') ? `${out} ${line}` : `${out}; ${line}`),
+    '',
+  );
 }

@@ -2,6 +2,7 @@
 // every failure into one line on stderr and an exit code (2 for usage errors), never a stack trace.
 import { parseArgs } from 'node:util';
 import { SpecError } from '../workflows/spec.js';
+import { checkCampaignId } from './campaigns.js';
 import { cancelCommand, pauseCommand, resumeCommand } from './commands/control.js';
 import { devCommand } from './commands/dev.js';
 import { forkCommand } from './commands/fork.js';
@@ -161,6 +162,7 @@ export async function main(argv: readonly string[], ioOverrides: Partial<CliIo> 
       throw new UsageError(
         `${count < min ? 'missing' : 'unexpected'} argument (usage: moerl ${command.usage})`,
       );
+    if (command.campaignIdArgument) checkCampaignId(parsed.positionals[0] as string);
     ctx = new CommandContext(command, parsed.values, parsed.positionals, io);
     return (await command.run(ctx)) ?? 0;
   } catch (err) {

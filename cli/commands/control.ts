@@ -33,6 +33,7 @@ export const pauseCommand: Command = {
   optionHelp: { '--reason TEXT': 'why (shown by status)' },
   details: 'Running stages finish first: the status is "pausing" until they have, then "paused".',
   positionals: { min: 1, max: 1 },
+  campaignIdArgument: true,
   async run(ctx: CommandContext) {
     const client = await ctx.client();
     const handle = await runningCampaign(client, ctx.positionals[0] as string, 'pause');
@@ -56,6 +57,7 @@ export const resumeCommand: Command = {
   options: {},
   optionHelp: {},
   positionals: { min: 1, max: 1 },
+  campaignIdArgument: true,
   async run(ctx: CommandContext) {
     const client = await ctx.client();
     const handle = await runningCampaign(client, ctx.positionals[0] as string, 'resume');
@@ -78,6 +80,7 @@ export const cancelCommand: Command = {
   },
   details: 'The running stage is cancelled; a checkpoint commit in progress finishes first.',
   positionals: { min: 1, max: 1 },
+  campaignIdArgument: true,
   async run(ctx: CommandContext) {
     const waitText = ctx.string('wait-seconds') ?? '60';
     const waitSeconds = Number(waitText);

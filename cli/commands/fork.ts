@@ -24,6 +24,7 @@ export const forkCommand: Command = {
   },
   details: 'example: moerl fork demo-k3j9x2 --from-iteration 12 --set hyperparameters.lr=0.0001',
   positionals: { min: 1, max: 1 },
+  campaignIdArgument: true,
   async run(ctx: CommandContext) {
     const text = ctx.string('from-iteration');
     if (text === undefined) throw new UsageError('fork needs --from-iteration N');

@@ -59,6 +59,7 @@ export const historyCommand: Command = {
   details:
     'Stage time runs from the first activity scheduled to the last one closed (retries and backoff included).',
   positionals: { min: 1, max: 1 },
+  campaignIdArgument: true,
   async run(ctx: CommandContext) {
     const client = await ctx.client();
     const id = ctx.positionals[0] as string;

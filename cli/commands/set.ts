@@ -33,6 +33,7 @@ export const setCommand: Command = {
 A change applies from the next iteration whose rollout has not started.
 example: moerl set demo-k3j9x2 lr=0.0001 temperature=0.8 --reason "reward plateau"`,
   positionals: { min: 2, max: Infinity },
+  campaignIdArgument: true,
   async run(ctx: CommandContext) {
     const [id, ...pairs] = ctx.positionals as [string, ...string[]];
     const changes = parseHyperparameterArgs(pairs);

@@ -70,6 +70,7 @@ export const statusCommand: Command = {
   options: {},
   optionHelp: {},
   positionals: { min: 1, max: 1 },
+  campaignIdArgument: true,
   async run(ctx: CommandContext) {
     const client = await ctx.client();
     const { handle, description } = await describeCampaign(client, ctx.positionals[0] as string);
