@@ -32,7 +32,8 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
   });
   const requested = values.role ?? (env.MOERL_WORKER_ROLES ?? 'all').split(',').map((r) => r.trim());
   for (const r of requested)
-    if (!(roles as readonly string[]).includes(r)) throw new Error(`unknown role "${r}"; allowed: ${roles.join(', ')}`);
+    if (!(roles as readonly string[]).includes(r))
+      throw new Error(`unknown role "${r}"; allowed: ${roles.join(', ')}`);
   const graceText = values['shutdown-grace-seconds'] ?? env.MOERL_SHUTDOWN_GRACE_SECONDS ?? '20';
   const graceSeconds = Number(graceText);
   if (!Number.isFinite(graceSeconds) || graceSeconds < 0)
@@ -72,7 +73,9 @@ async function main(): Promise<void> {
     });
   const connection = await connectWorkerConnection(args.temporal);
   try {
-    console.error(`moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}`);
+    console.error(
+      `moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}`,
+    );
     await runWorkers({
       roles: args.roles,
       connection,

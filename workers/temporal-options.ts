@@ -33,7 +33,10 @@ export interface TemporalFlags {
 export const defaultAddress = '127.0.0.1:7233';
 
 /** Flags win over the environment; files named by TLS options are read here, once. */
-export function temporalOptionsFrom(flags: TemporalFlags = {}, env: NodeJS.ProcessEnv = process.env): TemporalOptions {
+export function temporalOptionsFrom(
+  flags: TemporalFlags = {},
+  env: NodeJS.ProcessEnv = process.env,
+): TemporalOptions {
   const pick = (flag: string | undefined, name: string) => flag ?? (env[name] || undefined);
   const cert = pick(flags.tlsCert, 'TEMPORAL_TLS_CERT');
   const key = pick(flags.tlsKey, 'TEMPORAL_TLS_KEY');
@@ -81,7 +84,10 @@ export async function connectClient(
   opts: TemporalOptions,
   connectTimeoutMs = 10_000,
 ): Promise<{ client: Client; connection: Connection }> {
-  const connection = await Connection.connect({ ...connectionOptions(opts), connectTimeout: connectTimeoutMs });
+  const connection = await Connection.connect({
+    ...connectionOptions(opts),
+    connectTimeout: connectTimeoutMs,
+  });
   return { client: new Client({ connection, namespace: opts.namespace }), connection };
 }
 

@@ -60,7 +60,12 @@ function stageActivities(spec: CampaignSpec, queues: TaskQueues) {
   const control: ActivityOptions = {
     taskQueue: queues.control,
     startToCloseTimeout: '30 minutes',
-    retry: { initialInterval: '1 second', maximumInterval: '30 seconds', maximumAttempts: 10, nonRetryableErrorTypes },
+    retry: {
+      initialInterval: '1 second',
+      maximumInterval: '30 seconds',
+      maximumAttempts: 10,
+      nonRetryableErrorTypes,
+    },
   };
   return {
     rollout: proxyActivities<CampaignActivities>(rollout),
@@ -73,7 +78,9 @@ const secondsSince = (start: Date) => (Date.now() - start.getTime()) / 1000;
 
 export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   const { spec, campaignId } = input;
-  const state: CampaignState = input.state ? { ...input.state, runs: input.state.runs + 1 } : st.initialState(input);
+  const state: CampaignState = input.state
+    ? { ...input.state, runs: input.state.runs + 1 }
+    : st.initialState(input);
   const acts = stageActivities(spec, input.taskQueues);
 
   setHandler(pauseSignal, ({ reason }) => st.requestPause(state, reason ?? 'paused by user'));
@@ -155,9 +162,13 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   }
 
   async function prepare(): Promise<void> {
-    const source = input.forkFrom ? { kind: 'fork' as const, checkpoint: input.forkFrom } : { kind: 'init' as const };
+    const source = input.forkFrom
+      ? { kind: 'fork' as const, checkpoint: input.forkFrom }
+      : { kind: 'init' as const };
     const iteration = input.forkFrom?.iteration ?? 0;
-    const out = await runStage(iteration, 'prepare', () => acts.train.preparePolicy({ campaignId, spec, source }));
+    const out = await runStage(iteration, 'prepare', () =>
+      acts.train.preparePolicy({ campaignId, spec, source }),
+    );
     await commit(out.staged, null);
   }
 
@@ -168,11 +179,13 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     const hyperparameters = { ...state.hyperparameters };
     const started = new Date();
     const shards = await Promise.all(
-      st.shardRanges(spec).map((range) =>
-        runStage(iteration, 'rollout', () =>
-          acts.rollout.rolloutShard({ campaignId, iteration, spec, policy, hyperparameters, ...range }),
+      st
+        .shardRanges(spec)
+        .map((range) =>
+          runStage(iteration, 'rollout', () =>
+            acts.rollout.rolloutShard({ campaignId, iteration, spec, policy, hyperparameters, ...range }),
+          ),
         ),
-      ),
     );
     const rolloutSeconds = secondsSince(started);
     const rewardStarted = new Date();
@@ -248,10 +261,12 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     state.carriedRollout = null;
     let iterationsThisRun = 0;
     for (let i = state.committedIteration + 1; i <= spec.iterations; i++) {
-      const phase: RolloutPhaseResult = carried ?? (await (ahead ?? rolloutPhase(i, state.latestCheckpoint!)));
+      const phase: RolloutPhaseResult =
+        carried ?? (await (ahead ?? rolloutPhase(i, state.latestCheckpoint!)));
       carried = null;
       // One-step off-policy: sample iteration i+1 from the checkpoint update i starts from.
-      ahead = spec.staleness === 1 && i < spec.iterations ? rolloutPhase(i + 1, state.latestCheckpoint!) : null;
+      ahead =
+        spec.staleness === 1 && i < spec.iterations ? rolloutPhase(i + 1, state.latestCheckpoint!) : null;
       ahead?.catch(() => undefined); // its failure surfaces where it is awaited
       await updatePhase(phase);
       iterationsThisRun++;

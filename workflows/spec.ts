@@ -7,7 +7,6 @@ import { z } from 'zod';
 export const builtinTasks = ['addition', 'sort-digits', 'reverse'] as const;
 
 const positiveInt = (max: number) => z.number().int().min(1).max(max);
-const unit = z.number().min(0).max(1);
 
 export const hyperparametersSchema = z.strictObject({
   lr: z.number().gt(0).max(1).describe('AdamW learning rate of the policy update'),
@@ -121,7 +120,11 @@ export const campaignSpecSchema = z
     retention: z
       .strictObject({ keepLast: positiveInt(10000).default(3), keepBest: z.boolean().default(true) })
       .default({ keepLast: 3, keepBest: true }),
-    seed: z.number().int().min(0).max(2 ** 31 - 1),
+    seed: z
+      .number()
+      .int()
+      .min(0)
+      .max(2 ** 31 - 1),
     orchestration: orchestrationSchema.default(orchestrationSchema.parse({})),
   })
   .superRefine((s, ctx) => {
@@ -215,8 +218,10 @@ export function parseCampaignSpec(input: unknown, where?: string): CampaignSpec 
  */
 export function validateHyperparameterChange(change: unknown): Partial<Hyperparameters> {
   const result = hyperparametersSchema.partial().safeParse(change);
-  if (!result.success) throw new SpecError(formatIssues(result.error.issues, change), 'hyperparameter change');
-  if (Object.keys(result.data).length === 0) throw new SpecError(['no hyperparameter given'], 'hyperparameter change');
+  if (!result.success)
+    throw new SpecError(formatIssues(result.error.issues, change), 'hyperparameter change');
+  if (Object.keys(result.data).length === 0)
+    throw new SpecError(['no hyperparameter given'], 'hyperparameter change');
   return result.data;
 }
 

@@ -115,7 +115,9 @@ export function iterationFinished(state: CampaignState, summary: IterationSummar
 }
 
 /** Splits the iteration's prompts into contiguous shard ranges, sizes differing by at most one. */
-export function shardRanges(spec: CampaignSpec): { shard: number; promptStart: number; promptCount: number }[] {
+export function shardRanges(
+  spec: CampaignSpec,
+): { shard: number; promptStart: number; promptCount: number }[] {
   const base = Math.floor(spec.promptsPerIteration / spec.rolloutShards);
   const extra = spec.promptsPerIteration % spec.rolloutShards;
   const ranges = [];

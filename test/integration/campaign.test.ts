@@ -5,6 +5,7 @@ import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { WorkflowFailedError, WorkflowUpdateFailedError } from '@temporalio/client';
 import { CancelledFailure } from '@temporalio/common';
+import { historyToJSON } from '@temporalio/common/lib/proto-utils.js';
 import type { WorkflowHandle } from '@temporalio/client';
 import type { RolloutShardInput, UpdateInput } from '../../activities/types.js';
 import type { campaign } from '../../workflows/campaign.js';
@@ -40,7 +41,7 @@ async function maybeRecordHistory(handle: WorkflowHandle<typeof campaign>, name:
   const dir = fileURLToPath(new URL('../../../test/histories/', import.meta.url));
   mkdirSync(dir, { recursive: true });
   const history = await handle.fetchHistory();
-  writeFileSync(`${dir}${name}.json`, JSON.stringify(history));
+  writeFileSync(`${dir}${name}.json`, historyToJSON(history));
 }
 
 describe('campaign workflow on the dev server', () => {
@@ -55,7 +56,8 @@ describe('campaign workflow on the dev server', () => {
       for (let i = 1; i <= 3; i++) {
         const shards = of(calls, 'rolloutShard', i);
         assert.deepEqual(shards.map((c) => c.shard).sort(), [0, 1]);
-        for (const s of shards) assert.equal((s.input as RolloutShardInput).policy.iteration, i - 1, 'on-policy');
+        for (const s of shards)
+          assert.equal((s.input as RolloutShardInput).policy.iteration, i - 1, 'on-policy');
         const reward = only(calls, 'computeRewards', i);
         const update = only(calls, 'updatePolicy', i);
         const commit = only(calls, 'commitCheckpoint', i);
@@ -81,7 +83,9 @@ describe('campaign workflow on the dev server', () => {
     const { activities, calls } = createRecordingTestActivities({ delayMs: { rolloutShard: 1500 } });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const handle = await startCampaign(t.client, testSpec({ iterations: 2 }), queues);
-      await waitForState(handle, 'rollout of iteration 1', (s) => s.activeStages.some((a) => a.stage === 'rollout'));
+      await waitForState(handle, 'rollout of iteration 1', (s) =>
+        s.activeStages.some((a) => a.stage === 'rollout'),
+      );
       await handle.signal('pause', { reason: 'inspecting' });
       assert.equal((await status(handle)).status, 'pausing', 'the running rollout is not interrupted');
       const paused = await waitForState(handle, 'paused', (s) => s.status === 'paused');
@@ -89,10 +93,14 @@ describe('campaign workflow on the dev server', () => {
       assert.equal(paused.activeStages.length, 0);
       await new Promise((r) => setTimeout(r, 800));
       assert.equal(of(calls, 'computeRewards').length, 0, 'no stage starts while paused');
-      assert.ok(of(calls, 'rolloutShard', 1).every((c) => c.outcome === 'ok'), 'rollout finished, not cancelled');
+      assert.ok(
+        of(calls, 'rolloutShard', 1).every((c) => c.outcome === 'ok'),
+        'rollout finished, not cancelled',
+      );
       await handle.signal('resume', {});
       const result = await handle.result();
       assert.equal(result.committedIteration, 2);
+      await maybeRecordHistory(handle, 'pause-resume');
     });
   });
 
@@ -100,7 +108,9 @@ describe('campaign workflow on the dev server', () => {
     const { activities, calls } = createRecordingTestActivities({ delayMs: { rolloutShard: 800 } });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const handle = await startCampaign(t.client, testSpec({ iterations: 2 }), queues);
-      await waitForState(handle, 'rollout of iteration 1', (s) => s.activeStages.some((a) => a.stage === 'rollout'));
+      await waitForState(handle, 'rollout of iteration 1', (s) =>
+        s.activeStages.some((a) => a.stage === 'rollout'),
+      );
       const change = await handle.executeUpdate(setHyperparametersUpdate, {
         args: [{ changes: { temperature: 0.5, lr: 1e-4 }, reason: 'cooler sampling' }],
       });
@@ -108,11 +118,13 @@ describe('campaign workflow on the dev server', () => {
       assert.equal(change.iteration, 2, 'iteration 1 already snapshotted its hyperparameters');
       await assert.rejects(
         handle.executeUpdate('setHyperparameters', { args: [{ changes: { lr: -1 } }] }),
-        (err: unknown) => err instanceof WorkflowUpdateFailedError && /lr: got -1/.test(String(err.cause?.message)),
+        (err: unknown) =>
+          err instanceof WorkflowUpdateFailedError && /lr: got -1/.test(String(err.cause?.message)),
       );
       await assert.rejects(
         handle.executeUpdate('setHyperparameters', { args: [{ changes: { lrr: 0.1 } as never }] }),
-        (err: unknown) => err instanceof WorkflowUpdateFailedError && /unknown field.*"lrr"/.test(String(err.cause?.message)),
+        (err: unknown) =>
+          err instanceof WorkflowUpdateFailedError && /unknown field.*"lrr"/.test(String(err.cause?.message)),
       );
       await handle.result();
       const hp = (i: number) => (only(calls, 'updatePolicy', i).input as UpdateInput).hyperparameters;
@@ -124,6 +136,7 @@ describe('campaign workflow on the dev server', () => {
       const state = await status(handle);
       assert.equal(state.hyperparameterChanges.length, 1, 'rejected changes are not recorded');
       assert.equal(state.hyperparameterChanges[0]?.reason, 'cooler sampling');
+      await maybeRecordHistory(handle, 'hyperparameter-update');
     });
   });
 
@@ -175,7 +188,8 @@ describe('campaign workflow on the dev server', () => {
         [1, 2, 3, 4, 5, 6, 7],
       );
       const runs = [];
-      for await (const run of t.client.workflow.list({ query: `WorkflowId = '${handle.workflowId}'` })) runs.push(run);
+      for await (const run of t.client.workflow.list({ query: `WorkflowId = '${handle.workflowId}'` }))
+        runs.push(run);
       assert.equal(runs.length, 4);
     });
   });
@@ -196,7 +210,11 @@ describe('campaign workflow on the dev server', () => {
           assert.ok(r.endedAt! > update.startedAt, `rollout ${i + 1} runs while update ${i} runs`);
           assert.equal((r.input as RolloutShardInput).policy.iteration, i - 1, 'sampled one step off-policy');
         }
-        assert.equal((update.input as UpdateInput).policy.iteration, i - 1, 'update i starts from checkpoint i-1');
+        assert.equal(
+          (update.input as UpdateInput).policy.iteration,
+          i - 1,
+          'update i starts from checkpoint i-1',
+        );
       }
       await maybeRecordHistory(handle, 'off-policy-3-iterations');
     });

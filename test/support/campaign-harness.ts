@@ -91,7 +91,11 @@ export async function startCampaign(
 }
 
 /** Polls `probe` until it returns a value other than undefined, or fails after `timeoutMs`. */
-export async function waitFor<T>(what: string, probe: () => Promise<T | undefined>, timeoutMs = 30_000): Promise<T> {
+export async function waitFor<T>(
+  what: string,
+  probe: () => Promise<T | undefined>,
+  timeoutMs = 30_000,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const value = await probe();

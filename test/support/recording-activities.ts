@@ -105,7 +105,9 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
     rolloutShard: (input: RolloutShardInput): Promise<RolloutShardOutput> =>
       record('rolloutShard', input, input, () => ({
         shard: input.shard,
-        chunkKeys: [`campaigns/${input.campaignId}/rollouts/${input.iteration}/shard-${input.shard}/chunk-0.jsonl`],
+        chunkKeys: [
+          `campaigns/${input.campaignId}/rollouts/${input.iteration}/shard-${input.shard}/chunk-0.jsonl`,
+        ],
         samples: input.promptCount * input.spec.groupSize,
         tokens: input.promptCount * input.spec.groupSize * 10,
         tokensPerSecond: 1000,
@@ -113,7 +115,9 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
       })),
     computeRewards: (input: RewardInput): Promise<RewardOutput> =>
       record('computeRewards', input, input, () => ({
-        rewardKeys: input.rollouts.map((r) => `campaigns/${input.campaignId}/rewards/${input.iteration}/shard-${r.shard}.jsonl`),
+        rewardKeys: input.rollouts.map(
+          (r) => `campaigns/${input.campaignId}/rewards/${input.iteration}/shard-${r.shard}.jsonl`,
+        ),
         meanReward: rewardFor(input.iteration),
         stdReward: 0.1,
         passRate: rewardFor(input.iteration),
@@ -124,16 +128,21 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
         metrics: { loss: 1 / (1 + input.iteration) },
       })),
     commitCheckpoint: (input: CheckpointInput): Promise<CheckpointOutput> =>
-      record('commitCheckpoint', { campaignId: input.campaignId, iteration: input.staged.iteration }, input, () => ({
-        checkpoint: {
-          campaignId: input.campaignId,
-          iteration: input.staged.iteration,
-          key: input.staged.key,
-          manifestSha256: `test-${input.staged.iteration}`,
-          meanReward: input.meanReward,
-        },
-        removed: [],
-      })),
+      record(
+        'commitCheckpoint',
+        { campaignId: input.campaignId, iteration: input.staged.iteration },
+        input,
+        () => ({
+          checkpoint: {
+            campaignId: input.campaignId,
+            iteration: input.staged.iteration,
+            key: input.staged.key,
+            manifestSha256: `test-${input.staged.iteration}`,
+            meanReward: input.meanReward,
+          },
+          removed: [],
+        }),
+      ),
   };
   return { activities, calls };
 }
