@@ -162,6 +162,7 @@ void moe_backward(float* dinp, const LayerWeights& dlw, const float* dout, const
     const float* y = a.y.data() + (size_t)p * C;
     float* g = dy.data() + (size_t)p * C;
     float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
     for (int c = 0; c < C; c++) {
       g[c] = w * d[c];
       dot += d[c] * y[c];

@@ -38,6 +38,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
   for (int i = 0; i < N; i++) {
     const float* x = inp + (size_t)i * C;
     float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
     for (int c = 0; c < C; c++) ss += x[c] * x[c];
     float r = 1.0f / std::sqrt(ss / C + eps);
     rstd[i] = r;
@@ -55,6 +56,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
     float* dx = dinp + (size_t)i * C;
     float r = rstd[i];
     float dot = 0.0f;  // sum_c dy_c w_c x_c
+#pragma omp simd reduction(+ : dot)
     for (int c = 0; c < C; c++) {
       dot += dy[c] * weight[c] * x[c];
       dweight[c] += dy[c] * x[c] * r;
@@ -79,6 +81,7 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
         for (int s = 0; s <= t; s++) {
           const float* k = qkv + ((size_t)b * T + s) * 3 * C + C + h * D;
           float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
           for (int d = 0; d < D; d++) dot += q[d] * k[d];
           p[s] = dot * scale;
           maxv = std::max(maxv, p[s]);
@@ -117,6 +120,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           const float* v = qkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
           float* dv = dqkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
           float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
           for (int d = 0; d < D; d++) {
             acc += dout_t[d] * v[d];
             dv[d] += p[s] * dout_t[d];

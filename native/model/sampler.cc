@@ -59,6 +59,7 @@ void decode_step(ParamStore& ps, ExpertComm& comm, KvCache& cache, const std::ve
         for (int s = 0; s <= pos[i]; s++) {
           const float* k = cache.key(l, seq[i], s) + hd * D;
           float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
           for (int d = 0; d < D; d++) dot += q[d] * k[d];
           scores[s] = dot * scale;
           maxv = std::max(maxv, scores[s]);
