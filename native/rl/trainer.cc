@@ -78,6 +78,37 @@ void check_sequence(const TrainSequence& s, Objective obj, int i) {
 
 }  // namespace
 
+GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logprob,
+                          float ref_logprob, float advantage, const LossConfig& lc, double scale,
+                          float* dlogits, std::vector<double>& p) {
+  GrpoTokenTerms t;
+  const float tau = lc.temperature;
+  double h;
+  double lp = row_logprob(logits, V, tau, target, p, &h);
+  double A = advantage;
+  double ratio = std::exp(lp - old_logprob);
+  double clipped = std::min(std::max(ratio, 1.0 - lc.clip_eps), 1.0 + lc.clip_eps);
+  t.clipped = ratio * A > clipped * A;
+  t.policy = -std::min(ratio * A, clipped * A);
+  double g_lp = t.clipped ? 0.0 : -A * ratio;  // d policy / d logp
+  if (lc.kl_coef != 0.0f) {
+    double d = ref_logprob - lp;
+    t.kl = std::exp(d) - d - 1.0;
+    g_lp += lc.kl_coef * (1.0 - std::exp(d));
+  }
+  t.entropy = h;
+  t.loss = t.policy + lc.kl_coef * t.kl - lc.entropy_coef * h;
+  if (dlogits != nullptr) {
+    // d/dz of g_lp * logp[target] - entropy_coef * H, then through z = logits / tau
+    for (int v = 0; v < V; v++) {
+      double lpv = p[v] > 0.0 ? std::log(p[v]) : 0.0;
+      double dz = g_lp * ((v == target) - p[v]) + lc.entropy_coef * p[v] * (lpv + h);
+      dlogits[v] += (float)(dz * scale / tau);
+    }
+  }
+  return t;
+}
+
 StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
                        const std::vector<TrainSequence>& batch, const LossConfig& lc,
                        const AdamWConfig& ac) {
@@ -131,32 +162,14 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
           dl[target] -= (float)(1.0 / n_tok);
           continue;
         }
-        double h;
-        const float tau = lc.temperature;
-        double lp = row_logprob(lg, V, tau, target, p, &h);
-        double A = s.advantage;
-        double ratio = std::exp(lp - s.old_logprobs[j]);
-        double clipped = std::min(std::max(ratio, 1.0 - lc.clip_eps), 1.0 + lc.clip_eps);
-        bool is_clipped = ratio * A > clipped * A;
-        double pg = -std::min(ratio * A, clipped * A);
-        double g_lp = is_clipped ? 0.0 : -A * ratio;  // d pg / d logp
-        double kl = 0.0;
-        if (lc.kl_coef != 0.0f) {
-          double d = s.ref_logprobs[j] - lp;
-          kl = std::exp(d) - d - 1.0;
-          g_lp += lc.kl_coef * (1.0 - std::exp(d));
-        }
-        acc[kPolicy] += (float)pg;
-        acc[kKl] += (float)kl;
-        acc[kEntropy] += (float)h;
-        acc[kClip] += is_clipped ? 1.0f : 0.0f;
-        acc[kLoss] += (float)(pg + lc.kl_coef * kl - lc.entropy_coef * h);
-        // d/dz of g_lp * logp[target] - entropy_coef * H, then through z = logits / tau
-        for (int v = 0; v < V; v++) {
-          double lpv = p[v] > 0.0 ? std::log(p[v]) : 0.0;
-          double dz = g_lp * ((v == target) - p[v]) + lc.entropy_coef * p[v] * (lpv + h);
-          dl[v] = (float)(dz / (tau * n_tok));
-        }
+        const float ref_lp = lc.kl_coef != 0.0f ? s.ref_logprobs[j] : 0.0f;
+        GrpoTokenTerms tt = grpo_token(lg, V, target, s.old_logprobs[j], ref_lp, s.advantage, lc,
+                                       1.0 / n_tok, dl, p);
+        acc[kPolicy] += (float)tt.policy;
+        acc[kKl] += (float)tt.kl;
+        acc[kEntropy] += (float)tt.entropy;
+        acc[kClip] += tt.clipped ? 1.0f : 0.0f;
+        acc[kLoss] += (float)tt.loss;
       }
     }
     acc[kAux] += (float)a.aux_sum;

@@ -44,6 +44,16 @@ struct StepMetrics {
   std::string to_json(int64_t step) const;
 };
 
+// One completion token of the GRPO loss: returns its terms and, if dlogits is non-null,
+// adds scale * d(loss)/d(logits) into dlogits [V]. p is scratch of size V.
+struct GrpoTokenTerms {
+  double loss = 0, policy = 0, kl = 0, entropy = 0;
+  bool clipped = false;
+};
+GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logprob,
+                          float ref_logprob, float advantage, const LossConfig& lc, double scale,
+                          float* dlogits, std::vector<double>& p);
+
 // Runs forward/backward over `batch` (global; this rank uses its share) and one AdamW step.
 StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
                        const std::vector<TrainSequence>& batch, const LossConfig& lc,
