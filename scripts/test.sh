@@ -14,8 +14,9 @@
 #   -R REGEX        ctest tests matching REGEX
 #   PATH...         node test files or folders (test/unit, test/integration/x.test.ts);
 #                   PATHs alone imply --only node, -R alone --only native.
-# MOERL_SKIP_NATIVE=1 skips the native builds and tests; MOERL_TEST_TIMEOUT_MS limits each
-# node test (default 600000), MOERL_CTEST_TIMEOUT each ctest test in seconds (default 600).
+# MOERL_SKIP_NATIVE=1 skips the native builds and tests. Limits: MOERL_TEST_TIMEOUT_MS per
+# node test (default 300000), MOERL_TEST_FILE_TIMEOUT per node test file in seconds (default
+# 900), MOERL_CTEST_TIMEOUT per ctest test in seconds (default 600).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -91,7 +92,14 @@ finish() {
   [[ $failed -eq 0 ]]
   exit $?
 }
-trap 'record interrupted "(stopped by a signal)"; failed=$((failed + 1)); finish' INT TERM
+# shellcheck disable=SC2317 # called by the trap
+on_signal() {
+  [[ -n ${current_group:-} ]] && sweep_group "$current_group"
+  record interrupted "(stopped by a signal)"
+  failed=$((failed + 1))
+  finish
+}
+trap on_signal INT TERM
 
 section() { echo && echo "==> $*"; }
 
@@ -107,7 +115,7 @@ if [[ $skip_setup -eq 0 ]]; then
     fail_step setup
     finish
   fi
-  if want node || want lint; then
+  if want node; then
     bash scripts/setup.sh ts || fail_step "build (tsc)"
   fi
   if want native && [[ $skip_native -eq 0 ]]; then
@@ -211,6 +219,63 @@ node_test_files() {
   done | sed -E 's#^(.*)\.ts$#dist/\1.js#'
 }
 
+# run_node_file <compiled test file>: node's test runner on one file, in a process group of its
+# own under `timeout`. Whatever the file leaves running (a dev server whose test process
+# died, a worker that ignores SIGTERM) is killed with the group when the file is done, so no
+# file can hang the run or leave servers behind.
+node_file_notes=()
+current_group=""
+run_node_file() {
+  local file="$1" tap rc
+  tap="$(mktemp)"
+  local args=(--test --test-concurrency=1 --test-timeout="${MOERL_TEST_TIMEOUT_MS:-300000}")
+  args+=(--test-reporter=spec --test-reporter-destination=stdout)
+  args+=(--test-reporter=tap --test-reporter-destination="$tap")
+  [[ -n $name_pattern ]] && args+=(--test-name-pattern="$name_pattern")
+  # timeout makes itself a process group leader: its pid names the group.
+  timeout --kill-after=30s "${MOERL_TEST_FILE_TIMEOUT:-900}s" node "${args[@]}" "$file" &
+  current_group=$!
+  wait "$current_group"
+  rc=$?
+  sweep_group "$current_group"
+  current_group=""
+  # The runner's closing "# pass N" / "# fail N" / "# cancelled N" lines.
+  local pass fail cancelled
+  pass="$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$tap" | tail -n 1)"
+  fail="$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$tap" | tail -n 1)"
+  cancelled="$(sed -n 's/^# cancelled \([0-9]*\)$/\1/p' "$tap" | tail -n 1)"
+  rm -f "$tap"
+  if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    node_failed=$((node_failed + 1))
+    node_file_notes+=("$(printf '  %-18s %s' '' "$file: killed after ${MOERL_TEST_FILE_TIMEOUT:-900}s")")
+    return
+  fi
+  if [[ -z $pass ]]; then
+    node_failed=$((node_failed + 1))
+    node_file_notes+=("$(printf '  %-18s %s' '' "$file: no results (exit $rc)")")
+    return
+  fi
+  local bad=$((${fail:-0} + ${cancelled:-0}))
+  # A non-zero exit with no failed test: a crash in a hook, an unhandled error.
+  if [[ $rc -ne 0 && $bad -eq 0 ]]; then
+    bad=1
+    node_file_notes+=("$(printf '  %-18s %s' '' "$file: exit $rc with no failed test")")
+  fi
+  node_passed=$((node_passed + pass))
+  node_failed=$((node_failed + bad))
+}
+
+# sweep_group <pgid>: SIGTERM what is left in the group, SIGKILL what survives 5 s.
+sweep_group() {
+  local group="$1"
+  kill -TERM -- "-$group" 2>/dev/null || return 0
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    sleep 0.5
+    kill -0 -- "-$group" 2>/dev/null || return 0
+  done
+  kill -KILL -- "-$group" 2>/dev/null || true
+}
+
 if want node; then
   section "node tests"
   # tsc emits dist/ even when it reports type errors: the tests still run, and its failure
@@ -227,29 +292,13 @@ if want node; then
     elif [[ ${#files[@]} -eq 0 ]]; then
       record node "no test files"
     else
-      tap="$(mktemp)"
-      node_args=(--test --test-concurrency=1 --test-timeout="${MOERL_TEST_TIMEOUT_MS:-600000}")
-      node_args+=(--test-reporter=spec --test-reporter-destination=stdout)
-      node_args+=(--test-reporter=tap --test-reporter-destination="$tap")
-      [[ -n $name_pattern ]] && node_args+=(--test-name-pattern="$name_pattern")
-      node "${node_args[@]}" "${files[@]}"
-      rc=$?
-      # The runner's closing "# pass N" / "# fail N" / "# cancelled N" lines.
-      count() { sed -n "s/^# $1 \([0-9]*\)$/\1/p" "$tap" | tail -n 1; }
-      node_pass="$(count pass)"
-      node_fail="$(count fail)"
-      node_cancelled="$(count cancelled)"
-      rm -f "$tap"
-      if [[ -z $node_pass ]]; then
-        fail_step node
-      else
-        bad=$((node_fail + ${node_cancelled:-0}))
-        # A non-zero exit with no failed test (a crash in a hook, an unhandled error).
-        [[ $rc -ne 0 && $bad -eq 0 ]] && bad=1
-        passed=$((passed + node_pass))
-        failed=$((failed + bad))
-        record node "$node_pass passed, $bad failed"
-      fi
+      node_passed=0
+      node_failed=0
+      for file in "${files[@]}"; do run_node_file "$file"; done
+      passed=$((passed + node_passed))
+      failed=$((failed + node_failed))
+      record node "$node_passed passed, $node_failed failed"
+      summary+=("${node_file_notes[@]}")
     fi
   else
     fail_step node
