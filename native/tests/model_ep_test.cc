@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -111,6 +112,43 @@ TEST(ModelEp, TwoRanksMatchOneRankForSftAndGrpo) {
   std::printf("grpo: losses %.7f %.7f vs %.7f %.7f, max weight diff %.3e\n", l1[0], l1[1], l2[0],
               l2[1], d_grpo);
   EXPECT_LT(d_grpo, 1e-4);
+  fs::remove_all(w);
+}
+
+TEST(MoeTools, ResumedGenerationIsByteIdenticalAndBadInputExitsTwo) {
+  const std::string w = work_dir() + "-gen";
+  const std::string train = MOERL_MOE_TRAIN, gen = MOERL_MOE_GENERATE;
+  run(1, {train, "init", "--out", w + "/init", "--seed", "9", "--dim", "32", "--heads", "2",
+          "--experts", "4", "--expert-dim", "32"});
+  // Some sampling noise: a fresh init samples nearly uniform tokens at temperature 1.
+  std::vector<std::string> base = {gen, "--checkpoint", w + "/init", "--task", "sort",
+                                    "--num-prompts", "10", "--samples", "3", "--chunk-size", "4",
+                                    "--seed", "77", "--iteration", "2", "--top-p", "0.95"};
+  std::vector<std::string> full = base, resumed = base;
+  full.insert(full.end(), {"--out-dir", w + "/full"});
+  resumed.insert(resumed.end(), {"--out-dir", w + "/resumed", "--start-chunk", "1"});
+  run(1, full);
+  run(1, resumed);
+  EXPECT_FALSE(fs::exists(w + "/resumed/chunk-0.jsonl"));
+  for (int k : {1, 2}) {
+    std::string name = "/chunk-" + std::to_string(k) + ".jsonl";
+    std::string a = io::read_file(w + "/full" + name), b = io::read_file(w + "/resumed" + name);
+    EXPECT_FALSE(a.empty());
+    EXPECT_EQ(a, b) << name;
+  }
+  // chunk 2 holds the last 2 prompts (ids 8, 9), 3 samples each
+  std::string last = io::read_file(w + "/full/chunk-2.jsonl");
+  EXPECT_EQ(std::count(last.begin(), last.end(), '\n'), 6);
+
+  // bad input -> exit 2 (do not retry): unknown flag, unknown task, uncommitted checkpoint
+  auto exit_code = [](const std::vector<std::string>& args) {
+    return run_ranks(1, "shm", 30, args, 60)[0].exit_code;
+  };
+  EXPECT_EQ(exit_code({gen, "--checkpoint", w + "/init", "--task", "sort", "--out-dir", w + "/x",
+                       "--bogus", "1"}), 2);
+  EXPECT_EQ(exit_code({gen, "--checkpoint", w + "/init", "--task", "nope", "--out-dir", w + "/x"}), 2);
+  fs::remove(w + "/init/manifest.json");
+  EXPECT_EQ(exit_code({train, "sft", "--checkpoint", w + "/init", "--out", w + "/y", "--task", "sort"}), 2);
   fs::remove_all(w);
 }
 
