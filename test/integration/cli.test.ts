@@ -311,6 +311,13 @@ describe('moerl CLI on the dev server', () => {
     for (let i = 0; i <= committed; i++)
       assert.ok(listed.includes(i), `iteration ${i} from runs ${history.runs.join(',')}`);
     assert.ok(history.iterations.slice(0, committed + 1).every((it) => it.checkpoint !== null));
+    // Memo and search attributes follow the campaign into its new runs; list shows it once.
+    assert.match((await cli('status', mainId)).stdout, /of 40, next rollout/);
+    const byName = await cliJson<{ campaigns: { campaignId: string }[] }>('list', '--name', name);
+    assert.deepEqual(
+      byName.campaigns.map((c) => c.campaignId),
+      [mainId],
+    );
     const [i0, i1, i2] = history.iterations;
     assert.equal(i0?.iteration, 0);
     assert.ok(
