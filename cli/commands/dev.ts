@@ -3,7 +3,7 @@
 // then the server.
 import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { Runtime } from '@temporalio/worker';
+import { DefaultLogger, Runtime } from '@temporalio/worker';
 import { createActivities } from '../../activities/index.js';
 import { connectWorkerConnection, taskQueuesFrom } from '../../workers/temporal-options.js';
 import { runWorkers } from '../../workers/worker.js';
@@ -59,7 +59,8 @@ The worker polls the control, rollout and train task queues (with MOERL_TASK_QUE
     for (const s of signals) process.on(s, onSignal);
     ctx.io.signal?.addEventListener('abort', () => stop.abort(), { once: true });
     try {
-      Runtime.install({ shutdownSignals: [] });
+      // Warnings and errors only: the worker's start-up chatter would bury the lines above.
+      Runtime.install({ shutdownSignals: [], logger: new DefaultLogger('WARN') });
     } catch {
       // A runtime already exists in this process (an embedding program installed its own).
     }
