@@ -21,6 +21,10 @@ namespace {
 
 constexpr int kSectionPart = Handle::kMaxSegments;  // parts >= this carry the small sections
 
+// Staging blocks start on cache lines: keeps int64 ids aligned after 4-byte rows and keeps
+// two blocks from sharing a line.
+size_t align_up(size_t bytes) { return (bytes + 63) & ~size_t(63); }
+
 // One payload travelling per token: [T, row_bytes] at src -> [N, row_bytes] at dst.
 struct Section {
   const uint8_t* src;
@@ -117,15 +121,14 @@ void exchange_rows(transport::Communicator& comm, const Handle& h, const Section
     }
   }
   // Staging holds the packed segments and the small sections for every remote rank.
-  size_t small_row_bytes = 0;
-  for (int i = 1; i < num_sections; ++i) small_row_bytes += sections[i].row_bytes;
   size_t staging_bytes = 0;
   for (int d = 0; d < R; ++d) {
     if (d == self) continue;
-    staging_bytes += size_t(send_count(d)) * small_row_bytes;
+    for (int i = 1; i < num_sections; ++i)
+      staging_bytes += align_up(size_t(send_count(d)) * sections[i].row_bytes);
     for (int g = h.send_segment_prefix[d]; g < h.send_segment_prefix[d + 1]; ++g)
       if (h.send_segment_token[size_t(g)] < 0)
-        staging_bytes += size_t(h.send_segment_rows[size_t(g)]) * x.row_bytes;
+        staging_bytes += align_up(size_t(h.send_segment_rows[size_t(g)]) * x.row_bytes);
   }
   if (staging.size() < staging_bytes) staging.resize(staging_bytes);
   // Start with the next rank so that not every rank serves rank 0 first.
@@ -145,7 +148,7 @@ void exchange_rows(transport::Communicator& comm, const Handle& h, const Section
       } else {
         pack_rows(x, tokens + row, rows, d, num_local_experts, staging.data() + offset);
         comm.post_send(d, staging.data() + offset, bytes, op, part);
-        offset += bytes;
+        offset += align_up(bytes);
       }
       row += rows;
     }
@@ -153,7 +156,7 @@ void exchange_rows(transport::Communicator& comm, const Handle& h, const Section
       uint8_t* block = staging.data() + offset;
       pack_rows(sections[i], tokens, count, d, num_local_experts, block);
       comm.post_send(d, block, size_t(count) * sections[i].row_bytes, op, kSectionPart + i);
-      offset += size_t(count) * sections[i].row_bytes;
+      offset += align_up(size_t(count) * sections[i].row_bytes);
     }
   }
   const int64_t* own = h.send_token_idx.data() + h.send_rank_prefix[self];

@@ -19,6 +19,12 @@ struct EpCase {
   const char* dtype;
 };
 
+void PrintTo(const EpCase& c, std::ostream* os) {
+  *os << c.world << " ranks over " << c.provider << ", E=" << c.experts << " K=" << c.topk
+      << " C=" << c.hidden << " T=" << c.tokens << " " << c.token_rule << " " << c.routing << " "
+      << c.dtype;
+}
+
 std::string name_of(const ::testing::TestParamInfo<EpCase>& info) {
   const EpCase& c = info.param;
   std::string n = std::string(c.provider) + "_r" + std::to_string(c.world) + "_" + c.routing +

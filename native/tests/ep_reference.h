@@ -87,7 +87,7 @@ inline RankInputs make_inputs(const Case& c, int rank) {
   const size_t n = size_t(T * C);
   if (c.dtype == DType::F32) {
     in.x.resize(n * 4);
-    std::memcpy(in.x.data(), in.x_f32.data(), n * 4);
+    if (n > 0) std::memcpy(in.x.data(), in.x_f32.data(), n * 4);
   } else if (c.dtype == DType::BF16) {
     in.x.resize(n * 2);
     auto* p = reinterpret_cast<uint16_t*>(in.x.data());

@@ -46,11 +46,13 @@ inline int free_loopback_port() {
 }
 
 // Runs `args` (argv[0] = the helper binary) as R ranks; `while_running` (optional) is called
-// every 50 ms with the pids and elapsed seconds. Ranks still alive after wall_s are killed.
+// every 20 ms with the pids (negated once exited), the elapsed seconds and the paths of the
+// ranks' stderr files. Ranks still alive after wall_s are killed.
 inline std::vector<RankResult> run_ranks(
     int world, const std::string& provider, double timeout_s, const std::vector<std::string>& args,
     double wall_s = 120,
-    const std::function<void(const std::vector<pid_t>&, double)>& while_running = nullptr) {
+    const std::function<void(const std::vector<pid_t>&, double, const std::vector<std::string>&)>&
+        while_running = nullptr) {
   const int port = free_loopback_port();
   std::vector<pid_t> pids(static_cast<size_t>(world), -1);
   std::vector<std::string> err_paths(static_cast<size_t>(world));
@@ -98,7 +100,7 @@ inline std::vector<RankResult> run_ranks(
       }
     }
     if (alive > 0) {
-      if (while_running) while_running(pids, elapsed);
+      if (while_running) while_running(pids, elapsed, err_paths);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }

@@ -2,7 +2,7 @@
 // same run: this machine's memcpy bandwidth (all ranks copying at once, as they run) and a
 // dispatch/combine built on MPI_Alltoallv (ep_bench_mpi, launched through mpirun).
 //
-//   ep_bench --ranks 2 --provider shm --tokens 4096 --hidden 2048 --experts 16 --topk 4 \
+//   ep_bench --ranks 2 --provider shm --tokens 4096 --hidden 2048 --experts 16 --topk 4
 //            --dtype bf16 [--routing uniform|skewed] [--iters 20] [--warmup 3] [--json] [--no-mpi]
 //
 // Without MOERL_RANK in the environment it is the launcher: it spawns --ranks copies of

@@ -2,6 +2,8 @@
 // host order (every rank runs the same binary on the same architecture):
 //   hello     peer -> rank 0   {magic, version, rank, world_size}
 //   allgather peer -> rank 0   {length, bytes}; rank 0 -> peer: R x {length, bytes}
+//   notices   either way       {kind, rank}: kBye (rank leaves cleanly), kFailed (rank hit an
+//                              error and leaves), kDead (rank 0 saw the rank's socket close)
 #include "transport/bootstrap.h"
 
 #include <arpa/inet.h>   // inet_ntop, htons
@@ -29,6 +31,12 @@ constexpr uint32_t kMagic = 0x4d4f4550;  // "MOEP"
 constexpr uint32_t kVersion = 1;
 constexpr uint32_t kMaxBlob = 1u << 20;  // fabric addresses are tens of bytes
 
+enum NoticeKind : uint32_t { kBye = 1, kFailed = 2, kDead = 3 };
+struct Notice {
+  uint32_t kind;
+  int32_t rank;
+};
+
 struct Hello {
   uint32_t magic, version;
   int32_t rank, world_size;
@@ -52,14 +60,10 @@ void transfer(bool is_write, int fd, void* buf, size_t n, double deadline, int s
       n -= size_t(k);
       continue;
     }
-    if (k == 0) {
-      MOERL_FAIL(PeerFailure, "rank ", self, ": rank ", who,
-                 " closed its bootstrap connection (it exited or crashed during start-up)");
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      MOERL_FAIL(PeerFailure, "rank ", self, ": bootstrap connection to rank ", who,
-                 " failed: ", std::strerror(errno));
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+      MOERL_FAIL(PeerFailure, "rank ", self, ": rank ", who, " died during start-up (its "
+                 "bootstrap connection ", k == 0 ? "closed" : std::strerror(errno), ")");
     }
     pollfd pfd{fd, short(is_write ? POLLOUT : POLLIN), 0};
     const int ms = remaining_ms(deadline);
@@ -183,6 +187,65 @@ Bootstrap::Bootstrap(const Config& config)
   local_ip_ = sock_ip(fd);
   Hello hello{kMagic, kVersion, self, world};
   transfer(true, fd, &hello, sizeof(hello), deadline_, self, 0, config.timeout_s);
+}
+
+void Bootstrap::check_peers() {
+  const int self = config_.rank;
+  departed_.resize(peer_fds_.size(), false);
+  partial_.resize(peer_fds_.size());
+  for (size_t i = 0; i < peer_fds_.size(); ++i) {
+    const int fd = peer_fds_[i];
+    if (fd < 0 || departed_[i]) continue;
+    const int peer = self == 0 ? int(i) : 0;
+    for (;;) {
+      char buf[64];
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+      if (n <= 0) {
+        // The kernel closed the socket of a process that exited without saying goodbye.
+        if (self == 0) {
+          const Notice dead{kDead, peer};
+          for (size_t j = 1; j < peer_fds_.size(); ++j)
+            if (j != i && peer_fds_[j] >= 0 && !departed_[j])
+              ::send(peer_fds_[j], &dead, sizeof(dead), MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        departed_[i] = true;
+        MOERL_FAIL(PeerFailure, "rank ", self, ": rank ", peer,
+                   " died (its connection to the coordinator closed without a goodbye)");
+      }
+      partial_[i].append(buf, size_t(n));
+      while (partial_[i].size() >= sizeof(Notice)) {
+        Notice notice;
+        std::memcpy(&notice, partial_[i].data(), sizeof(notice));
+        partial_[i].erase(0, sizeof(notice));
+        if (notice.kind == kBye) {
+          departed_[i] = true;
+          continue;
+        }
+        if (self == 0) {  // relay so every rank names the same culprit
+          for (size_t j = 1; j < peer_fds_.size(); ++j)
+            if (j != i && peer_fds_[j] >= 0 && !departed_[j])
+              ::send(peer_fds_[j], &notice, sizeof(notice), MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+        departed_[i] = true;
+        if (notice.kind == kDead) {
+          MOERL_FAIL(PeerFailure, "rank ", self, ": rank ", notice.rank,
+                     " died (reported by the coordinator, rank 0)");
+        }
+        MOERL_FAIL(PeerFailure, "rank ", self, ": rank ", notice.rank,
+                   " failed and left the group (see that rank's log for the cause)");
+      }
+      if (departed_[i]) break;
+    }
+  }
+}
+
+void Bootstrap::leave(bool clean) noexcept {
+  // Touches only the sockets (fixed after construction), so the watchdog thread may keep
+  // running check_peers meanwhile; a send to a departed peer just fails (no SIGPIPE).
+  const Notice notice{clean ? kBye : kFailed, config_.rank};
+  for (const int fd : peer_fds_)
+    if (fd >= 0) ::send(fd, &notice, sizeof(notice), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 Bootstrap::~Bootstrap() {

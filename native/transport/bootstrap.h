@@ -1,6 +1,12 @@
 // Bootstrap: a small TCP rendezvous at rank 0 (MOERL_COORDINATOR) that lets every rank
-// learn every other rank's libfabric address before any fabric traffic. Used once, while
-// the Communicator is built; every read, write, accept and connect has the deadline.
+// learn every other rank's libfabric address before any fabric traffic; every read, write,
+// accept and connect has the deadline.
+//
+// Its connections (rank 0 to every rank) then stay open for the communicator's life as a
+// failure detector: the kernel closes a dead process's sockets, so rank 0 learns at once
+// which rank died and tells the others, and everyone names the dead rank itself instead of
+// only "a peer I was waiting for" (which, in a stalled group, is often a live rank that
+// waits for the dead one).
 #pragma once
 
 #include <cstdint>  // uint8_t
@@ -27,11 +33,19 @@ class Bootstrap {
   // Every rank passes its blob; every rank gets all blobs indexed by rank.
   std::vector<std::vector<uint8_t>> allgather(const std::vector<uint8_t>& mine);
 
+  // Non-blocking look at the connections; throws moerl::Error(PeerFailure) naming the rank
+  // when a peer died or announced a failure.
+  void check_peers();
+  // Announces that this rank leaves: cleanly (its work is done) or after a failure.
+  void leave(bool clean) noexcept;
+
  private:
   Config config_;
   double deadline_;             // monotonic seconds
   int listen_fd_ = -1;          // rank 0 only
   std::vector<int> peer_fds_;   // rank 0: socket of rank r at [r]; others: [0] = rank 0
+  std::vector<bool> departed_;  // by socket index: peer left cleanly, its EOF is expected
+  std::vector<std::string> partial_;  // by socket index: bytes of an incomplete notice
   std::string local_ip_;
 };
 

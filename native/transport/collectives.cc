@@ -26,7 +26,8 @@ void Communicator::allreduce_sum(float* data, size_t n) {
     post_send(s, data + slice_begin(s), (slice_begin(s + 1) - slice_begin(s)) * sizeof(float),
               op, 0);
   }
-  std::memcpy(scratch_.data() + size_t(self) * mine_len, data + mine, mine_len * sizeof(float));
+  if (mine_len > 0)  // memcpy's pointers must be valid even for 0 bytes
+    std::memcpy(scratch_.data() + size_t(self) * mine_len, data + mine, mine_len * sizeof(float));
   wait_all("allreduce (reduce-scatter)");
   for (size_t i = 0; i < mine_len; ++i) {
     float acc = scratch_[i];

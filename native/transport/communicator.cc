@@ -11,13 +11,16 @@
 #include <sched.h>          // sched_yield: ranks may outnumber cores, so polls give way
 
 #include <algorithm>  // std::min
+#include <exception>  // std::uncaught_exceptions
 #include <set>        // ranks named in a timeout message
 #include <sstream>    // std::ostringstream
+#include <thread>     // std::this_thread::sleep_for
 
 #include "common/check.h"
 #include "transport/bootstrap.h"
 #include "transport/clock.h"
 #include "transport/fabric.h"
+#include "transport/watchdog.h"
 
 namespace moerl::transport {
 
@@ -44,16 +47,27 @@ uint64_t make_tag(uint32_t op, int src, int part, int chunk) {
 Communicator::Communicator(const Config& config) : config_(config) {
   config_.validate();
   if (config_.world_size == 1) return;
-  Bootstrap bootstrap(config_);
-  fabric_ = std::make_unique<Fabric>(config_.provider, bootstrap.local_ip(), config_.rank);
-  fabric_->insert_peers(bootstrap.allgather(fabric_->address()));
+  bootstrap_ = std::make_unique<Bootstrap>(config_);
+  fabric_ = std::make_unique<Fabric>(config_.provider, bootstrap_->local_ip(), config_.rank);
+  fabric_->insert_peers(bootstrap_->allgather(fabric_->address()));
+  watchdog_ = std::make_unique<Watchdog>(*bootstrap_, config_.rank, config_.timeout_s);
   // Every endpoint exists once the address table is complete, so messages sent from here on
   // have a live destination. A barrier proves the fabric path works before returning.
   barrier();
 }
 
 Communicator::~Communicator() {
+  // Destroyed while an exception unwinds, or after a failed wait: tell the group we failed,
+  // so the others stop at once and name this rank.
+  if (!bootstrap_) return;
+  bootstrap_->leave(!broken_ && std::uncaught_exceptions() == 0);
   for (auto& p : pending_) Fabric::deregister(p->mr);
+  {
+    // Closing the endpoint may touch a dead peer's shared memory: keep the watchdog on it.
+    FabricCall call(watchdog_.get());
+    fabric_.reset();
+  }
+  watchdog_.reset();
 }
 
 std::string Communicator::provider_name() const {
@@ -93,6 +107,7 @@ void Communicator::post(bool is_send, int peer, void* data, size_t bytes, uint32
     const uint64_t tag = make_tag(op, is_send ? rank() : peer, part, int(c));
     ++num_posted_;
     for (;;) {
+      FabricCall call(watchdog_.get());
       const int rc = is_send ? fabric_->try_send(peer, chunk, len, Fabric::descriptor(p.mr), tag,
                                                  &p.context)
                              : fabric_->try_recv(peer, chunk, len, Fabric::descriptor(p.mr), tag,
@@ -101,26 +116,45 @@ void Communicator::post(bool is_send, int peer, void* data, size_t bytes, uint32
       // The provider's queues are full: reap completions to make room, then retry.
       progress("posting a message");
       if (now_s() > deadline) {
-        broken_ = true;
-        MOERL_FAIL(Timeout, "rank ", rank(), ": could not post a message to rank ", peer,
-                   " within ", config_.timeout_s, " s (queues full; rank ", peer,
-                   " is dead or stalled)");
+        fail(ErrorKind::Timeout, "rank " + std::to_string(rank()) +
+                                     ": could not post a message to rank " + std::to_string(peer) +
+                                     " before the deadline (queues full; rank " +
+                                     std::to_string(peer) + " is dead or stalled)");
       }
     }
   }
 }
 
+// Before reporting a failure seen on the fabric (an error completion, a deadline), give the
+// failure detector a moment: when a rank died, its socket closes at the same time, and the
+// message should name the dead rank rather than a live one that merely waits for it.
+void Communicator::fail(ErrorKind kind, const std::string& message) {
+  broken_ = true;
+  if (watchdog_) {
+    const double until = now_s() + std::min(0.25, config_.timeout_s);
+    while (!watchdog_->has_failure() && now_s() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (watchdog_->has_failure()) throw Error(ErrorKind::PeerFailure, watchdog_->failure());
+  }
+  throw Error(kind, message);
+}
+
 void Communicator::progress(const char* what) {
   Completion done[64];
-  const size_t n = fabric_->poll(done, 64);
+  size_t n;
+  {
+    FabricCall call(watchdog_.get());
+    n = fabric_->poll(done, 64);
+  }
   for (size_t i = 0; i < n; ++i) {
     auto* p = reinterpret_cast<Pending*>(done[i].context);
     if (!done[i].ok) {
-      broken_ = true;
-      MOERL_FAIL(PeerFailure, "rank ", rank(), ": ", what, ": message ",
-                 (p != nullptr && p->is_send ? "to" : "from"), " rank ",
-                 (p != nullptr ? p->peer : -1), " failed: ", done[i].error, "; rank ",
-                 (p != nullptr ? p->peer : -1), " is dead or unreachable");
+      std::ostringstream os;
+      os << "rank " << rank() << ": " << what << ": message "
+         << (p != nullptr && p->is_send ? "to" : "from") << " rank " << (p ? p->peer : -1)
+         << " failed: " << done[i].error << "; rank " << (p ? p->peer : -1)
+         << " is dead or unreachable";
+      fail(ErrorKind::PeerFailure, os.str());
     }
     p->done = true;
     ++num_done_;
@@ -134,6 +168,7 @@ void Communicator::wait_all(const char* what) {
     const size_t before = num_done_;
     progress(what);
     if (num_done_ != before) continue;
+    if (watchdog_->has_failure()) fail(ErrorKind::PeerFailure, watchdog_->failure());
     if (now_s() > deadline) {
       broken_ = true;
       std::set<int> waiting_for;
@@ -144,11 +179,14 @@ void Communicator::wait_all(const char* what) {
           ++outstanding;
         }
       }
-      std::ostringstream ranks;
-      for (int r : waiting_for) ranks << (ranks.tellp() > 0 ? ", " : "") << r;
-      MOERL_FAIL(Timeout, "rank ", rank(), ": ", what, " timed out after ", config_.timeout_s,
-                 " s waiting for rank ", ranks.str(), " (", outstanding,
-                 " message(s) outstanding); that rank is dead, stalled or unreachable");
+      std::ostringstream os;
+      os << "rank " << rank() << ": " << what << " timed out after " << config_.timeout_s
+         << " s waiting for rank ";
+      bool first = true;
+      for (int r : waiting_for) os << (first ? "" : ", ") << r, first = false;
+      os << " (" << outstanding << " message(s) outstanding); a rank is dead, stalled or "
+         << "unreachable";
+      fail(ErrorKind::Timeout, os.str());
     }
     sched_yield();
   }

@@ -5,7 +5,10 @@
 // Every call is collective in the SPMD sense: all ranks call the same methods in the same
 // order (each call takes an operation number from a counter that must advance identically
 // everywhere). Every wait has the Config's deadline; a dead or stalled peer makes the call
-// throw moerl::Error(PeerFailure or Timeout) with a message naming the rank.
+// throw moerl::Error(PeerFailure or Timeout) with a message naming the rank; a rank whose
+// process dies is detected through the bootstrap connections within milliseconds. If a dead
+// peer leaves the shm provider spinning on a lock, the process exits with code 3 and a
+// message naming the rank (see watchdog.h): a hang is never an outcome.
 // world_size == 1 needs no network: no libfabric object is created.
 #pragma once
 
@@ -15,11 +18,14 @@
 #include <string>
 #include <vector>    // pool of in-flight message records
 
+#include "common/check.h"
 #include "transport/config.h"
 
 namespace moerl::transport {
 
-class Fabric;  // libfabric endpoint, defined in fabric.h (kept out of this header)
+class Fabric;     // libfabric endpoint, defined in fabric.h (kept out of this header)
+class Bootstrap;  // TCP rendezvous, kept open as the failure detector (bootstrap.h)
+class Watchdog;   // thread running the failure detector (watchdog.h)
 
 class Communicator {
  public:
@@ -60,9 +66,12 @@ class Communicator {
   struct Pending;  // one in-flight message, defined in communicator.cc
   void post(bool is_send, int peer, void* data, size_t bytes, uint32_t op, int part);
   void progress(const char* what);
+  [[noreturn]] void fail(ErrorKind kind, const std::string& message);
 
   Config config_;
-  std::unique_ptr<Fabric> fabric_;  // null when world_size == 1
+  std::unique_ptr<Bootstrap> bootstrap_;  // null when world_size == 1
+  std::unique_ptr<Fabric> fabric_;        // null when world_size == 1
+  std::unique_ptr<Watchdog> watchdog_;    // null when world_size == 1
   std::vector<std::unique_ptr<Pending>> pending_;  // records reused across operations
   size_t num_posted_ = 0;                          // records in use since the last wait_all
   size_t num_done_ = 0;
