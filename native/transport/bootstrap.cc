@@ -210,6 +210,7 @@ void Bootstrap::check_peers() {
               ::send(peer_fds_[j], &dead, sizeof(dead), MSG_NOSIGNAL | MSG_DONTWAIT);
         }
         departed_[i] = true;
+        if (on_peer_died) on_peer_died(peer);
         MOERL_FAIL(PeerFailure, "rank ", self, ": rank ", peer,
                    " died (its connection to the coordinator closed without a goodbye)");
       }

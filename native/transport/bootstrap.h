@@ -9,7 +9,8 @@
 // waits for the dead one).
 #pragma once
 
-#include <cstdint>  // uint8_t
+#include <cstdint>     // uint8_t
+#include <functional>  // std::function for the peer-died hook
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ class Bootstrap {
   void check_peers();
   // Announces that this rank leaves: cleanly (its work is done) or after a failure.
   void leave(bool clean) noexcept;
+
+  // Called (from check_peers) with the rank whose connection closed without a goodbye,
+  // i.e. whose process is gone; used to remove what the dead process left behind.
+  std::function<void(int)> on_peer_died;
 
  private:
   Config config_;

@@ -9,6 +9,7 @@
 
 #include <rdma/fi_errno.h>  // FI_EAGAIN
 #include <sched.h>          // sched_yield: ranks may outnumber cores, so polls give way
+#include <sys/mman.h>       // shm_unlink for a dead rank's shared-memory region
 
 #include <algorithm>  // std::min
 #include <exception>  // std::uncaught_exceptions
@@ -49,7 +50,16 @@ Communicator::Communicator(const Config& config) : config_(config) {
   if (config_.world_size == 1) return;
   bootstrap_ = std::make_unique<Bootstrap>(config_);
   fabric_ = std::make_unique<Fabric>(config_.provider, bootstrap_->local_ip(), config_.rank);
-  fabric_->insert_peers(bootstrap_->allgather(fabric_->address()));
+  const std::vector<std::vector<uint8_t>> addresses = bootstrap_->allgather(fabric_->address());
+  fabric_->insert_peers(addresses);
+  if (fabric_->provider_name() == "shm") {
+    // A killed rank cannot remove its shared-memory region; the survivor that sees it die
+    // does (the shm address is the region's name). Mappings stay valid for everyone.
+    bootstrap_->on_peer_died = [addresses](int peer) {
+      const std::vector<uint8_t>& a = addresses[size_t(peer)];
+      shm_unlink(std::string(a.begin(), std::find(a.begin(), a.end(), uint8_t(0))).c_str());
+    };
+  }
   watchdog_ = std::make_unique<Watchdog>(*bootstrap_, config_.rank, config_.timeout_s);
   // Every endpoint exists once the address table is complete, so messages sent from here on
   // have a live destination. A barrier proves the fabric path works before returning.
