@@ -1,0 +1,129 @@
+// One line of a rollout chunk (docs/native-model.md, "Rollout JSONL") parsed and checked into a
+// typed record. Every error is a BadRolloutError naming the source, the line and the field:
+// a malformed rollout is bad input, and regenerating the same chunk would write it again.
+import { BadRolloutError } from './errors.js';
+
+export const finishReasons = ['stop', 'length'] as const;
+export type FinishReason = (typeof finishReasons)[number];
+
+/** Token id of <eos>; a sample that finished with "stop" ends with it. */
+export const eosTokenId = 1;
+
+/** One generated sample; field names are the JSONL keys. */
+export interface RolloutRecord {
+  prompt_id: number;
+  sample_index: number;
+  iteration: number;
+  task: string;
+  prompt: string;
+  prompt_tokens: number[];
+  /** Generated ids, ending with <eos> when finish_reason is "stop". */
+  tokens: number[];
+  /** Decoded completion, up to but not including <eos>. */
+  text: string;
+  /** Behaviour log-prob of each entry of `tokens`. */
+  logprobs: number[];
+  finish_reason: FinishReason;
+}
+
+/** Where a line came from, for error messages. */
+export interface LineLocation {
+  /** File name or store key. */
+  source: string;
+  /** 1-based line number. */
+  line: number;
+}
+
+type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+function describe(value: Json | undefined): string {
+  if (value === undefined) return 'nothing';
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  if (typeof value === 'object') return 'an object';
+  const text = JSON.stringify(value);
+  return `${typeof value} ${text.length > 40 ? `${text.slice(0, 40)}...` : text}`;
+}
+
+function isCount(value: Json | undefined): value is number {
+  return typeof value === 'number' && Number.isSafeInteger(value) && value >= 0;
+}
+
+/** Parses one rollout JSONL line; throws BadRolloutError naming source, line and field. */
+export function parseRolloutLine(text: string, at: LineLocation): RolloutRecord {
+  const where = `${at.source} line ${at.line}`;
+  const fail = (message: string, field?: string): never => {
+    throw new BadRolloutError(`malformed rollout: ${where}: ${message}`, {
+      source: at.source,
+      line: at.line,
+      ...(field === undefined ? {} : { field }),
+    });
+  };
+
+  let parsed: Json;
+  try {
+    parsed = JSON.parse(text) as Json;
+  } catch (err) {
+    return fail(`not valid JSON (${(err as Error).message})`);
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
+    return fail(`expected a JSON object, got ${describe(parsed)}`);
+  }
+  const obj = parsed;
+  const field = (name: string): Json => {
+    const value = obj[name];
+    if (value === undefined) fail(`missing field "${name}"`, name);
+    return value as Json;
+  };
+  const count = (name: string): number => {
+    const value = field(name);
+    if (!isCount(value)) fail(`field "${name}" must be a non-negative integer, got ${describe(value)}`, name);
+    return value as number;
+  };
+  const string = (name: string): string => {
+    const value = field(name);
+    if (typeof value !== 'string') fail(`field "${name}" must be a string, got ${describe(value)}`, name);
+    return value as string;
+  };
+  const array = (name: string, what: string, ok: (x: Json) => boolean): number[] => {
+    const value = field(name);
+    if (!Array.isArray(value))
+      return fail(`field "${name}" must be an array of ${what}, got ${describe(value)}`, name);
+    const bad = value.findIndex((x) => !ok(x));
+    if (bad >= 0)
+      fail(`field "${name}" must be an array of ${what}; element ${bad} is ${describe(value[bad])}`, name);
+    return value as number[];
+  };
+
+  const record: RolloutRecord = {
+    prompt_id: count('prompt_id'),
+    sample_index: count('sample_index'),
+    iteration: count('iteration'),
+    task: string('task'),
+    prompt: string('prompt'),
+    prompt_tokens: array('prompt_tokens', 'token ids', isCount),
+    tokens: array('tokens', 'token ids', isCount),
+    text: string('text'),
+    // JSON has no NaN or infinities, so every number here is finite.
+    logprobs: array('logprobs', 'numbers', (x) => typeof x === 'number'),
+    finish_reason: 'stop',
+  };
+  const reason = string('finish_reason');
+  if (!(finishReasons as readonly string[]).includes(reason)) {
+    fail(
+      `field "finish_reason" must be one of ${finishReasons.map((r) => `"${r}"`).join(', ')}, got ${JSON.stringify(reason)}`,
+      'finish_reason',
+    );
+  }
+  record.finish_reason = reason as FinishReason;
+  if (record.logprobs.length !== record.tokens.length) {
+    fail(
+      `field "logprobs" has ${record.logprobs.length} entries for ${record.tokens.length} tokens`,
+      'logprobs',
+    );
+  }
+  if (record.finish_reason === 'stop' && record.tokens[record.tokens.length - 1] !== eosTokenId) {
+    fail(`field "tokens" must end with <eos> (id ${eosTokenId}) when finish_reason is "stop"`, 'tokens');
+  }
+  return record;
+}
