@@ -88,7 +88,7 @@ export class FsStore implements ObjectStore {
     try {
       await this.walk(base, prefix, found);
     } catch (err) {
-      throw this.readError(prefix, err);
+      throw this.otherError(prefix || undefined, err);
     }
     // Byte order of the UTF-8 keys, as S3 lists them.
     found.sort((a, b) => Buffer.compare(Buffer.from(a.key), Buffer.from(b.key)));
@@ -192,7 +192,7 @@ export class FsStore implements ObjectStore {
     return this.otherError(key, err);
   }
 
-  private otherError(key: string, err: unknown): StoreError {
+  private otherError(key: string | undefined, err: unknown): StoreError {
     const code = errorCode(err);
     if (code === 'EACCES' || code === 'EPERM' || code === 'EROFS')
       return new StoreAuthError(this.describe(), key, `permission denied (${code})`, err);

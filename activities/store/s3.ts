@@ -155,7 +155,7 @@ export class S3Store implements ObjectStore {
     const skip = this.prefix ? this.prefix.length + 1 : 0;
     let token: string | undefined;
     do {
-      const page = await this.send(prefix, () =>
+      const page = await this.send(prefix || undefined, () =>
         this.client.send(
           new ListObjectsV2Command({
             Bucket: this.bucket,
