@@ -1,26 +1,69 @@
-// The activities a shipped worker registers. The data plane (object store, native rollout and
-// trainer launches, verifiers) is not built yet: until it is, every activity fails at once with
-// a non-retryable error saying so, and the campaign pauses itself with that reason. Nothing
-// here pretends to do work.
-import { ApplicationFailure } from '@temporalio/activity';
-import type { CampaignActivities } from './types.js';
+// The activities a worker registers, built from their dependencies. Failures are mapped to
+// Temporal's retry semantics in one place: bad input and rejected credentials are not retried;
+// an unreachable store, a crashed tool or a lost rank is.
+import { ApplicationFailure } from '@temporalio/common';
+import { Context } from '@temporalio/activity';
+import { commitCheckpoint } from './checkpoints.js';
+import type { ActivityDeps } from './deps.js';
+import { computeRewards } from './reward.js';
+import { BadInputError, toApplicationFailure } from './rewards/errors.js';
+import { rolloutShard } from './rollout.js';
+import { StoreAuthError, StoreNotFoundError } from './store/index.js';
+import { badInputErrorType } from './types.js';
+import type { CampaignActivities, CheckpointInput, CheckpointOutput } from './types.js';
+import { preparePolicy, updatePolicy } from './update.js';
 
-export const notBuiltErrorType = 'NotBuilt';
+export type { ActivityDeps } from './deps.js';
 
-function notBuilt(activity: keyof CampaignActivities): never {
-  throw ApplicationFailure.create({
-    type: notBuiltErrorType,
-    nonRetryable: true,
-    message: `activity ${activity} is not built yet: the data plane (store, rollout, reward, trainer launch) has not landed`,
-  });
+/** The Temporal failure for an error an activity did not map itself. */
+export function toFailure(err: unknown): unknown {
+  if (err instanceof ApplicationFailure) return err;
+  if (err instanceof StoreAuthError)
+    return ApplicationFailure.create({
+      type: 'StoreAuth',
+      nonRetryable: true,
+      message: err.message,
+      cause: err,
+    });
+  // Everything the activities read was written (and committed) before: a missing object is lost data.
+  if (err instanceof StoreNotFoundError)
+    return ApplicationFailure.create({
+      type: badInputErrorType,
+      nonRetryable: true,
+      message: err.message,
+      cause: err,
+    });
+  if (err instanceof BadInputError) return toApplicationFailure(err);
+  return err;
 }
 
-export function createActivities(): CampaignActivities {
+function mapped<I, O>(fn: (deps: ActivityDeps, input: I) => Promise<O>, deps: ActivityDeps) {
+  return async (input: I): Promise<O> => {
+    try {
+      return await fn(deps, input);
+    } catch (err) {
+      throw toFailure(err);
+    }
+  };
+}
+
+async function commit(deps: ActivityDeps, input: CheckpointInput): Promise<CheckpointOutput> {
+  const out = await commitCheckpoint(deps.openStore(input.spec.store), input.staged, {
+    meanReward: input.meanReward,
+    keepLast: input.spec.retention.keepLast,
+    keepBest: input.spec.retention.keepBest,
+    keepIteration: input.referenceIteration,
+    now: new Date(),
+  });
+  return { ...out, attempt: Context.current().info.attempt };
+}
+
+export function createActivities(deps: ActivityDeps): CampaignActivities {
   return {
-    preparePolicy: async () => notBuilt('preparePolicy'),
-    rolloutShard: async () => notBuilt('rolloutShard'),
-    computeRewards: async () => notBuilt('computeRewards'),
-    updatePolicy: async () => notBuilt('updatePolicy'),
-    commitCheckpoint: async () => notBuilt('commitCheckpoint'),
+    preparePolicy: mapped(preparePolicy, deps),
+    rolloutShard: mapped(rolloutShard, deps),
+    computeRewards: mapped(computeRewards, deps),
+    updatePolicy: mapped(updatePolicy, deps),
+    commitCheckpoint: mapped(commit, deps),
   };
 }

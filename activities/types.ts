@@ -17,12 +17,24 @@ export interface CheckpointRef {
   meanReward: number | null;
 }
 
-/** Files of a checkpoint written by an update but not yet committed (no manifest yet). */
+/** manifest.json as the native core writes and reads it (docs/native-model.md), plus our section. */
+export interface CheckpointManifest {
+  format: string;
+  version: number;
+  world_size: number;
+  files: { name: string; bytes: number; sha256: string }[];
+  /** Added by the commit: which campaign and iteration, and the reward it was scored with. */
+  moerl?: { campaignId: string; iteration: number; meanReward: number | null; committedAt: string };
+  [field: string]: unknown;
+}
+
+/** A checkpoint whose files are in the store but whose manifest is not (yet): not readable. */
 export interface StagedCheckpoint {
   campaignId: string;
   iteration: number;
   key: string;
-  files: { name: string; bytes: number; sha256: string }[];
+  /** The manifest the commit will write (a few hundred bytes). */
+  manifest: CheckpointManifest;
 }
 
 interface ActivityOutcome {
@@ -80,6 +92,8 @@ export interface UpdateInput {
   iteration: number;
   spec: CampaignSpec;
   policy: CheckpointRef;
+  /** KL reference policy (the campaign's first checkpoint). */
+  reference: CheckpointRef;
   rolloutKeys: string[];
   rewardKeys: string[];
   hyperparameters: Hyperparameters;
@@ -95,6 +109,8 @@ export interface CheckpointInput {
   spec: CampaignSpec;
   staged: StagedCheckpoint;
   meanReward: number | null;
+  /** Iteration of the campaign's first checkpoint, which retention always keeps. */
+  referenceIteration: number;
 }
 export interface CheckpointOutput extends ActivityOutcome {
   checkpoint: CheckpointRef;

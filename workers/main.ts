@@ -4,6 +4,7 @@
 import { parseArgs } from 'node:util';
 import { Runtime } from '@temporalio/worker';
 import { createActivities } from '../activities/index.js';
+import { workerActivityDeps } from '../activities/deps.js';
 import { connectWorkerConnection, taskQueuesFrom, temporalOptionsFrom } from './temporal-options.js';
 import { roles, runWorkers } from './worker.js';
 import type { Role } from './worker.js';
@@ -81,7 +82,7 @@ async function main(): Promise<void> {
       connection,
       namespace: args.temporal.namespace,
       taskQueues: taskQueuesFrom(),
-      activities: createActivities(),
+      activities: createActivities(workerActivityDeps(stop.signal)),
       shutdownGraceMs: args.shutdownGraceMs,
       signal: stop.signal,
     });

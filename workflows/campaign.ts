@@ -154,7 +154,13 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     // being cancelled, so the store never holds debris of a commit cut in half.
     const out = await CancellationScope.nonCancellable(() =>
       runStage(staged.iteration, 'checkpoint', () =>
-        acts.control.commitCheckpoint({ campaignId, spec, staged, meanReward }),
+        acts.control.commitCheckpoint({
+          campaignId,
+          spec,
+          staged,
+          meanReward,
+          referenceIteration: state.referenceCheckpoint?.iteration ?? staged.iteration,
+        }),
       ),
     );
     st.checkpointCommitted(state, out);
@@ -169,7 +175,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     const out = await runStage(iteration, 'prepare', () =>
       acts.train.preparePolicy({ campaignId, spec, source }),
     );
-    await commit(out.staged, null);
+    state.referenceCheckpoint = (await commit(out.staged, null)).checkpoint;
   }
 
   /** Rollout over all shards, then reward, for one iteration sampled from `policy`. */
@@ -217,6 +223,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
         iteration,
         spec,
         policy: state.latestCheckpoint!,
+        reference: state.referenceCheckpoint!,
         rolloutKeys: phase.shards.flatMap((s) => s.chunkKeys),
         rewardKeys: phase.reward.rewardKeys,
         hyperparameters: phase.hyperparameters,

@@ -17,6 +17,8 @@ export const hyperparametersSchema = z.strictObject({
   entropyCoef: z.number().min(0).max(1).describe('weight of the entropy bonus'),
   auxLossCoef: z.number().min(0).max(1).describe('weight of the router load-balancing loss'),
   maxNewTokens: positiveInt(4096).describe('tokens generated per sample at most'),
+  minibatches: positiveInt(1024).describe("optimizer steps per epoch over an iteration's samples"),
+  epochs: positiveInt(64).describe("passes over an iteration's samples"),
 });
 export type Hyperparameters = z.infer<typeof hyperparametersSchema>;
 
@@ -29,6 +31,8 @@ export const defaultHyperparameters: Hyperparameters = {
   entropyCoef: 0.0,
   auxLossCoef: 0.01,
   maxNewTokens: 16,
+  minibatches: 4,
+  epochs: 2,
 };
 
 const modelSchema = z
@@ -38,6 +42,8 @@ const modelSchema = z
     heads: positiveInt(256),
     experts: positiveInt(1024),
     topK: positiveInt(16),
+    expertHidden: positiveInt(65536).optional().describe('width of each expert; default: hidden'),
+    contextLength: positiveInt(65536).default(32).describe('positions the model can attend over'),
   })
   .superRefine((m, ctx) => {
     if (m.hidden % m.heads !== 0)
@@ -110,7 +116,9 @@ export const campaignSpecSchema = z
     promptsPerIteration: positiveInt(1_000_000),
     groupSize: z.number().int().min(2).max(1024).describe('samples per prompt (GRPO needs ≥2)'),
     rolloutShards: positiveInt(4096),
-    chunkSize: positiveInt(1_000_000).describe('samples per rollout chunk (the unit of redone work)'),
+    chunkSize: positiveInt(1_000_000).describe(
+      'prompts per rollout chunk, all samples of each (the unit of redone work)',
+    ),
     epWorldSize: positiveInt(4096),
     sftWarmStartSteps: z.number().int().min(0).max(1_000_000).default(0),
     launcher: launcherSchema.default({ kind: 'local' }),

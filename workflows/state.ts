@@ -27,6 +27,7 @@ export function initialState(input: CampaignInput): CampaignState {
     nextIteration: input.forkFrom ? input.forkFrom.iteration + 1 : 1,
     committedIteration: -1,
     latestCheckpoint: null,
+    referenceCheckpoint: null,
     checkpoints: [],
     activeStages: [],
     retries: { prepare: 0, rollout: 0, reward: 0, update: 0, checkpoint: 0 },

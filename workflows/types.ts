@@ -89,6 +89,8 @@ export interface CampaignState {
   /** Last iteration with a committed checkpoint (0 = initial policy, -1 = none yet). */
   committedIteration: number;
   latestCheckpoint: CheckpointRef | null;
+  /** The campaign's first checkpoint: the KL reference, never removed by retention. */
+  referenceCheckpoint: CheckpointRef | null;
   /** Committed checkpoints still kept by retention, oldest first. */
   checkpoints: CheckpointRef[];
   activeStages: ActiveStage[];

@@ -5,6 +5,7 @@ import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { DefaultLogger, Runtime } from '@temporalio/worker';
 import { createActivities } from '../../activities/index.js';
+import { workerActivityDeps } from '../../activities/deps.js';
 import { connectWorkerConnection, taskQueuesFrom } from '../../workers/temporal-options.js';
 import { runWorkers } from '../../workers/worker.js';
 import type { Command, CommandContext } from '../command.js';
@@ -101,7 +102,7 @@ The worker polls the control, rollout and train task queues (with MOERL_TASK_QUE
             connection,
             namespace,
             taskQueues,
-            activities: createActivities(),
+            activities: createActivities(workerActivityDeps(stop.signal)),
             shutdownGraceMs: graceSeconds * 1000,
             signal: stop.signal,
           });

@@ -90,7 +90,7 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
     campaignId,
     iteration,
     key: checkpointKey(campaignId, iteration),
-    files: [{ name: 'dense.safetensors', bytes: 1, sha256: 'test' }],
+    manifest: { format: 'moerl-checkpoint', version: 1, world_size: 1, files: [] },
   });
   const rewardFor = opts.rewardFor ?? ((i: number) => Math.min(1, 0.1 + 0.05 * i));
 

@@ -1,0 +1,30 @@
+// Store keys of a campaign's artifacts (docs/store.md). Keys are deterministic, so a retried
+// activity overwrites its own partial output instead of adding to it.
+const pad6 = (n: number) => String(n).padStart(6, '0');
+
+export const campaignPrefix = (campaignId: string) => `campaigns/${campaignId}`;
+export const specKey = (campaignId: string) => `${campaignPrefix(campaignId)}/spec.json`;
+export const latestKey = (campaignId: string) => `${campaignPrefix(campaignId)}/LATEST`;
+
+export const checkpointsPrefix = (campaignId: string) => `${campaignPrefix(campaignId)}/checkpoints`;
+export const checkpointKey = (campaignId: string, iteration: number) =>
+  `${checkpointsPrefix(campaignId)}/${pad6(iteration)}`;
+export const manifestName = 'manifest.json';
+
+export const rolloutShardPrefix = (campaignId: string, iteration: number, shard: number) =>
+  `${campaignPrefix(campaignId)}/rollouts/${pad6(iteration)}/shard-${shard}`;
+export const rolloutChunkKey = (campaignId: string, iteration: number, shard: number, chunk: number) =>
+  `${rolloutShardPrefix(campaignId, iteration, shard)}/chunk-${chunk}.jsonl`;
+
+export const rewardKey = (campaignId: string, iteration: number, shard: number) =>
+  `${campaignPrefix(campaignId)}/rewards/${pad6(iteration)}/shard-${shard}.jsonl`;
+export const metricsKey = (campaignId: string, iteration: number) =>
+  `${campaignPrefix(campaignId)}/metrics/${pad6(iteration)}.json`;
+export const rankLogKey = (campaignId: string, iteration: number, attempt: number, rank: number) =>
+  `${campaignPrefix(campaignId)}/logs/${pad6(iteration)}/${attempt}/rank-${rank}.log`;
+
+/** The iteration a checkpoint key names, or null for anything else under checkpoints/. */
+export function checkpointIterationOf(key: string): number | null {
+  const m = /\/checkpoints\/(\d{6})(?:\/|$)/.exec(key);
+  return m ? Number(m[1]) : null;
+}

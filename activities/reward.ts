@@ -1,0 +1,44 @@
+// The reward activity: scores every sample of an iteration with the task's verifier and writes
+// one rewards file per shard (the format `moe_train grpo --rewards` reads).
+import { ApplicationFailure, Context } from '@temporalio/activity';
+import * as keys from './keys.js';
+import { verifierReward } from './rewards/reward-model.js';
+import { formatRewardsJsonl, rewardStats, scoreRollouts } from './rewards/score.js';
+import type { RewardRow } from './rewards/score.js';
+import type { ActivityDeps } from './deps.js';
+import type { RewardInput, RewardOutput } from './types.js';
+
+export async function computeRewards(deps: ActivityDeps, input: RewardInput): Promise<RewardOutput> {
+  const ctx = Context.current();
+  const store = deps.openStore(input.spec.store);
+  const task = input.spec.task;
+  if (!('builtin' in task))
+    throw ApplicationFailure.create({
+      type: 'NotSupported',
+      nonRetryable: true,
+      message: 'dataset tasks have no reward function yet; use a builtin task',
+    });
+  const reward = verifierReward(task.builtin);
+  const all: RewardRow[] = [];
+  const rewardKeys: string[] = [];
+  for (const shard of input.rollouts) {
+    const rows: RewardRow[] = [];
+    for (const chunkKey of shard.chunkKeys) {
+      const lines = (await store.get(chunkKey)).toString('utf8').split('\n');
+      rows.push(...(await scoreRollouts(lines, chunkKey, reward)).rows);
+      ctx.heartbeat();
+    }
+    const key = keys.rewardKey(input.campaignId, input.iteration, shard.shard);
+    await store.put(key, formatRewardsJsonl(rows), { contentType: 'application/x-ndjson' });
+    rewardKeys.push(key);
+    all.push(...rows);
+  }
+  const stats = rewardStats(all, reward.kind);
+  return {
+    rewardKeys,
+    meanReward: stats.meanReward,
+    stdReward: stats.stdReward,
+    passRate: stats.passRate,
+    attempt: ctx.info.attempt,
+  };
+}

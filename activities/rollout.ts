@@ -1,0 +1,175 @@
+// The rollout activity: one shard of an iteration's prompts, sampled from the policy checkpoint
+// by native moe_generate, stored chunk by chunk under deterministic keys. A retry (after a Spot
+// reclaim, a crash, a deploy) resumes from the chunks already in the store — each one checked,
+// not trusted — so at most the chunk that was in flight is generated again.
+import { mkdir, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { ApplicationFailure, Context } from '@temporalio/activity';
+import { fetchCheckpoint } from './checkpoints.js';
+import * as keys from './keys.js';
+import { nativeToolPath, runTool, toolFailure } from './native.js';
+import { parseRolloutLine } from './rewards/rollout-record.js';
+import type { ActivityDeps } from './deps.js';
+import type { ObjectStore } from './store/types.js';
+import type { RolloutShardInput, RolloutShardOutput } from './types.js';
+
+/** Progress carried in heartbeat details from one attempt to the next. */
+interface RolloutProgress {
+  /** Chunks known to be stored. */
+  chunksStored: number;
+  /** The chunk being generated when the last heartbeat was sent, if any. */
+  chunkInFlight: number | null;
+  /** Chunks generated again so far because an earlier attempt did not store them. */
+  chunksRedone: number;
+}
+
+export function chunkCount(input: RolloutShardInput): number {
+  return Math.ceil(input.promptCount / input.spec.chunkSize);
+}
+
+/** Global id of the shard's first prompt: iterations take consecutive blocks of prompts. */
+export function firstPromptId(input: RolloutShardInput): number {
+  return (input.iteration - 1) * input.spec.promptsPerIteration + input.promptStart;
+}
+
+/** A stored chunk is whole when it has every sample of its prompts, each line valid. */
+async function storedChunkIsWhole(
+  store: ObjectStore,
+  input: RolloutShardInput,
+  chunk: number,
+): Promise<boolean> {
+  const key = keys.rolloutChunkKey(input.campaignId, input.iteration, input.shard, chunk);
+  if ((await store.head(key)) === null) return false;
+  const first = firstPromptId(input) + chunk * input.spec.chunkSize;
+  const prompts = Math.min(input.spec.chunkSize, input.promptCount - chunk * input.spec.chunkSize);
+  const lines = (await store.get(key)).toString('utf8').split('\n').filter(Boolean);
+  if (lines.length !== prompts * input.spec.groupSize) return false;
+  try {
+    return lines.every((line, i) => {
+      const r = parseRolloutLine(line, { source: key, line: i + 1 });
+      return r.prompt_id >= first && r.prompt_id < first + prompts && r.iteration === input.iteration;
+    });
+  } catch {
+    return false;
+  }
+}
+
+export async function rolloutShard(
+  deps: ActivityDeps,
+  input: RolloutShardInput,
+): Promise<RolloutShardOutput> {
+  const ctx = Context.current();
+  const store = deps.openStore(input.spec.store);
+  const total = chunkCount(input);
+  const previous = (ctx.info.heartbeatDetails as RolloutProgress | undefined) ?? null;
+
+  let stored = 0;
+  while (stored < total && (await storedChunkIsWhole(store, input, stored))) stored++;
+  const chunkKeys = Array.from({ length: total }, (_, k) =>
+    keys.rolloutChunkKey(input.campaignId, input.iteration, input.shard, k),
+  );
+  const progress: RolloutProgress = {
+    chunksStored: stored,
+    chunkInFlight: null,
+    chunksRedone: previous?.chunksRedone ?? 0,
+  };
+  // Work lost by earlier attempts: the chunk they had in flight, and any chunk they reported
+  // stored that is not (whole) in the store now.
+  const startedBefore = new Set<number>();
+  if (previous?.chunkInFlight !== null && previous?.chunkInFlight !== undefined)
+    startedBefore.add(previous.chunkInFlight);
+  for (let k = stored; k < (previous?.chunksStored ?? 0); k++) startedBefore.add(k);
+
+  let tokens = 0;
+  let seconds = 0;
+  if (stored < total) {
+    const policyDir = await fetchCheckpoint(store, input.policy, deps.cacheDir);
+    const outDir = join(
+      deps.cacheDir,
+      'rollouts',
+      `${input.campaignId}-${input.iteration}-${input.shard}-${ctx.info.attempt}`,
+    );
+    await rm(outDir, { recursive: true, force: true });
+    await mkdir(outDir, { recursive: true });
+    const hp = input.hyperparameters;
+    const task = input.spec.task;
+    if (!('builtin' in task))
+      throw ApplicationFailure.create({
+        type: 'NotSupported',
+        nonRetryable: true,
+        message: 'dataset tasks are not supported by the rollout activity yet; use a builtin task',
+      });
+    const stop = new AbortController();
+    const onShutdown = () => stop.abort();
+    deps.shutdown.addEventListener('abort', onShutdown, { once: true });
+    ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
+    progress.chunkInFlight = stored;
+    ctx.heartbeat(progress);
+    try {
+      // prettier-ignore
+      const run = await runTool(
+        nativeToolPath('moe_generate', deps.binDir),
+        [
+          '--checkpoint', policyDir,
+          '--task', task.builtin,
+          '--out-dir', outDir,
+          '--split', 'train',
+          '--seed', String(input.spec.seed),
+          '--iteration', String(input.iteration),
+          '--first-prompt', String(firstPromptId(input)),
+          '--num-prompts', String(input.promptCount),
+          '--samples', String(input.spec.groupSize),
+          '--chunk-size', String(input.spec.chunkSize),
+          '--start-chunk', String(stored),
+          '--temperature', String(hp.temperature),
+          '--top-p', String(hp.topP),
+          '--max-new-tokens', String(hp.maxNewTokens),
+        ],
+        {
+          env: { OPENBLAS_NUM_THREADS: '1' },
+          signal: stop.signal,
+          onRecord: async (rec) => {
+            if (typeof rec.chunk !== 'number' || rec.done !== true) return;
+            const k = rec.chunk;
+            await store.putFile(chunkKeys[k]!, join(outDir, `chunk-${k}.jsonl`));
+            if (startedBefore.has(k)) progress.chunksRedone++;
+            tokens += Number(rec.new_tokens ?? 0);
+            seconds += Number(rec.seconds ?? 0);
+            progress.chunksStored = k + 1;
+            progress.chunkInFlight = k + 1 < total ? k + 1 : null;
+            ctx.heartbeat(progress);
+          },
+        },
+      );
+      if (stop.signal.aborted) {
+        ctx.heartbeat(progress);
+        const why = deps.shutdown.aborted ? 'the worker is shutting down' : 'the activity was cancelled';
+        throw ApplicationFailure.create({
+          type: 'RolloutInterrupted',
+          message: `rollout of iteration ${input.iteration} shard ${input.shard} stopped at chunk ${progress.chunksStored}/${total}: ${why}`,
+        });
+      }
+      if (run.code !== 0)
+        throw toolFailure(`moe_generate (iteration ${input.iteration}, shard ${input.shard})`, run);
+    } finally {
+      deps.shutdown.removeEventListener('abort', onShutdown);
+      ctx.cancellationSignal.removeEventListener('abort', onShutdown);
+      await rm(outDir, { recursive: true, force: true });
+    }
+  }
+  if (progress.chunksStored !== total)
+    throw ApplicationFailure.create({
+      type: 'RolloutIncomplete',
+      message: `moe_generate exited after ${progress.chunksStored} of ${total} chunks`,
+    });
+  const samples = input.promptCount * input.spec.groupSize;
+  return {
+    shard: input.shard,
+    chunkKeys,
+    samples,
+    tokens,
+    tokensPerSecond: seconds > 0 ? tokens / seconds : 0,
+    chunksRedone: progress.chunksRedone,
+    attempt: ctx.info.attempt,
+  };
+}

@@ -1,0 +1,86 @@
+// Real campaigns: the shipped activities on the dev server, native moe_generate / moe_train
+// with 2 EP ranks through the local launcher, and an fs store in a temporary directory.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { createActivities } from '../../activities/index.js';
+import { workerActivityDeps } from '../../activities/deps.js';
+import * as keys from '../../activities/keys.js';
+import { openStore } from '../../activities/store/index.js';
+import type { CampaignState } from '../../workflows/types.js';
+import { startCampaign, testSpec, withWorkers } from '../support/campaign-harness.js';
+import { startTestEnvironment } from '../support/temporal.js';
+import type { TestEnvironment } from '../support/temporal.js';
+
+let t: TestEnvironment;
+let dir: string;
+before(async () => {
+  t = await startTestEnvironment();
+  dir = mkdtempSync(join(tmpdir(), 'moerl-data-plane-'));
+});
+after(async () => {
+  await t?.teardown();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** A model small enough for seconds per stage on two cores. */
+function tinySpec(name: string, overrides: Parameters<typeof testSpec>[0] = {}) {
+  return testSpec({
+    name,
+    task: { builtin: 'reverse' },
+    model: { layers: 1, hidden: 32, heads: 2, experts: 4, topK: 2, contextLength: 32 },
+    iterations: 2,
+    promptsPerIteration: 8,
+    groupSize: 4,
+    rolloutShards: 2,
+    chunkSize: 2,
+    epWorldSize: 2,
+    sftWarmStartSteps: 10,
+    store: { kind: 'fs', path: join(dir, 'store') },
+    hyperparameters: { maxNewTokens: 10 },
+    ...overrides,
+  });
+}
+
+describe('data plane: real activities', () => {
+  test('a campaign trains with 2 EP ranks and commits every checkpoint whole', async () => {
+    const stop = new AbortController();
+    const deps = {
+      ...workerActivityDeps(stop.signal, { ...process.env, MOERL_CACHE_DIR: join(dir, 'cache') }),
+    };
+    const spec = tinySpec('real-campaign');
+    await withWorkers(t.nativeConnection, t.namespace, createActivities(deps), async (queues) => {
+      const handle = await startCampaign(t.client, spec, queues);
+      const result = await handle.result();
+      assert.equal(result.committedIteration, 2);
+      const state = await handle.query<CampaignState>('status');
+      assert.equal(state.recentIterations.length, 2);
+      for (const it of state.recentIterations) {
+        assert.equal(it.samples, 32);
+        assert.ok(it.meanReward >= 0 && it.meanReward <= 1);
+        assert.ok(it.tokens > 0);
+        assert.ok('mean_reward' in it.trainMetrics, 'training metrics reach the workflow');
+      }
+      const store = openStore(spec.store);
+      const id = handle.workflowId;
+      const latest = JSON.parse((await store.get(keys.latestKey(id))).toString()) as { iteration: number };
+      assert.equal(latest.iteration, 2);
+      for (const it of [0, 1, 2]) {
+        const manifest = JSON.parse(
+          (await store.get(`${keys.checkpointKey(id, it)}/manifest.json`)).toString(),
+        ) as { files: { name: string }[]; world_size: number };
+        assert.deepEqual(manifest.files.map((f) => f.name).sort(), [
+          'dense.safetensors',
+          'experts-rank0.safetensors',
+          'experts-rank1.safetensors',
+        ]);
+      }
+      assert.ok(await store.head(keys.rolloutChunkKey(id, 1, 1, 1)));
+      assert.ok(await store.head(keys.rewardKey(id, 2, 0)));
+      assert.ok(await store.head(keys.metricsKey(id, 2)));
+      assert.ok(await store.head(keys.rankLogKey(id, 2, 1, 1)));
+    });
+  });
+});
