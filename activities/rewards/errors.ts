@@ -55,9 +55,8 @@ export class RewardModelError extends Error {
   constructor(
     message: string,
     readonly details: { status?: number; attempts: number; nonRetryable: boolean },
-    options?: { cause?: unknown },
   ) {
-    super(message, options);
+    super(message);
     this.nonRetryable = details.nonRetryable;
     this.type = details.nonRetryable ? badInputErrorType : rewardModelErrorType;
   }

@@ -98,6 +98,10 @@ function checkOptions(o: HttpRewardModelOptions): URL {
   if (url.protocol !== 'http:' && url.protocol !== 'https:') {
     throw bad('url', `${url.protocol}//${url.host}`, 'expected an http:// or https:// URL');
   }
+  if (url.username !== '' || url.password !== '') {
+    // fetch refuses such URLs; credentials belong in `headers`, which are never shown.
+    throw new BadInputError('httpRewardModel: url must not carry user info; send credentials in headers');
+  }
   const positiveInt = (field: string, value: number, min: number) => {
     if (!Number.isSafeInteger(value) || value < min) throw bad(field, value, `expected an integer >= ${min}`);
   };

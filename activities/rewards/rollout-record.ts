@@ -41,7 +41,7 @@ function describe(value: Json | undefined): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
   if (typeof value === 'object') return 'an object';
-  const text = JSON.stringify(value);
+  const text = typeof value === 'number' ? String(value) : JSON.stringify(value);
   return `${typeof value} ${text.length > 40 ? `${text.slice(0, 40)}...` : text}`;
 }
 
@@ -49,10 +49,19 @@ function isCount(value: Json | undefined): value is number {
   return typeof value === 'number' && Number.isSafeInteger(value) && value >= 0;
 }
 
+function isFiniteNumber(value: Json | undefined): value is number {
+  return typeof value === 'number' && Number.isFinite(value);
+}
+
+function isFinishReason(value: string): value is FinishReason {
+  return (finishReasons as readonly string[]).includes(value);
+}
+
 /** Parses one rollout JSONL line; throws BadRolloutError naming source, line and field. */
 export function parseRolloutLine(text: string, at: LineLocation): RolloutRecord {
   const where = `${at.source} line ${at.line}`;
-  const fail = (message: string, field?: string): never => {
+  // Annotated so that TypeScript narrows after `if (...) fail(...)`.
+  const fail: (message: string, field?: string) => never = (message, field) => {
     throw new BadRolloutError(`malformed rollout: ${where}: ${message}`, {
       source: at.source,
       line: at.line,
@@ -64,35 +73,44 @@ export function parseRolloutLine(text: string, at: LineLocation): RolloutRecord 
   try {
     parsed = JSON.parse(text) as Json;
   } catch (err) {
-    return fail(`not valid JSON (${(err as Error).message})`);
+    fail(`not valid JSON (${(err as Error).message})`);
   }
   if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
-    return fail(`expected a JSON object, got ${describe(parsed)}`);
+    fail(`expected a JSON object, got ${describe(parsed)}`);
   }
   const obj = parsed;
   const field = (name: string): Json => {
     const value = obj[name];
     if (value === undefined) fail(`missing field "${name}"`, name);
-    return value as Json;
+    return value;
   };
   const count = (name: string): number => {
     const value = field(name);
     if (!isCount(value)) fail(`field "${name}" must be a non-negative integer, got ${describe(value)}`, name);
-    return value as number;
+    return value;
   };
   const string = (name: string): string => {
     const value = field(name);
     if (typeof value !== 'string') fail(`field "${name}" must be a string, got ${describe(value)}`, name);
-    return value as string;
+    return value;
   };
-  const array = (name: string, what: string, ok: (x: Json) => boolean): number[] => {
+  const numbers = (name: string, what: string, ok: (x: Json) => x is number): number[] => {
     const value = field(name);
     if (!Array.isArray(value))
-      return fail(`field "${name}" must be an array of ${what}, got ${describe(value)}`, name);
+      fail(`field "${name}" must be an array of ${what}, got ${describe(value)}`, name);
     const bad = value.findIndex((x) => !ok(x));
-    if (bad >= 0)
+    if (bad >= 0) {
       fail(`field "${name}" must be an array of ${what}; element ${bad} is ${describe(value[bad])}`, name);
+    }
     return value as number[];
+  };
+  const finishReason = (): FinishReason => {
+    const value = string('finish_reason');
+    if (!isFinishReason(value)) {
+      const allowed = finishReasons.map((r) => `"${r}"`).join(', ');
+      fail(`field "finish_reason" must be one of ${allowed}, got ${JSON.stringify(value)}`, 'finish_reason');
+    }
+    return value;
   };
 
   const record: RolloutRecord = {
@@ -101,21 +119,13 @@ export function parseRolloutLine(text: string, at: LineLocation): RolloutRecord 
     iteration: count('iteration'),
     task: string('task'),
     prompt: string('prompt'),
-    prompt_tokens: array('prompt_tokens', 'token ids', isCount),
-    tokens: array('tokens', 'token ids', isCount),
+    prompt_tokens: numbers('prompt_tokens', 'token ids', isCount),
+    tokens: numbers('tokens', 'token ids', isCount),
     text: string('text'),
-    // JSON has no NaN or infinities, so every number here is finite.
-    logprobs: array('logprobs', 'numbers', (x) => typeof x === 'number'),
-    finish_reason: 'stop',
+    // A literal such as 1e400 parses to Infinity, so finiteness is checked, not assumed.
+    logprobs: numbers('logprobs', 'finite numbers', isFiniteNumber),
+    finish_reason: finishReason(),
   };
-  const reason = string('finish_reason');
-  if (!(finishReasons as readonly string[]).includes(reason)) {
-    fail(
-      `field "finish_reason" must be one of ${finishReasons.map((r) => `"${r}"`).join(', ')}, got ${JSON.stringify(reason)}`,
-      'finish_reason',
-    );
-  }
-  record.finish_reason = reason as FinishReason;
   if (record.logprobs.length !== record.tokens.length) {
     fail(
       `field "logprobs" has ${record.logprobs.length} entries for ${record.tokens.length} tokens`,

@@ -264,5 +264,10 @@ describe('httpRewardModel', () => {
     assert.throws(() => httpRewardModel(options({ maxRetries: -1 })), /maxRetries -1 is invalid/);
     assert.throws(() => httpRewardModel(options({ url: 'ftp://host/x' })), /url "ftp:\/\/host" is invalid/);
     assert.throws(() => httpRewardModel(options({ url: 'not a url' })), /url "not a url" is invalid/);
+    assert.throws(
+      () => httpRewardModel(options({ url: 'http://user:pw@127.0.0.1/score' })),
+      (err: unknown) =>
+        err instanceof BadInputError && /user info/.test(err.message) && !err.message.includes('pw'),
+    );
   });
 });

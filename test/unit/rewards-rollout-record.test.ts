@@ -93,6 +93,8 @@ describe('parseRolloutLine', () => {
     assertMalformed(withField('prompt_tokens', [35, -30]), 'prompt_tokens', /element 1 is number -30/);
     assertMalformed(withField('logprobs', [-0.01, null, -0.05, -0.001]), 'logprobs', /element 1 is null/);
     assertMalformed(withField('finish_reason', 1), 'finish_reason', /must be a string/);
+    const huge = JSON.stringify(good).replace('-0.2', '-1e400');
+    assertMalformed(huge, 'logprobs', /array of finite numbers; element 1 is number -Infinity/);
   });
 
   it('rejects an unknown finish_reason', () => {
