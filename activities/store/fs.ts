@@ -18,8 +18,15 @@ const missingCodes = ['ENOENT', 'ENOTDIR', 'EISDIR'];
 export class FsStore implements ObjectStore {
   readonly root: string;
 
-  constructor(root: string) {
+  private readonly staleAfterMs: number;
+
+  /**
+   * `staleAfterMs`: a temporary file untouched this long was left by a writer that died
+   * (killed mid-put); deletePrefix removes such files under its prefix. Default 15 minutes.
+   */
+  constructor(root: string, opts: { staleAfterMs?: number } = {}) {
     this.root = resolve(root);
+    this.staleAfterMs = opts.staleAfterMs ?? 15 * 60_000;
   }
 
   describe(): string {
@@ -117,6 +124,7 @@ export class FsStore implements ObjectStore {
       await this.delete(object.key);
       count++;
     }
+    await this.removeStaleDebris(prefix);
     return count;
   }
 
@@ -133,8 +141,25 @@ export class FsStore implements ObjectStore {
     return join(this.root, ...checkKey(this.describe(), key).split('/'));
   }
 
-  // Collects the files under directory `dir` (a key path, '' = root) whose keys start with `prefix`.
-  private async walk(dir: string, prefix: string, found: ListedObject[]): Promise<void> {
+  // Removes temporary files of dead writers in directories wholly under `prefix`, then the
+  // directories that leaves empty.
+  private async removeStaleDebris(prefix: string): Promise<void> {
+    const debris: string[] = [];
+    const slash = prefix.lastIndexOf('/');
+    await this.walk(slash < 0 ? '' : prefix.slice(0, slash), prefix, [], debris);
+    const staleBefore = Date.now() - this.staleAfterMs;
+    for (const name of debris) {
+      const path = join(this.root, ...name.split('/'));
+      const info = await stat(path).catch(() => undefined);
+      if (!info || info.mtimeMs > staleBefore) continue;
+      await unlink(path).catch(() => undefined);
+      await this.pruneEmptyDirectories(name);
+    }
+  }
+
+  // Collects the files under directory `dir` (a key path, '' = root) whose keys start with
+  // `prefix`, and into `debris` the temporary files in directories wholly under the prefix.
+  private async walk(dir: string, prefix: string, found: ListedObject[], debris?: string[]): Promise<void> {
     let entries;
     try {
       entries = await readdir(dir ? join(this.root, ...dir.split('/')) : this.root, { withFileTypes: true });
@@ -144,11 +169,15 @@ export class FsStore implements ObjectStore {
       throw err;
     }
     for (const entry of entries) {
-      if (isPartialFile(entry.name)) continue;
       const key = dir ? `${dir}/${entry.name}` : entry.name;
+      if (isPartialFile(entry.name)) {
+        if (debris && dir && `${dir}/`.startsWith(prefix)) debris.push(key);
+        continue;
+      }
       if (entry.isDirectory()) {
         // Descend only where keys below can still match the prefix.
-        if (`${key}/`.startsWith(prefix) || prefix.startsWith(`${key}/`)) await this.walk(key, prefix, found);
+        if (`${key}/`.startsWith(prefix) || prefix.startsWith(`${key}/`))
+          await this.walk(key, prefix, found, debris);
       } else if (entry.isFile() && key.startsWith(prefix)) {
         const info = await stat(join(this.root, ...key.split('/'))).catch(() => undefined);
         if (info) found.push({ key, bytes: info.size });

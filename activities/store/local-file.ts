@@ -26,7 +26,19 @@ export async function writeFileAtomically(
   mode: 'replace' | 'create' = 'replace',
 ): Promise<boolean> {
   const dir = dirname(path);
-  const { handle, tmp } = await openTemporary(dir);
+  // The source may fail (a missing file) while the temporary file is being opened, before
+  // anything reads it: an 'error' event with no listener would crash the process. The error
+  // stays on the stream and is thrown by the read loop below.
+  const ignore = (): void => undefined;
+  if (!Buffer.isBuffer(body)) body.on('error', ignore);
+  let opened: { handle: FileHandle; tmp: string };
+  try {
+    opened = await openTemporary(dir);
+  } catch (err) {
+    if (!Buffer.isBuffer(body)) body.destroy();
+    throw err;
+  }
+  const { handle, tmp } = opened;
   try {
     try {
       if (Buffer.isBuffer(body)) {
@@ -52,6 +64,7 @@ export async function writeFileAtomically(
     await syncDirectory(dir);
     return true;
   } finally {
+    if (!Buffer.isBuffer(body)) body.off('error', ignore);
     // After a rename the temporary name is gone already; after a link or a failure it is not.
     await rm(tmp, { force: true });
   }

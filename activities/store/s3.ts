@@ -296,9 +296,9 @@ export class S3Store implements ObjectStore {
     const uploadId = created.UploadId;
     if (!uploadId)
       throw new StoreError(this.description, key, 'no upload id in the answer', { retryable: true });
+    const inFlight = new Set<Promise<void>>();
     try {
       const completed: CompletedPart[] = [];
-      const inFlight = new Set<Promise<void>>();
       let failure: unknown;
       const uploadPart = (partNumber: number, body: Buffer): void => {
         const done: Promise<void> = this.send(key, () =>
@@ -345,6 +345,8 @@ export class S3Store implements ObjectStore {
         ),
       );
     } catch (err) {
+      // Parts still uploading would otherwise land after the abort and be kept.
+      await Promise.all(inFlight);
       await this.client
         .send(new AbortMultipartUploadCommand({ Bucket: this.bucket, Key: fullKey, UploadId: uploadId }))
         .catch(() => undefined);

@@ -85,6 +85,11 @@ export function storeContract(backend: string, open: () => Promise<ObjectStore>)
 
     test('a source stream that fails writes nothing and leaves the old object', async () => {
       const store = await open();
+      // A missing local file is the caller's problem: the plain ENOENT, not a store error.
+      await assert.rejects(
+        store.putFile('campaigns/c1/dense.safetensors', join(scratch, 'not-there')),
+        (err: unknown) => !(err instanceof StoreError) && (err as { code?: string }).code === 'ENOENT',
+      );
       await store.put('campaigns/c1/LATEST', 'old');
       for (const bytesBefore of [1024, 11 * 1024 * 1024]) {
         await assert.rejects(store.put('campaigns/c1/LATEST', failingStream(bytesBefore)), /source broke/);

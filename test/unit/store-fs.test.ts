@@ -1,14 +1,23 @@
 // The fs ObjectStore: the shared contract suite, plus what only a directory can show —
 // no temporary files or empty directories left behind, and openStore's path resolution.
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { Readable } from 'node:stream';
 import { after, describe, test } from 'node:test';
 import { FsStore, openStore, StoreError } from '../../activities/store/index.js';
 import { writeFileAtomically } from '../../activities/store/local-file.js';
-import { storeContract } from '../support/store-contract.js';
+import { keys, storeContract } from '../support/store-contract.js';
 
 const roots: string[] = [];
 function freshRoot(): string {
@@ -40,6 +49,25 @@ describe('fs store', () => {
     assert.deepEqual(readdirSync(join(root, 'campaigns/c1')), ['spec.json']);
     await store.delete('campaigns/c1/spec.json');
     assert.deepEqual(readdirSync(root), []);
+  });
+
+  test('deletePrefix removes temporary files of dead writers, not those of live ones', async () => {
+    const root = freshRoot();
+    const store = new FsStore(root, { staleAfterMs: 60_000 });
+    await store.put('campaigns/c1/checkpoints/000002/dense.safetensors', 'x');
+    const dir = join(root, 'campaigns/c1/checkpoints/000002');
+    const dead = join(dir, '.moerl-partial-0123456789abcdef');
+    const live = join(root, 'campaigns/c1/checkpoints/000003/.moerl-partial-fedcba9876543210');
+    writeFileSync(dead, 'half of a file');
+    const anHourAgo = new Date(Date.now() - 3_600_000);
+    utimesSync(dead, anHourAgo, anHourAgo);
+    mkdirSync(dirname(live));
+    writeFileSync(live, 'being written');
+    assert.deepEqual(await keys(store, ''), ['campaigns/c1/checkpoints/000002/dense.safetensors']);
+
+    assert.equal(await store.deletePrefix('campaigns/c1/checkpoints/'), 1);
+    assert.equal(existsSync(dir), false);
+    assert.equal(readFileSync(live, 'utf8'), 'being written');
   });
 
   test('a file and a directory of keys cannot share a name: a clear, non-retryable error', async () => {
