@@ -4,6 +4,7 @@ import { parseArgs } from 'node:util';
 import { SpecError } from '../workflows/spec.js';
 import { checkCampaignId } from './campaigns.js';
 import { cancelCommand, pauseCommand, resumeCommand } from './commands/control.js';
+import { demoCommand } from './commands/demo.js';
 import { devCommand } from './commands/dev.js';
 import { forkCommand } from './commands/fork.js';
 import { historyCommand } from './commands/history.js';
@@ -28,6 +29,7 @@ export const commands: Command[] = [
   historyCommand,
   forkCommand,
   devCommand,
+  demoCommand,
   specCommand,
 ];
 

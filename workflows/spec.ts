@@ -4,7 +4,7 @@
 import { z } from 'zod';
 
 /** Names of the verifiable tasks the native core generates prompts for (docs/tasks.md). */
-export const builtinTasks = ['addition', 'sort-digits', 'reverse'] as const;
+export const builtinTasks = ['add', 'sort', 'reverse'] as const;
 
 const positiveInt = (max: number) => z.number().int().min(1).max(max);
 

@@ -3,14 +3,10 @@
 // then the server.
 import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { DefaultLogger, Runtime } from '@temporalio/worker';
-import { createActivities } from '../../activities/index.js';
-import { workerActivityDeps } from '../../activities/deps.js';
-import { connectWorkerConnection, taskQueuesFrom } from '../../workers/temporal-options.js';
-import { runWorkers } from '../../workers/worker.js';
+import { taskQueuesFrom } from '../../workers/temporal-options.js';
 import type { Command, CommandContext } from '../command.js';
-import { DevServerError, startDevServer } from '../dev-server.js';
-import { CliError, UsageError } from '../errors.js';
+import { UsageError } from '../errors.js';
+import { withLocalStack } from '../local-stack.js';
 
 function port(name: string, text: string): number {
   const value = Number(text);
@@ -60,33 +56,17 @@ The worker polls the control, rollout and train task queues (with MOERL_TASK_QUE
     for (const s of signals) process.on(s, onSignal);
     ctx.io.signal?.addEventListener('abort', () => stop.abort(), { once: true });
     try {
-      // Warnings and errors only: the worker's start-up chatter would bury the lines above.
-      Runtime.install({ shutdownSignals: [], logger: new DefaultLogger('WARN') });
-    } catch {
-      // A runtime already exists in this process (an embedding program installed its own).
-    }
-    try {
-      let server;
-      try {
-        server = await startDevServer({
-          dbFile: join(stateDir, 'temporal.db'),
-          logFile: join(stateDir, 'temporal.log'),
+      await withLocalStack(
+        {
+          stateDir,
+          namespace,
+          taskQueues,
           port: frontendPort,
           uiPort,
-          namespace,
-        });
-      } catch (err) {
-        if (err instanceof DevServerError) {
-          const inUse = /address already in use/i.test(err.message) ? ' (port in use: try --port)' : '';
-          throw new CliError(
-            `the dev server did not start${inUse}: ${err.message.split('\n')[0]}; log: ${join(stateDir, 'temporal.log')}`,
-          );
-        }
-        throw err;
-      }
-      try {
-        const connection = await connectWorkerConnection({ address: server.address, namespace });
-        try {
+          shutdownGraceMs: graceSeconds * 1000,
+          stop,
+        },
+        async (server) => {
           const ready = { address: server.address, uiUrl: server.uiUrl, namespace, stateDir, taskQueues };
           ctx.print(ready, () =>
             [
@@ -97,21 +77,10 @@ The worker polls the control, rollout and train task queues (with MOERL_TASK_QUE
               'Ctrl-C stops the worker, then the server.',
             ].join('\n'),
           );
-          await runWorkers({
-            roles: ['all'],
-            connection,
-            namespace,
-            taskQueues,
-            activities: createActivities(workerActivityDeps(stop.signal)),
-            shutdownGraceMs: graceSeconds * 1000,
-            signal: stop.signal,
-          });
-        } finally {
-          await connection.close();
-        }
-      } finally {
-        await server.stop();
-      }
+          if (!stop.signal.aborted)
+            await new Promise((resolve) => stop.signal.addEventListener('abort', resolve, { once: true }));
+        },
+      );
       ctx.note('moerl dev: stopped');
     } finally {
       for (const s of signals) process.off(s, onSignal);

@@ -98,7 +98,7 @@ describe('moerl CLI on the dev server', () => {
       specFile,
       [
         `name: ${name}`,
-        'task: { builtin: addition }',
+        'task: { builtin: add }',
         'model: { layers: 1, hidden: 16, heads: 2, experts: 4, topK: 2 }',
         'iterations: 40',
         'promptsPerIteration: 4',

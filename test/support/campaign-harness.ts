@@ -31,7 +31,7 @@ export function uniqueTaskQueues(): TaskQueues {
 export function testSpec(overrides: Partial<CampaignSpecInput> = {}): CampaignSpec {
   return parseCampaignSpec({
     name: 'test-campaign',
-    task: { builtin: 'addition' },
+    task: { builtin: 'add' },
     model: { layers: 1, hidden: 16, heads: 2, experts: 4, topK: 2 },
     iterations: 3,
     promptsPerIteration: 4,

@@ -17,7 +17,7 @@ const examplesDir = join(repoRoot(), 'examples');
 function validDoc(): Record<string, unknown> {
   return {
     name: 'unit',
-    task: { builtin: 'addition' },
+    task: { builtin: 'add' },
     model: { layers: 2, hidden: 64, heads: 4, experts: 8, topK: 2 },
     iterations: 5,
     promptsPerIteration: 16,
@@ -69,7 +69,7 @@ describe('example specs', () => {
 
   it('demo is the small local campaign', () => {
     const spec = loadSpecFile(join(examplesDir, 'demo.yaml'));
-    assert.deepEqual(spec.task, { builtin: 'addition' });
+    assert.deepEqual(spec.task, { builtin: 'add' });
     assert.deepEqual(spec.model, { layers: 2, hidden: 64, heads: 4, experts: 8, topK: 2 });
     assert.equal(spec.iterations, 20);
     assert.equal(spec.promptsPerIteration, 32);
@@ -234,7 +234,7 @@ describe('malformed specs', () => {
     assertOneProblem(
       problemsAfter((d) => (d.task = { builtin: 'chess' })),
       /task\.builtin: got "chess"/,
-      /"addition"\|"sort-digits"\|"reverse"/,
+      /"add"\|"sort"\|"reverse"/,
     );
   });
 
@@ -272,7 +272,7 @@ describe('malformed specs', () => {
     const text = [
       'name: unit',
       'task:',
-      '  builtin: addition',
+      '  builtin: add',
       'model: {layers: 2, hidden: 64',
       'seed: 1',
     ].join('\n');

@@ -1,0 +1,165 @@
+// `moerl demo`: the whole product on one machine. Starts the dev server and an all-role worker,
+// runs the demo campaign (examples/demo.yaml: init → SFT warm start → GRPO iterations with 2 EP
+// ranks and 2 rollout shards) with live progress, then prints a summary and stops everything.
+import { mkdirSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { taskQueuesFrom } from '../../workers/temporal-options.js';
+import type { StageName } from '../../workflows/types.js';
+import type { CampaignState, IterationSummary } from '../../workflows/types.js';
+import { queryState } from '../campaigns.js';
+import type { Command, CommandContext } from '../command.js';
+import { connectClient } from '../../workers/temporal-options.js';
+import { decimal, seconds, table } from '../format.js';
+import { withLocalStack } from '../local-stack.js';
+import { loadSpecFile, parseOverride } from '../spec-file.js';
+import { startCampaign } from './start.js';
+
+export const demoSpecPath = fileURLToPath(new URL('../../../examples/demo.yaml', import.meta.url));
+
+const stages: StageName[] = ['rollout', 'reward', 'update', 'checkpoint'];
+const pollMs = 500;
+
+function progressBar(done: number, total: number, width = 24): string {
+  const filled = Math.round((width * done) / Math.max(1, total));
+  return `[${'#'.repeat(filled)}${'.'.repeat(width - filled)}]`;
+}
+
+export const demoCommand: Command = {
+  name: 'demo',
+  summary: 'run the demo campaign end to end on this machine (dev server + worker included)',
+  usage: 'demo [--set key=value]... [--state-dir DIR]',
+  options: { set: { type: 'string', multiple: true }, 'state-dir': { type: 'string' } },
+  optionHelp: {
+    '--set key=value': 'override a field of examples/demo.yaml (repeatable), e.g. --set iterations=5',
+    '--state-dir DIR': 'where the dev server keeps its database and log (default .moerl/demo)',
+  },
+  details: `Needs the native tools (npm run setup builds them). Reward is the exact-match rate of the
+sampled answers; it rises as GRPO trains the policy. With --json the last line is one JSON object:
+campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
+  positionals: { min: 0, max: 0 },
+  async run(ctx: CommandContext) {
+    const spec = loadSpecFile(demoSpecPath, ctx.strings('set').map(parseOverride));
+    const stateDir = resolve(ctx.string('state-dir') ?? join('.moerl', 'demo'));
+    mkdirSync(stateDir, { recursive: true });
+    const stop = new AbortController();
+    const onSignal = () => stop.abort();
+    process.once('SIGINT', onSignal);
+    process.once('SIGTERM', onSignal);
+    const say = (line: string) => (ctx.json ? ctx.note(line) : ctx.io.stdout.write(`${line}\n`));
+    const started = Date.now();
+    try {
+      await withLocalStack(
+        {
+          stateDir,
+          namespace: 'default',
+          taskQueues: taskQueuesFrom(ctx.io.env),
+          shutdownGraceMs: 5000,
+          stop,
+        },
+        async (server) => {
+          say(`moerl demo: Temporal UI ${server.uiUrl} (state in ${stateDir})`);
+          const { client, connection } = await connectClient({
+            address: server.address,
+            namespace: 'default',
+          });
+          try {
+            const campaign = await startCampaign(client, { spec, taskQueues: taskQueuesFrom(ctx.io.env) });
+            say(
+              `campaign ${campaign.campaignId}: ${spec.iterations} GRPO iterations of ${spec.promptsPerIteration} prompts × ${spec.groupSize} samples, ${spec.epWorldSize} EP ranks, ${spec.rolloutShards} rollout shards`,
+            );
+            const handle = client.workflow.getHandle(campaign.campaignId);
+            const done = handle.result().then(
+              () => 'completed',
+              (err: unknown) => `failed: ${(err as Error).message}`,
+            );
+            const seen = new Map<number, IterationSummary>();
+            let prepareSeconds: number | null = null;
+            let lastLine = '';
+            let state: CampaignState | null = null;
+            let outcome: string | null = null;
+            while (outcome === null && !stop.signal.aborted) {
+              outcome = await Promise.race([
+                done,
+                new Promise<null>((r) => setTimeout(() => r(null), pollMs)),
+              ]);
+              state = await queryState(client, handle).catch(() => state);
+              if (!state) continue;
+              if (prepareSeconds === null && state.committedIteration >= 0)
+                prepareSeconds = (Date.now() - started) / 1000;
+              for (const it of state.recentIterations) {
+                if (seen.has(it.iteration)) continue;
+                seen.set(it.iteration, it);
+                say(
+                  `${progressBar(it.iteration, spec.iterations)} iteration ${String(it.iteration).padStart(3)}/${spec.iterations}  reward ${decimal(it.meanReward)}  rollout ${Math.round(it.rolloutTokensPerSecond)} tok/s  ` +
+                    stages.map((s) => `${s} ${seconds(it.stageSeconds[s])}`).join('  '),
+                );
+              }
+              const active = state.activeStages.map((a) => `${a.stage} ${a.iteration}`).join(', ');
+              const line = state.status === 'paused' ? `paused: ${state.pauseReason}` : active;
+              if (line && line !== lastLine) ctx.note(`  … ${line}`);
+              lastLine = line;
+              if (state.status === 'paused' && state.lastFailure?.nonRetryable)
+                outcome = `paused: ${state.pauseReason}`;
+            }
+            const wallS = (Date.now() - started) / 1000;
+            const iterations = [...seen.values()].sort((a, b) => a.iteration - b.iteration);
+            const stageSeconds = Object.fromEntries(
+              stages.map((s) => [s, iterations.reduce((sum, it) => sum + (it.stageSeconds[s] ?? 0), 0)]),
+            ) as Record<StageName, number>;
+            const first = iterations[0]?.meanReward ?? null;
+            const last = iterations.at(-1)?.meanReward ?? null;
+            const checkpoint = state?.latestCheckpoint;
+            const storeRoot =
+              spec.store.kind === 'fs'
+                ? resolve(spec.store.path)
+                : `s3://${spec.store.bucket}/${spec.store.prefix}`;
+            say('');
+            say(`campaign ${campaign.campaignId} ${outcome ?? 'interrupted'} in ${seconds(wallS)}`);
+            say(
+              `reward     ${decimal(first)} (iteration 1) → ${decimal(last)} (iteration ${iterations.at(-1)?.iteration ?? '-'})`,
+            );
+            say(
+              table(
+                ['stage', 'total', 'per iteration'],
+                [
+                  ['prepare (init + SFT)', seconds(prepareSeconds), '-'],
+                  ...stages.map((s) => [
+                    s,
+                    seconds(stageSeconds[s]),
+                    seconds(stageSeconds[s] / Math.max(1, iterations.length)),
+                  ]),
+                ],
+                new Set([1, 2]),
+              ),
+            );
+            say(
+              `checkpoint ${checkpoint ? `${storeRoot}/${checkpoint.key} (iteration ${checkpoint.iteration})` : '-'}`,
+            );
+            say(
+              `history    npx moerl dev --state-dir ${stateDir}, then open its web UI or run npx moerl history ${campaign.campaignId}`,
+            );
+            if (ctx.json)
+              ctx.io.stdout.write(
+                `${JSON.stringify({
+                  campaign_id: campaign.campaignId,
+                  status: outcome,
+                  iterations: iterations.length,
+                  reward_first: first,
+                  reward_last: last,
+                  wall_s: wallS,
+                  stage_seconds: { ...stageSeconds, prepare: prepareSeconds },
+                })}\n`,
+              );
+            return outcome === 'completed' ? 0 : 1;
+          } finally {
+            await connection.close();
+          }
+        },
+      );
+    } finally {
+      process.off('SIGINT', onSignal);
+      process.off('SIGTERM', onSignal);
+    }
+  },
+};

@@ -1,0 +1,82 @@
+// A whole moerl deployment in one process tree, for `moerl dev` and `moerl demo`: the Temporal
+// dev server (SQLite under a state directory) and an all-role worker with the shipped
+// activities. The body runs while both are up; then the worker stops first (activities flush),
+// then the server.
+import { join } from 'node:path';
+import { DefaultLogger, Runtime } from '@temporalio/worker';
+import { workerActivityDeps } from '../activities/deps.js';
+import { createActivities } from '../activities/index.js';
+import { connectWorkerConnection } from '../workers/temporal-options.js';
+import { runWorkers } from '../workers/worker.js';
+import type { TaskQueues } from '../workflows/types.js';
+import { DevServerError, startDevServer } from './dev-server.js';
+import type { DevServer } from './dev-server.js';
+import { CliError } from './errors.js';
+
+export interface LocalStackOptions {
+  stateDir: string;
+  namespace: string;
+  taskQueues: TaskQueues;
+  /** Frontend and UI ports; free ones when absent. */
+  port?: number;
+  uiPort?: number;
+  shutdownGraceMs: number;
+  /** Aborting it stops the worker and the server (the body should return too). */
+  stop: AbortController;
+}
+
+export async function withLocalStack<T>(
+  opts: LocalStackOptions,
+  body: (server: DevServer) => Promise<T>,
+): Promise<T> {
+  try {
+    // Warnings and errors only: the worker's start-up chatter would bury the user's output.
+    Runtime.install({ shutdownSignals: [], logger: new DefaultLogger('WARN') });
+  } catch {
+    // A runtime already exists in this process (an embedding program installed its own).
+  }
+  let server: DevServer;
+  try {
+    server = await startDevServer({
+      dbFile: join(opts.stateDir, 'temporal.db'),
+      logFile: join(opts.stateDir, 'temporal.log'),
+      namespace: opts.namespace,
+      ...(opts.port === undefined ? {} : { port: opts.port }),
+      ...(opts.uiPort === undefined ? {} : { uiPort: opts.uiPort }),
+    });
+  } catch (err) {
+    if (err instanceof DevServerError) {
+      const inUse = /address already in use/i.test(err.message) ? ' (port in use: try --port)' : '';
+      throw new CliError(
+        `the dev server did not start${inUse}: ${err.message.split('\n')[0]}; log: ${join(opts.stateDir, 'temporal.log')}`,
+      );
+    }
+    throw err;
+  }
+  try {
+    const connection = await connectWorkerConnection({ address: server.address, namespace: opts.namespace });
+    try {
+      const workers = runWorkers({
+        roles: ['all'],
+        connection,
+        namespace: opts.namespace,
+        taskQueues: opts.taskQueues,
+        activities: createActivities(workerActivityDeps(opts.stop.signal)),
+        shutdownGraceMs: opts.shutdownGraceMs,
+        signal: opts.stop.signal,
+      });
+      // A worker that dies ends the body's wait too.
+      workers.catch(() => opts.stop.abort());
+      try {
+        return await body(server);
+      } finally {
+        opts.stop.abort();
+        await workers;
+      }
+    } finally {
+      await connection.close();
+    }
+  } finally {
+    await server.stop();
+  }
+}
