@@ -53,7 +53,9 @@ export class StoreUnavailableError extends StoreError {
 export class StoreKeyError extends StoreError {
   override name = 'StoreKeyError';
   constructor(store: string, key: string, detail: string) {
-    super(store, JSON.stringify(key), `invalid key: ${detail}`, { retryable: false });
+    super(store, key, detail, { retryable: false });
+    // Quoted: the key may be empty or hold spaces and control characters.
+    this.message = `${store}: invalid key ${JSON.stringify(key)}: ${detail}`;
   }
 }
 

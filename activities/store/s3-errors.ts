@@ -54,7 +54,12 @@ export function mapS3Error(store: string, key: string | undefined, err: unknown)
   const reason = describeSdkError(e, status);
 
   if (authNames.has(name) || status === 403 || status === 401)
-    return new StoreAuthError(store, key, `credentials rejected or access denied: ${reason}`, err);
+    return new StoreAuthError(
+      store,
+      key,
+      `credentials missing or rejected, or access denied: ${reason}`,
+      err,
+    );
   if (name === 'NoSuchBucket')
     return new StoreError(store, key, `the bucket does not exist: ${reason}`, {
       retryable: false,

@@ -242,6 +242,7 @@ export function storeContract(backend: string, open: () => Promise<ObjectStore>)
       const refuses = (key: string) => (err: unknown) => {
         assert.ok(err instanceof StoreKeyError, `${JSON.stringify(key)}: got ${String(err)}`);
         assert.ok(err.message.includes(JSON.stringify(key)), err.message);
+        assert.equal(err.key, key);
         assert.equal(err.retryable, false);
         return true;
       };
