@@ -92,7 +92,8 @@ async function syncDirectory(dir: string): Promise<void> {
     handle = await open(dir, 'r');
     await handle.sync();
   } catch (err) {
-    if (!['EINVAL', 'EISDIR', 'EPERM', 'EACCES'].includes(errorCode(err) ?? '')) throw err;
+    // ENOENT: a concurrent delete already removed the object and pruned its directory.
+    if (!['EINVAL', 'EISDIR', 'EPERM', 'EACCES', 'ENOENT'].includes(errorCode(err) ?? '')) throw err;
   } finally {
     await handle?.close();
   }

@@ -279,6 +279,20 @@ export class S3Store implements ObjectStore {
     opts: PutOptions,
   ): Promise<void> {
     const parts = fixedSizeParts(source, this.partSize);
+    try {
+      await this.uploadParts(key, fullKey, parts, opts);
+    } finally {
+      // Closes the source (a file descriptor for putFile) when S3 failed before it was read out.
+      await parts.return(undefined);
+    }
+  }
+
+  private async uploadParts(
+    key: string,
+    fullKey: string,
+    parts: AsyncGenerator<Buffer>,
+    opts: PutOptions,
+  ): Promise<void> {
     const first = await parts.next();
     const firstPart = first.done ? Buffer.alloc(0) : first.value;
     const second = first.done ? first : await parts.next();
