@@ -31,6 +31,12 @@ MOERL_ROW_KERNEL void sum_bf16_rows(float* acc, const uint16_t* a, const uint16_
   for (int64_t c = 0; c < C; ++c) acc[c] = bf16_to_f32(a[c]) + bf16_to_f32(b[c]);
 }
 
+// dst = bf16(a + b): the common two-contribution token in one pass, no accumulator trip.
+MOERL_ROW_KERNEL void sum2_bf16_rows(uint16_t* dst, const uint16_t* a, const uint16_t* b,
+                                     int64_t C) {
+  for (int64_t c = 0; c < C; ++c) dst[c] = f32_to_bf16(bf16_to_f32(a[c]) + bf16_to_f32(b[c]));
+}
+
 MOERL_ROW_KERNEL void add_bf16_row(float* acc, const uint16_t* src, int64_t C) {
   for (int64_t c = 0; c < C; ++c) acc[c] += bf16_to_f32(src[c]);
 }
@@ -102,19 +108,27 @@ void Buffer::combine(TensorView y, const Handle& h, Tensor& out) {
   float* acc = accumulator_.data();
   for (int64_t t = 0; t < T; ++t) {
     uint16_t* dst = out.data<uint16_t>() + t * C;
+    // Contributions in rank order; fp32 sum, one rounding.
+    const uint16_t* src[2] = {nullptr, nullptr};
     int num_added = 0;
     for (int d = 0; d < R; ++d) {
       const int32_t row = h.send_row[size_t(t) * R + d];
       if (row < 0) continue;
-      const auto* src = reinterpret_cast<const uint16_t*>(block[size_t(d)] + size_t(row) * row_bytes);
-      // A single contribution is copied as is: fp32 -> bf16 of a bf16 value is exact.
-      if (num_added == 0) std::memcpy(dst, src, row_bytes);
-      else if (num_added == 1) sum_bf16_rows(acc, dst, src, C);
-      else add_bf16_row(acc, src, C);
+      const auto* p = reinterpret_cast<const uint16_t*>(block[size_t(d)] + size_t(row) * row_bytes);
+      if (num_added < 2) src[num_added] = p;
+      else if (num_added == 2) {
+        sum_bf16_rows(acc, src[0], src[1], C);
+        add_bf16_row(acc, p, C);
+      } else {
+        add_bf16_row(acc, p, C);
+      }
       ++num_added;
     }
+    // A single contribution is copied as is: rounding a bf16 value to bf16 is exact.
     if (num_added == 0) std::memset(dst, 0, row_bytes);
-    else if (num_added > 1) store_bf16_row(dst, acc, C);
+    else if (num_added == 1) std::memcpy(dst, src[0], row_bytes);
+    else if (num_added == 2) sum2_bf16_rows(dst, src[0], src[1], C);
+    else store_bf16_row(dst, acc, C);
   }
 }
 

@@ -98,7 +98,7 @@ void segment_block(const int64_t* tokens, int64_t count, Handle& h) {
 // Moves every section along the handle's routes; outputs must already have N rows.
 // sections[0] is the token payload, cut into segments; the others travel whole.
 void exchange_rows(transport::Communicator& comm, const Handle& h, const Section* sections,
-                   int num_sections, int num_local_experts, std::vector<uint8_t>& staging) {
+                   int num_sections, int num_local_experts, HostBytes& staging) {
   const int R = h.num_ranks, self = comm.rank();
   const Section& x = sections[0];
   auto send_count = [&](int r) { return h.send_rank_prefix[r + 1] - h.send_rank_prefix[r]; };

@@ -18,6 +18,7 @@
 #include <cstdint>  // int64_t, uint8_t, uint16_t
 #include <vector>   // owned outputs
 
+#include "ep/host_memory.h"  // HostBytes: large buffers on transparent huge pages
 #include "transport/communicator.h"
 
 namespace moerl::ep {
@@ -42,12 +43,13 @@ struct TensorView {
 };
 
 // Owned [rows, cols] matrix; resize() keeps the allocation when the size does not grow,
-// so outputs passed back into the same call are reused without new page faults.
+// so outputs passed back into the same call are reused without new page faults. Large
+// tensors live on transparent huge pages (host_memory.h).
 struct Tensor {
   DType dtype = DType::F32;
   int64_t rows = 0;
   int64_t cols = 0;
-  std::vector<uint8_t> bytes;
+  HostBytes bytes;
 
   void resize(DType new_dtype, int64_t new_rows, int64_t new_cols);
   TensorView view() const { return {bytes.data(), dtype, rows, cols}; }
@@ -134,8 +136,8 @@ class Buffer {
  private:
   transport::Communicator& comm_;
   int num_experts_;
-  std::vector<uint8_t> send_staging_;  // packed rows for remote ranks (dispatch)
-  std::vector<uint8_t> recv_staging_;  // rows coming back from remote ranks (combine)
+  HostBytes send_staging_;  // packed rows for remote ranks (dispatch)
+  HostBytes recv_staging_;  // rows coming back from remote ranks (combine)
   std::vector<float> accumulator_;     // [C] fp32 row accumulator (combine)
 };
 

@@ -39,7 +39,7 @@ std::string run_rank(const Options& o, const transport::Config& config) {
   const int R = comm.world_size(), self = comm.rank();
   ep::Buffer buffer(comm, o.experts);
   const Routing routing = make_routing(o, self);
-  std::vector<uint8_t> x;
+  ep::HostBytes x;  // inputs on huge pages too, as host_memory.h recommends
   std::vector<float> scales;
   make_payload(o, self, x, scales);
   const ep::DType dt = payload_dtype(o), cdt = combine_dtype(o);
@@ -60,7 +60,7 @@ std::string run_rank(const Options& o, const transport::Config& config) {
   else y.resize(cdt, N, o.hidden);
   const size_t dispatch_bytes = size_t(N) * size_t(o.hidden) * ep::dtype_bytes(dt);
   const size_t combine_bytes = size_t(N) * size_t(o.hidden) * ep::dtype_bytes(cdt);
-  std::vector<uint8_t> copy_src(dispatch_bytes, 1), copy_dst(dispatch_bytes, 0);
+  ep::HostBytes copy_src(dispatch_bytes, 1), copy_dst(dispatch_bytes, 0);  // same memory kind
   for (int i = 0; i < o.warmup; ++i) {
     dispatch();
     buffer.combine(y.view(), out.handle, combined);

@@ -134,7 +134,7 @@ inline Routing make_routing(const Options& o, int rank) {
 }
 
 // x [T, C] random payload in the options' dtype (bytes), plus fp8 scales when needed.
-inline void make_payload(const Options& o, int rank, std::vector<uint8_t>& x,
+inline void make_payload(const Options& o, int rank, ep::HostBytes& x,
                          std::vector<float>& scales) {
   const int64_t T = o.tokens, C = o.hidden;
   std::vector<float> f(size_t(T * C));

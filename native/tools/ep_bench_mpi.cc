@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   const int64_t T = o.tokens, C = o.hidden;
   const int K = o.topk, E = o.experts, L = E / R;
   const Routing routing = make_routing(o, self);
-  std::vector<uint8_t> x;
+  ep::HostBytes x;  // every large buffer on huge pages, as in ep_bench
   std::vector<float> scales;
   make_payload(o, self, x, scales);
   const ep::DType dt = payload_dtype(o), cdt = combine_dtype(o);
@@ -55,9 +55,9 @@ int main(int argc, char** argv) {
   std::vector<int> send_counts(static_cast<size_t>(R)), send_displs(static_cast<size_t>(R)), recv_counts(static_cast<size_t>(R)),
       recv_displs(static_cast<size_t>(R));
   std::vector<int> recv_per_expert(size_t(R * L));  // [source, local expert]
-  std::vector<uint8_t> permuted(size_t(P) * row), received, sorted;
-  std::vector<uint8_t> c_sorted, c_received, c_permuted(size_t(P) * crow), combined(size_t(T) * crow);
-  std::vector<float> acc(size_t(T * C));
+  ep::HostBytes permuted(size_t(P) * row), received, sorted;
+  ep::HostBytes c_sorted, c_received, c_permuted(size_t(P) * crow), combined(size_t(T) * crow);
+  std::vector<float, ep::HugePageAllocator<float>> acc(size_t(T * C));
 
   auto dispatch = [&] {
     for (int64_t i = 0; i < P; ++i)
