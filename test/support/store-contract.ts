@@ -68,6 +68,12 @@ export function storeContract(backend: string, open: () => Promise<ObjectStore>)
         streamed.update(chunk as Buffer);
       assert.equal(streamed.digest('hex'), sha256(data));
 
+      // A reader that stops early releases the object; the store keeps working.
+      for await (const chunk of store.getStream('campaigns/c1/checkpoints/000001/dense.safetensors')) {
+        assert.ok((chunk as Buffer).length > 0);
+        break;
+      }
+
       // A stream of unknown length, in odd-sized pieces, and a Buffer above the part size.
       const pieces = Array.from({ length: 13 }, (_, i) => data.subarray(i * 1_000_003, (i + 1) * 1_000_003));
       await store.put('campaigns/c1/checkpoints/000001/experts-rank0.safetensors', Readable.from(pieces));
