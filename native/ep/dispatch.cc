@@ -11,7 +11,8 @@
 //   4. rows for this rank are copied from x to the output directly, no staging.
 // On shm with cross-memory attach the receiver's kernel copies each message once from the
 // sender's memory, so a directly sent row is copied once and a packed row twice.
-#include <cstring>  // std::memcpy
+#include <algorithm>  // std::max
+#include <cstring>    // std::memcpy
 
 #include "common/check.h"
 #include "ep/ep.h"
@@ -68,14 +69,17 @@ void pack_rows(const Section& s, const int64_t* tokens, int64_t count, int dest,
 }
 
 // Cuts the ascending token list for one destination into segments (see Handle).
-void segment_block(const int64_t* tokens, int64_t count, Handle& h) {
+void segment_block(const int64_t* tokens, int64_t count, size_t row_bytes, Handle& h) {
+  // Below ~32 KiB a message costs more (queue entry, syscall, page pinning) than packing.
+  const int64_t min_direct_rows =
+      std::max<int64_t>(1, int64_t((Handle::kMinDirectBytes + row_bytes - 1) / std::max<size_t>(row_bytes, 1)));
   const int max_direct = (Handle::kMaxSegments - 1) / 2;  // direct and packed alternate
   int num_direct = 0;
   int64_t packed = 0;
   for (int64_t i = 0; i < count;) {
     int64_t run = 1;
     while (i + run < count && tokens[i + run] == tokens[i] + run) ++run;
-    if (run >= Handle::kMinDirectRows && num_direct < max_direct) {
+    if (run >= min_direct_rows && num_direct < max_direct) {
       if (packed > 0) {
         h.send_segment_rows.push_back(int32_t(packed));
         h.send_segment_token.push_back(-1);
@@ -184,7 +188,7 @@ void check_payload(TensorView x, const float* x_scales, int64_t num_tokens) {
 // Routes: tokens for each rank in ascending order, each token's row in those blocks, and the
 // segmentation of every block; then the counts exchange fills the receive side.
 void build_handle(transport::Communicator& comm, const Layout& layout, int num_experts,
-                  Handle& h) {
+                  size_t row_bytes, Handle& h) {
   const int R = comm.world_size(), self = comm.rank();
   const int64_t T = layout.num_tokens;
   h.num_ranks = R;
@@ -208,7 +212,7 @@ void build_handle(transport::Communicator& comm, const Layout& layout, int num_e
   h.send_segment_token.clear();
   for (int r = 0; r < R; ++r) {
     segment_block(h.send_token_idx.data() + h.send_rank_prefix[r],
-                  h.send_rank_prefix[r + 1] - h.send_rank_prefix[r], h);
+                  h.send_rank_prefix[r + 1] - h.send_rank_prefix[r], row_bytes, h);
     h.send_segment_prefix[r + 1] = int32_t(h.send_segment_rows.size());
   }
 
@@ -257,7 +261,7 @@ void Buffer::dispatch(TensorView x, const float* x_scales, const topk_idx_t* top
   MOERL_CHECK_INPUT(T == 0 || (topk_idx != nullptr && topk_weights != nullptr),
                     "dispatch: topk_idx and topk_weights are required");
   Handle& h = out.handle;
-  build_handle(comm_, layout, num_experts_, h);
+  build_handle(comm_, layout, num_experts_, size_t(x.cols) * dtype_bytes(x.dtype), h);
   const int64_t N = h.num_recv_tokens;
 
   out.recv_x.resize(x.dtype, N, x.cols);

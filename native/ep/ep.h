@@ -80,10 +80,11 @@ struct Handle {
   std::vector<int32_t> send_row;                  // [T, R] row of token t within the block
                                                   //   rank r received from us, -1 if not sent
   // Each block travels as up to kMaxSegments messages ("segments", in row order). A run of
-  // at least kMinDirectRows consecutive tokens is one segment sent straight from x, with no
-  // staging copy; the rows between such runs are packed into one segment.
+  // consecutive tokens holding at least kMinDirectBytes of x (at the C and dtype of the
+  // dispatch that made the handle) is one segment sent straight from x, with no staging copy;
+  // the rows between such runs are packed into one segment.
   static constexpr int kMaxSegments = 240;
-  static constexpr int kMinDirectRows = 16;
+  static constexpr size_t kMinDirectBytes = 32 << 10;
   std::vector<int32_t> send_segment_prefix;       // [R+1] segments of the block sent to rank r
   std::vector<int32_t> send_segment_rows;         // rows of each segment
   std::vector<int64_t> send_segment_token;        // first token of a direct segment, -1 packed
