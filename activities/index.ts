@@ -1,6 +1,7 @@
 // The activities a worker registers, built from their dependencies. Failures are mapped to
-// Temporal's retry semantics in one place: bad input and rejected credentials are not retried;
-// an unreachable store, a crashed tool or a lost rank is.
+// Temporal's retry semantics in one place: bad input, rejected credentials and other store
+// failures that cannot go away by themselves are not retried; an unreachable store, a crashed
+// tool or a lost rank is.
 import { ApplicationFailure } from '@temporalio/common';
 import { Context } from '@temporalio/activity';
 import { commitCheckpoint } from './checkpoints.js';
@@ -8,7 +9,7 @@ import type { ActivityDeps } from './deps.js';
 import { computeRewards } from './reward.js';
 import { BadInputError, toApplicationFailure } from './rewards/errors.js';
 import { rolloutShard } from './rollout.js';
-import { StoreAuthError, StoreNotFoundError } from './store/index.js';
+import { StoreAuthError, StoreError, StoreNotFoundError } from './store/index.js';
 import { badInputErrorType } from './types.js';
 import type { CampaignActivities, CheckpointInput, CheckpointOutput } from './types.js';
 import { preparePolicy, updatePolicy } from './update.js';
@@ -34,6 +35,15 @@ export function toFailure(err: unknown): unknown {
       cause: err,
     });
   if (err instanceof BadInputError) return toApplicationFailure(err);
+  // Any other store failure retrying cannot help (no such bucket, a malformed key, a request the
+  // server rejects): without this it would be retried, for rollouts without end.
+  if (err instanceof StoreError && !err.retryable)
+    return ApplicationFailure.create({
+      type: err.name,
+      nonRetryable: true,
+      message: err.message,
+      cause: err,
+    });
   return err;
 }
 
