@@ -3,11 +3,12 @@
 // Data path per call (R ranks):
 //   1. counts: one small message to and from every peer: how many rows it will receive and
 //      how the block is cut into segments (see Handle);
-//   2. every rank posts its receives straight into the outputs, at the row offset of each
-//      source rank and segment, so received rows land in their final place;
-//   3. for each remote rank, runs of consecutive tokens are sent directly from x; the other
-//      rows are packed into staging first (one copy) and sent as one segment; the small
-//      sections (scales, topk_idx rewritten to local ids, weights) are packed and sent whole;
+//   2. without waiting for them, for each remote rank, runs of consecutive tokens are sent
+//      directly from x; the other rows are packed into staging first (one copy) and sent as
+//      one segment; the small sections (scales, topk_idx rewritten to local ids, weights)
+//      are packed and sent whole;
+//   3. once the counts are in, receives are posted straight into the outputs, at the row
+//      offset of each source rank and segment, so received rows land in their final place;
 //   4. rows for this rank are copied from x to the output directly, no staging.
 // On shm with cross-memory attach the receiver's kernel copies each message once from the
 // sender's memory, so a directly sent row is copied once and a packed row twice.
@@ -99,18 +100,16 @@ void segment_block(const int64_t* tokens, int64_t count, size_t row_bytes, Handl
   }
 }
 
-// Moves every section along the handle's routes; outputs must already have N rows.
-// sections[0] is the token payload, cut into segments; the others travel whole.
-void exchange_rows(transport::Communicator& comm, const Handle& h, const Section* sections,
-                   int num_sections, int num_local_experts, HostBytes& staging) {
+// The three phases of moving every section along the handle's routes. sections[0] is the
+// token payload, cut into segments; the others travel whole. Sends need only the send side
+// of the handle, so dispatch posts them while the counts are still in flight.
+void post_recv_rows(transport::Communicator& comm, const Handle& h, const Section* sections,
+                    int num_sections, uint32_t op) {
   const int R = h.num_ranks, self = comm.rank();
   const Section& x = sections[0];
-  auto send_count = [&](int r) { return h.send_rank_prefix[r + 1] - h.send_rank_prefix[r]; };
-  auto recv_count = [&](int r) { return h.recv_rank_prefix[r + 1] - h.recv_rank_prefix[r]; };
-
-  const uint32_t op = comm.begin_op();
   for (int s = 0; s < R; ++s) {
-    if (s == self || recv_count(s) == 0) continue;
+    const int64_t count = h.recv_rank_prefix[s + 1] - h.recv_rank_prefix[s];
+    if (s == self || count == 0) continue;
     int64_t row = h.recv_rank_prefix[s];
     for (int g = h.recv_segment_prefix[s]; g < h.recv_segment_prefix[s + 1]; ++g) {
       const int64_t rows = h.recv_segment_rows[size_t(g)];
@@ -121,9 +120,16 @@ void exchange_rows(transport::Communicator& comm, const Handle& h, const Section
     for (int i = 1; i < num_sections; ++i) {
       const Section& sec = sections[i];
       comm.post_recv(s, sec.dst + size_t(h.recv_rank_prefix[s]) * sec.row_bytes,
-                     size_t(recv_count(s)) * sec.row_bytes, op, kSectionPart + i);
+                     size_t(count) * sec.row_bytes, op, kSectionPart + i);
     }
   }
+}
+
+void post_send_rows(transport::Communicator& comm, const Handle& h, const Section* sections,
+                    int num_sections, int num_local_experts, uint32_t op, HostBytes& staging) {
+  const int R = h.num_ranks, self = comm.rank();
+  const Section& x = sections[0];
+  auto send_count = [&](int r) { return h.send_rank_prefix[r + 1] - h.send_rank_prefix[r]; };
   // Staging holds the packed segments and the small sections for every remote rank.
   size_t staging_bytes = 0;
   for (int d = 0; d < R; ++d) {
@@ -163,13 +169,18 @@ void exchange_rows(transport::Communicator& comm, const Handle& h, const Section
       offset += align_up(size_t(count) * sections[i].row_bytes);
     }
   }
+}
+
+// Rows for this rank go from x to the outputs directly.
+void copy_own_rows(int self, const Handle& h, const Section* sections, int num_sections,
+                   int num_local_experts) {
   const int64_t* own = h.send_token_idx.data() + h.send_rank_prefix[self];
+  const int64_t count = h.send_rank_prefix[self + 1] - h.send_rank_prefix[self];
   for (int i = 0; i < num_sections; ++i) {
     const Section& sec = sections[i];
-    pack_rows(sec, own, send_count(self), self, num_local_experts,
+    pack_rows(sec, own, count, self, num_local_experts,
               sec.dst + size_t(h.recv_rank_prefix[self]) * sec.row_bytes);
   }
-  comm.wait_all("dispatch");
 }
 
 void check_payload(TensorView x, const float* x_scales, int64_t num_tokens) {
@@ -185,11 +196,10 @@ void check_payload(TensorView x, const float* x_scales, int64_t num_tokens) {
   }
 }
 
-// Routes: tokens for each rank in ascending order, each token's row in those blocks, and the
-// segmentation of every block; then the counts exchange fills the receive side.
-void build_handle(transport::Communicator& comm, const Layout& layout, int num_experts,
-                  size_t row_bytes, Handle& h) {
-  const int R = comm.world_size(), self = comm.rank();
+// Send side of the routes: tokens for each rank in ascending order, each token's row in
+// those blocks, and the segmentation of every block.
+void build_send_routes(int R, const Layout& layout, int num_experts, size_t row_bytes,
+                       Handle& h) {
   const int64_t T = layout.num_tokens;
   h.num_ranks = R;
   h.num_experts = num_experts;
@@ -215,8 +225,14 @@ void build_handle(transport::Communicator& comm, const Layout& layout, int num_e
                   h.send_rank_prefix[r + 1] - h.send_rank_prefix[r], row_bytes, h);
     h.send_segment_prefix[r + 1] = int32_t(h.send_segment_rows.size());
   }
+}
 
-  std::vector<CountsMessage> to(static_cast<size_t>(R)), from(static_cast<size_t>(R));
+// Posts the counts exchange (to[r] goes to rank r, from[r] arrives from rank r).
+void post_counts(transport::Communicator& comm, const Layout& layout, const Handle& h,
+                 std::vector<CountsMessage>& to, std::vector<CountsMessage>& from) {
+  const int R = h.num_ranks, self = comm.rank();
+  to.resize(size_t(R));
+  from.resize(size_t(R));
   for (int r = 0; r < R; ++r) {
     CountsMessage& m = to[size_t(r)];
     m.num_rows = layout.num_tokens_per_rank[size_t(r)];
@@ -231,7 +247,11 @@ void build_handle(transport::Communicator& comm, const Layout& layout, int num_e
     comm.post_recv(r, &from[size_t(r)], sizeof(CountsMessage), op, 0);
     comm.post_send(r, &to[size_t(r)], sizeof(CountsMessage), op, 0);
   }
-  comm.wait_all("dispatch (token counts)");
+}
+
+// Receive side of the routes, from the counts every rank sent us.
+void build_recv_routes(int self, const std::vector<CountsMessage>& from, Handle& h) {
+  const int R = h.num_ranks;
   h.recv_rank_prefix.assign(size_t(R) + 1, 0);
   h.recv_segment_prefix.assign(size_t(R) + 1, 0);
   h.recv_segment_rows.clear();
@@ -251,7 +271,7 @@ void build_handle(transport::Communicator& comm, const Layout& layout, int num_e
 
 void Buffer::dispatch(TensorView x, const float* x_scales, const topk_idx_t* topk_idx,
                       const float* topk_weights, const Layout& layout, DispatchOut& out) {
-  const int R = num_ranks(), L = num_local_experts();
+  const int R = num_ranks(), self = comm_.rank(), L = num_local_experts();
   const int64_t T = layout.num_tokens;
   const int K = layout.num_topk;
   check_payload(x, x_scales, T);
@@ -260,32 +280,46 @@ void Buffer::dispatch(TensorView x, const float* x_scales, const topk_idx_t* top
                     "dispatch: layout was made for another world size");
   MOERL_CHECK_INPUT(T == 0 || (topk_idx != nullptr && topk_weights != nullptr),
                     "dispatch: topk_idx and topk_weights are required");
-  Handle& h = out.handle;
-  build_handle(comm_, layout, num_experts_, size_t(x.cols) * dtype_bytes(x.dtype), h);
-  const int64_t N = h.num_recv_tokens;
-
-  out.recv_x.resize(x.dtype, N, x.cols);
   const bool is_fp8 = x.dtype == DType::F8E4M3;
   const int64_t num_blocks = is_fp8 ? x.cols / kFp8BlockSize : 0;
+  Section sections[4];
+  int num_sections = 0;
+  sections[num_sections++] = {static_cast<const uint8_t*>(x.data), nullptr,
+                              size_t(x.cols) * dtype_bytes(x.dtype), false};
+  if (is_fp8)
+    sections[num_sections++] = {reinterpret_cast<const uint8_t*>(x_scales), nullptr,
+                                size_t(num_blocks) * sizeof(float), false};
+  sections[num_sections++] = {reinterpret_cast<const uint8_t*>(topk_idx), nullptr,
+                              size_t(K) * sizeof(topk_idx_t), true};
+  sections[num_sections++] = {reinterpret_cast<const uint8_t*>(topk_weights), nullptr,
+                              size_t(K) * sizeof(float), false};
+
+  // Counts go out first; the payload is packed and posted while they are in flight (a send
+  // that arrives before its receive waits at the receiver as a descriptor, not a copy).
+  Handle& h = out.handle;
+  build_send_routes(R, layout, num_experts_, sections[0].row_bytes, h);
+  std::vector<CountsMessage> counts_to, counts_from;
+  const size_t counts_begin = comm_.num_posted();
+  post_counts(comm_, layout, h, counts_to, counts_from);
+  const size_t counts_end = comm_.num_posted();
+  const uint32_t op = comm_.begin_op();
+  post_send_rows(comm_, h, sections, num_sections, L, op, send_staging_);
+  comm_.wait_range(counts_begin, counts_end, "dispatch (token counts)");
+  build_recv_routes(self, counts_from, h);
+
+  const int64_t N = h.num_recv_tokens;
+  out.recv_x.resize(x.dtype, N, x.cols);
   out.recv_x_scales.resize(size_t(N * num_blocks));
   out.recv_topk_idx.resize(size_t(N) * K);
   out.recv_topk_weights.resize(size_t(N) * K);
-  Section sections[4];
-  int num_sections = 0;
-  sections[num_sections++] = {static_cast<const uint8_t*>(x.data), out.recv_x.bytes.data(),
-                              size_t(x.cols) * dtype_bytes(x.dtype), false};
-  if (is_fp8) {
-    sections[num_sections++] = {reinterpret_cast<const uint8_t*>(x_scales),
-                                reinterpret_cast<uint8_t*>(out.recv_x_scales.data()),
-                                size_t(num_blocks) * sizeof(float), false};
-  }
-  sections[num_sections++] = {reinterpret_cast<const uint8_t*>(topk_idx),
-                              reinterpret_cast<uint8_t*>(out.recv_topk_idx.data()),
-                              size_t(K) * sizeof(topk_idx_t), true};
-  sections[num_sections++] = {reinterpret_cast<const uint8_t*>(topk_weights),
-                              reinterpret_cast<uint8_t*>(out.recv_topk_weights.data()),
-                              size_t(K) * sizeof(float), false};
-  exchange_rows(comm_, h, sections, num_sections, L, send_staging_);
+  int i = 0;
+  sections[i++].dst = out.recv_x.bytes.data();
+  if (is_fp8) sections[i++].dst = reinterpret_cast<uint8_t*>(out.recv_x_scales.data());
+  sections[i++].dst = reinterpret_cast<uint8_t*>(out.recv_topk_idx.data());
+  sections[i++].dst = reinterpret_cast<uint8_t*>(out.recv_topk_weights.data());
+  post_recv_rows(comm_, h, sections, num_sections, op);
+  copy_own_rows(self, h, sections, num_sections, L);
+  comm_.wait_all("dispatch");
 
   out.num_recv_tokens_per_expert.assign(size_t(L), 0);
   for (const topk_idx_t e : out.recv_topk_idx)
@@ -311,7 +345,11 @@ void Buffer::dispatch(TensorView x, const float* x_scales, const Handle& handle,
                                 reinterpret_cast<uint8_t*>(recv_x_scales->data()),
                                 size_t(num_blocks) * sizeof(float), false};
   }
-  exchange_rows(comm_, handle, sections, num_sections, num_local_experts(), send_staging_);
+  const uint32_t op = comm_.begin_op();
+  post_recv_rows(comm_, handle, sections, num_sections, op);
+  post_send_rows(comm_, handle, sections, num_sections, num_local_experts(), op, send_staging_);
+  copy_own_rows(comm_.rank(), handle, sections, num_sections, num_local_experts());
+  comm_.wait_all("dispatch");
 }
 
 }  // namespace moerl::ep

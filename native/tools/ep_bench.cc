@@ -216,6 +216,11 @@ int launch(const Options& o) {
     std::vector<std::string> p = {MOERL_EP_BENCH_MPIEXEC, "-np", std::to_string(o.ranks),
                                   "--oversubscribe", "--bind-to", "none"};
     if (geteuid() == 0) p.push_back("--allow-run-as-root");
+    // Same kind of path as ours: shared memory for shm, TCP (over loopback here) for tcp/efa.
+    const std::vector<std::string> btl =
+        o.provider == "shm" ? std::vector<std::string>{"--mca", "btl", "self,vader"}
+                            : std::vector<std::string>{"--mca", "btl", "self,tcp"};
+    p.insert(p.end(), btl.begin(), btl.end());
     p.push_back(exe.substr(0, exe.rfind('/') + 1) + "ep_bench_mpi");
     p.insert(p.end(), args.begin(), args.end());
     int mrc = 0;

@@ -37,6 +37,8 @@ namespace {
 
 constexpr size_t kMaxChunk = size_t(1) << 30;  // 1 GiB: below every provider's limit
 constexpr int kMaxChunks = 1 << 12;
+constexpr int kYieldAfterPolls = 16;  // empty completion-queue polls before yielding the CPU
+constexpr int kSleepAfterPolls = 256; // ... and before sleeping 20 us between polls
 
 uint64_t make_tag(uint32_t op, int src, int part, int chunk) {
   return (uint64_t(op & 0xffffffu) << 36) | (uint64_t(src & 0xffff) << 20) |
@@ -171,19 +173,24 @@ void Communicator::progress(const char* what) {
   }
 }
 
-void Communicator::wait_all(const char* what) {
-  if (num_posted_ == 0) return;
+void Communicator::wait_until_done(size_t begin, size_t end, const char* what) {
   const double deadline = now_s() + config_.timeout_s;
-  while (num_done_ < num_posted_) {
+  int idle_polls = 0;
+  for (;;) {
+    while (begin < end && pending_[begin]->done) ++begin;  // completed prefix
+    if (begin == end) return;
     const size_t before = num_done_;
     progress(what);
-    if (num_done_ != before) continue;
+    if (num_done_ != before) {
+      idle_polls = 0;
+      continue;
+    }
     if (watchdog_->has_failure()) fail(ErrorKind::PeerFailure, watchdog_->failure());
     if (now_s() > deadline) {
       broken_ = true;
       std::set<int> waiting_for;
       size_t outstanding = 0;
-      for (size_t i = 0; i < num_posted_; ++i) {
+      for (size_t i = begin; i < end; ++i) {
         if (!pending_[i]->done) {
           waiting_for.insert(pending_[i]->peer);
           ++outstanding;
@@ -198,8 +205,24 @@ void Communicator::wait_all(const char* what) {
          << "unreachable";
       fail(ErrorKind::Timeout, os.str());
     }
-    sched_yield();
+    // Back off while nothing completes: spin briefly (latency), then yield, then sleep, so a
+    // waiting rank stops taking CPU from the ranks that do the copies when ranks outnumber
+    // cores (several ranks per host, or a host shared with other work).
+    ++idle_polls;
+    if (idle_polls > kSleepAfterPolls) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else if (idle_polls > kYieldAfterPolls) sched_yield();
   }
+}
+
+void Communicator::wait_range(size_t begin, size_t end, const char* what) {
+  MOERL_CHECK(begin <= end && end <= num_posted_, "wait_range [", begin, ", ", end,
+              ") outside the ", num_posted_, " posted messages");
+  wait_until_done(begin, end, what);
+}
+
+void Communicator::wait_all(const char* what) {
+  if (num_posted_ == 0) return;
+  wait_until_done(0, num_posted_, what);
   for (size_t i = 0; i < num_posted_; ++i) {
     Fabric::deregister(pending_[i]->mr);
     pending_[i]->mr = nullptr;

@@ -61,11 +61,16 @@ class Communicator {
   // Waits for every posted message; `what` names the operation in error messages.
   // After a failure the communicator is unusable (its peers are gone): later calls throw.
   void wait_all(const char* what);
+  // Marks for a partial wait: num_posted() before and after posting some messages, then
+  // wait_range(begin, end) returns once those are done while the others stay in flight.
+  size_t num_posted() const { return num_posted_; }
+  void wait_range(size_t begin, size_t end, const char* what);
 
  private:
   struct Pending;  // one in-flight message, defined in communicator.cc
   void post(bool is_send, int peer, void* data, size_t bytes, uint32_t op, int part);
   void progress(const char* what);
+  void wait_until_done(size_t begin, size_t end, const char* what);
   [[noreturn]] void fail(ErrorKind kind, const std::string& message);
 
   Config config_;
