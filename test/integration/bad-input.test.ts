@@ -1,7 +1,7 @@
 // Bad input, end to end: real campaigns with the shipped activities (native moe_generate and
 // moe_train on 2 EP ranks, fs and S3 stores) meet a corrupted or missing checkpoint file, a
-// malformed rollout line, an unknown task, a trainer rank exiting 2, an unreachable store and
-// rejected S3 credentials. Each time the campaign pauses itself with the failure recorded
+// malformed rollout line, an unknown task, a trainer rank exiting 2, an unreachable store,
+// rejected S3 credentials and a missing bucket. Each time the campaign pauses itself with the failure recorded
 // (stage, type, retryability, a message naming what is wrong), nothing of the failed iteration
 // is committed, `moerl status` / `moerl history` show the reason, and where the cause can be
 // fixed a `resume` finishes the campaign.
@@ -45,6 +45,7 @@ function diagnostic(f: StageFailure): void {
     `${f.stage} of iteration ${f.iteration}: ${f.type}${f.nonRetryable ? ' (non-retryable)' : ''}: ${f.message}\n`,
   );
 }
+
 const storeLocation = (): StoreLocation => ({ kind: 'fs', path: join(dir, 'store') });
 
 /** One iteration of a model small enough for seconds per stage on two cores. */
