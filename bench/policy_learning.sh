@@ -7,8 +7,8 @@
 #
 # usage: bench/policy_learning.sh [work dir]     (default: a fresh temporary directory)
 # env:   BUILD (native build dir, default native/build), TASK (reverse), SFT_STEPS (180),
-#        SFT_BATCH (64), GRPO_ITERS (30), PROMPTS (64 per iteration), SAMPLES (8 per prompt),
-#        MINIBATCHES (4 optimizer steps per epoch), EPOCHS (2), GRPO_LR (3e-4),
+#        SFT_BATCH (64), GRPO_ITERS (30), PROMPTS (128 per iteration), SAMPLES (8 per prompt),
+#        MINIBATCHES (4 optimizer steps per epoch), EPOCHS (2), GRPO_LR (5e-4), ENTROPY_COEF (0),
 #        EVAL_PROMPTS (256), SEED (1), THREADS (OpenBLAS threads, 1)
 # GFLOP/s: training = median over SFT steps of model matmul FLOPs / step wall time;
 # sgemm = median of 5 runs of a 1024^3 OpenBLAS sgemm, same thread count, same run.
@@ -21,12 +21,13 @@ TASK="${TASK:-reverse}"
 SFT_STEPS="${SFT_STEPS:-180}"
 SFT_BATCH="${SFT_BATCH:-64}"
 GRPO_ITERS="${GRPO_ITERS:-30}"
-PROMPTS="${PROMPTS:-64}"
+PROMPTS="${PROMPTS:-128}"
 SAMPLES="${SAMPLES:-8}"
 EVAL_PROMPTS="${EVAL_PROMPTS:-256}"
-GRPO_LR="${GRPO_LR:-3e-4}"
+GRPO_LR="${GRPO_LR:-5e-4}"
 MINIBATCHES="${MINIBATCHES:-4}"
 EPOCHS="${EPOCHS:-2}"
+ENTROPY_COEF="${ENTROPY_COEF:-0}"
 SEED="${SEED:-1}"
 export OPENBLAS_NUM_THREADS="${THREADS:-1}"
 WORK="${1:-$(mktemp -d)}"
@@ -75,7 +76,7 @@ for ((i = 1; i <= GRPO_ITERS; i++)); do
     --out "rewards/$i.jsonl" | json mean_reward)
   "$BIN/moe_train" grpo --checkpoint "$prev" --out "ckpt/grpo-$i" --iteration "$i" \
     --rollouts "rollouts/$i/chunk-0.jsonl" --rewards "rewards/$i.jsonl" \
-    --lr "$GRPO_LR" --clip-eps 0.2 --minibatches "$MINIBATCHES" --epochs "$EPOCHS" --metrics metrics/grpo.jsonl > /dev/null
+    --lr "$GRPO_LR" --clip-eps 0.2 --minibatches "$MINIBATCHES" --epochs "$EPOCHS" --entropy-coef "$ENTROPY_COEF" --metrics metrics/grpo.jsonl > /dev/null
   acc=$(evaluate "ckpt/grpo-$i" "grpo-$i")
   curve="$curve,$acc"
   echo "grpo iteration $i: train reward $train_reward, held-out accuracy $acc"
