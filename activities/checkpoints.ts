@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { ApplicationFailure } from '@temporalio/common';
 import * as keys from './keys.js';
+import { StoreNotFoundError } from './store/errors.js';
 import type { ObjectStore } from './store/types.js';
 import { badInputErrorType } from './types.js';
 import type { CheckpointManifest, CheckpointRef, StagedCheckpoint } from './types.js';
@@ -174,7 +175,12 @@ export async function fetchCheckpoint(
   try {
     for (const file of manifest.files) {
       const local = join(tmp, file.name);
-      await store.getFile(`${ref.key}/${file.name}`, local);
+      await store.getFile(`${ref.key}/${file.name}`, local).catch((err: unknown) => {
+        if (!(err instanceof StoreNotFoundError)) throw err;
+        throw badInput(
+          `checkpoint file ${ref.key}/${file.name} is missing: the manifest lists it (${file.bytes} bytes), ${store.describe()} has no such object`,
+        );
+      });
       const got = await sha256OfStream(createReadStream(local));
       if (got.sha256 !== file.sha256 || got.bytes !== file.bytes)
         throw badInput(
