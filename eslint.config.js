@@ -18,7 +18,17 @@ export default tseslint.config(
     rules: {
       'no-restricted-imports': [
         'error',
-        { patterns: ['node:*', 'fs', 'path', 'child_process', '@temporalio/client', '@temporalio/worker', '../activities/*!(types.js)'] },
+        {
+          patterns: [
+            'node:*',
+            'fs',
+            'path',
+            'child_process',
+            '@temporalio/client',
+            '@temporalio/worker',
+            '../activities/*!(types.js)',
+          ],
+        },
       ],
     },
   },

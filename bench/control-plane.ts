@@ -28,15 +28,25 @@ const millis = (t: HistoryEvent['eventTime']) =>
   t ? Number(t.seconds ?? 0) * 1000 + Math.floor((t.nanos ?? 0) / 1e6) : Number.NaN;
 const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? Number.NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+  return s.length === 0
+    ? Number.NaN
+    : s.length % 2
+      ? s[(s.length - 1) / 2]!
+      : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
 const p95 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length * 0.95)] ?? Number.NaN;
 
 Runtime.install({ logger: new DefaultLogger('ERROR') });
 const server = await startDevServer();
 try {
-  const { client, connection } = await connectClient({ address: server.address, namespace: server.namespace });
-  const workerConnection = await connectWorkerConnection({ address: server.address, namespace: server.namespace });
+  const { client, connection } = await connectClient({
+    address: server.address,
+    namespace: server.namespace,
+  });
+  const workerConnection = await connectWorkerConnection({
+    address: server.address,
+    namespace: server.namespace,
+  });
   const { activities } = createRecordingTestActivities();
   const spec = testSpec({ iterations, rolloutShards: shards, promptsPerIteration: shards * 4 });
   const started = Date.now();

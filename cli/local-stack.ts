@@ -31,7 +31,12 @@ export async function withLocalStack<T>(
 ): Promise<T> {
   try {
     // Warnings and errors only: the worker's start-up chatter would bury the user's output.
-    Runtime.install({ shutdownSignals: [], logger: new DefaultLogger('WARN') });
+    // Rollout and train workers run no workflows by design; the SDK's warning about it is noise.
+    const logger = new DefaultLogger('WARN', (entry) => {
+      if (!entry.message.startsWith('No workflows registered'))
+        console.error(`[${entry.level}] ${entry.message}`);
+    });
+    Runtime.install({ shutdownSignals: [], logger });
   } catch {
     // A runtime already exists in this process (an embedding program installed its own).
   }

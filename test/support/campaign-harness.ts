@@ -11,6 +11,7 @@ import { parseCampaignSpec } from '../../workflows/spec.js';
 import type { CampaignSpec, CampaignSpecInput } from '../../workflows/spec.js';
 import type { CampaignInput, CampaignState, TaskQueues } from '../../workflows/types.js';
 import { runWorkers, workflowsPath } from '../../workers/worker.js';
+import type { Role } from '../../workers/worker.js';
 
 let bundle: Promise<WorkflowBundle> | undefined;
 /** The production workflow code, bundled once per test process. */
@@ -45,17 +46,18 @@ export function testSpec(overrides: Partial<CampaignSpecInput> = {}): CampaignSp
   });
 }
 
-/** Runs all-role workers with `activities` while `body` runs, then shuts them down cleanly. */
+/** Runs workers (all roles by default) with `activities` while `body` runs, then shuts them down. */
 export async function withWorkers<T>(
   connection: NativeConnection,
   namespace: string,
   activities: CampaignActivities,
   body: (taskQueues: TaskQueues) => Promise<T>,
   taskQueues: TaskQueues = uniqueTaskQueues(),
+  roles: Role[] = ['all'],
 ): Promise<T> {
   const stop = new AbortController();
   const running = runWorkers({
-    roles: ['all'],
+    roles,
     connection,
     namespace,
     taskQueues,
@@ -95,13 +97,14 @@ export async function waitFor<T>(
   what: string,
   probe: () => Promise<T | undefined>,
   timeoutMs = 30_000,
+  intervalMs = 100,
 ): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const value = await probe();
     if (value !== undefined) return value;
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
+    await new Promise((r) => setTimeout(r, intervalMs));
   }
 }
 

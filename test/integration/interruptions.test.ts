@@ -1,0 +1,225 @@
+// Survival of the failures a long campaign meets: rollout workers lost to Spot reclaims
+// (SIGKILL of the whole process group) or told to leave (SIGTERM), and a trainer rank killed
+// mid-update. Each interrupted campaign must produce exactly what an uninterrupted run with the
+// same seed produces, redoing at most the chunk that was in flight.
+import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { workerActivityDeps } from '../../activities/deps.js';
+import { createActivities } from '../../activities/index.js';
+import * as keys from '../../activities/keys.js';
+import { openStore } from '../../activities/store/index.js';
+import type { ObjectStore } from '../../activities/store/index.js';
+import type { CampaignSpec } from '../../workflows/spec.js';
+import type { CampaignState, TaskQueues } from '../../workflows/types.js';
+import {
+  startCampaign,
+  testSpec,
+  uniqueTaskQueues,
+  waitFor,
+  withWorkers,
+} from '../support/campaign-harness.js';
+import { startTestEnvironment } from '../support/temporal.js';
+import type { TestEnvironment } from '../support/temporal.js';
+
+let t: TestEnvironment;
+let dir: string;
+before(async () => {
+  t = await startTestEnvironment();
+  dir = mkdtempSync(join(tmpdir(), 'moerl-interruptions-'));
+});
+after(async () => {
+  await t?.teardown();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** The demo's model size (so stages take long enough to be interrupted), no SFT. */
+function spec(name: string): CampaignSpec {
+  return testSpec({
+    name,
+    task: { builtin: 'reverse' },
+    model: { layers: 2, hidden: 128, heads: 4, experts: 8, topK: 2, contextLength: 32 },
+    iterations: 2,
+    promptsPerIteration: 128,
+    groupSize: 8,
+    rolloutShards: 2,
+    chunkSize: 2,
+    epWorldSize: 2,
+    store: { kind: 'fs', path: join(dir, 'store') },
+    hyperparameters: { maxNewTokens: 10, minibatches: 2, epochs: 1 },
+    orchestration: { rolloutHeartbeatSeconds: 2, updateHeartbeatSeconds: 10 },
+  });
+}
+
+const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
+
+/** A rollout worker in its own process group, as a pod on its own node would be. */
+function spawnRolloutWorker(queues: TaskQueues, name: string): ChildProcess {
+  const prefix = queues.rollout.slice(0, -'rollout'.length);
+  return spawn(
+    process.execPath,
+    [workerMain, '--role', 'rollout', '--address', t.address, '--shutdown-grace-seconds', '5'],
+    {
+      detached: true,
+      stdio: 'ignore',
+      env: { ...process.env, MOERL_TASK_QUEUE_PREFIX: prefix, MOERL_CACHE_DIR: join(dir, `cache-${name}`) },
+    },
+  );
+}
+
+const exited = (child: ChildProcess) =>
+  child.exitCode !== null || child.signalCode !== null
+    ? Promise.resolve()
+    : new Promise<void>((resolve) => child.once('exit', () => resolve()));
+
+async function chunksStored(store: ObjectStore, campaignId: string, iteration: number): Promise<number> {
+  let n = 0;
+  for (const shard of [0, 1])
+    for await (const _ of store.list(`${keys.rolloutShardPrefix(campaignId, iteration, shard)}/`)) n++;
+  return n;
+}
+
+/** Every rollout chunk and rewards file of a campaign, by its key below the campaign. */
+async function artifacts(store: ObjectStore, campaignId: string): Promise<Map<string, string>> {
+  const out = new Map<string, string>();
+  const prefix = `${keys.campaignPrefix(campaignId)}/`;
+  for (const kind of ['rollouts/', 'rewards/'])
+    for await (const obj of store.list(prefix + kind))
+      out.set(obj.key.slice(prefix.length), (await store.get(obj.key)).toString('utf8'));
+  return out;
+}
+
+async function checkpointFiles(store: ObjectStore, campaignId: string, iteration: number) {
+  const manifest = JSON.parse(
+    (await store.get(`${keys.checkpointKey(campaignId, iteration)}/manifest.json`)).toString(),
+  ) as {
+    files: { name: string; sha256: string }[];
+  };
+  return manifest.files;
+}
+
+describe('interruptions', () => {
+  test('Spot reclaim (SIGKILL) and a Spot notice (SIGTERM) mid-rollout: identical results, at most one chunk redone', async () => {
+    const stop = new AbortController();
+    const deps = workerActivityDeps(stop.signal, {
+      ...process.env,
+      MOERL_CACHE_DIR: join(dir, 'cache-main'),
+    });
+    const store = openStore(spec('x').store);
+
+    // Reference: the same campaign with nothing interrupted.
+    const reference = await withWorkers(
+      t.nativeConnection,
+      t.namespace,
+      createActivities(deps),
+      async (queues) => {
+        const handle = await startCampaign(t.client, spec('spot-reference'), queues);
+        await handle.result();
+        return handle.workflowId;
+      },
+    );
+
+    // Control and train in this process; rollout only in worker processes, one at a time, so
+    // the worker that is killed is certainly the one running both shards.
+    const queues = uniqueTaskQueues();
+    const outcome = await withWorkers(
+      t.nativeConnection,
+      t.namespace,
+      createActivities(deps),
+      async () => {
+        const first = spawnRolloutWorker(queues, 'first');
+        const handle = await startCampaign(t.client, spec('spot-interrupted'), queues);
+        const id = handle.workflowId;
+
+        await waitFor(
+          'iteration 1 rollout to be under way',
+          async () => ((await chunksStored(store, id, 1)) >= 2 ? true : undefined),
+          60_000,
+          20,
+        );
+        process.kill(-first.pid!, 'SIGKILL'); // the node is gone, with every process on it
+        await exited(first);
+        const second = spawnRolloutWorker(queues, 'second');
+
+        await waitFor(
+          'iteration 2 rollout to be under way',
+          async () => ((await chunksStored(store, id, 2)) >= 2 ? true : undefined),
+          60_000,
+          20,
+        );
+        second.kill('SIGTERM'); // a Spot notice: the worker stops its activities and leaves
+        await exited(second);
+        assert.equal(second.exitCode, 0, 'the worker shuts down cleanly on SIGTERM');
+        const third = spawnRolloutWorker(queues, 'third');
+        try {
+          await handle.result();
+          return { id, state: await handle.query<CampaignState>('status') };
+        } finally {
+          third.kill('SIGTERM');
+          await exited(third);
+        }
+      },
+      queues,
+      ['control', 'train'],
+    );
+
+    const [want, got] = [await artifacts(store, reference), await artifacts(store, outcome.id)];
+    assert.equal(got.size, want.size);
+    assert.ok(
+      want.size >= 2 * 2 * 32 + 4,
+      `rollout chunks and rewards files of both iterations (${want.size})`,
+    );
+    for (const [key, text] of want) assert.equal(got.get(key), text, `${key} matches the uninterrupted run`);
+    assert.deepEqual(await checkpointFiles(store, outcome.id, 2), await checkpointFiles(store, reference, 2));
+
+    const redone = outcome.state.recentIterations.map((it) => it.chunksRedone);
+    const retries = outcome.state.retries.rollout;
+    console.log(
+      `spot interruption: rollout retries ${retries}, chunks redone per iteration ${JSON.stringify(redone)} ` +
+        `(2 shards interrupted per iteration, 32 chunks each)`,
+    );
+    assert.ok(retries >= 2, 'the interrupted shards were retried');
+    for (const r of redone) assert.ok(r <= 2, `at most one chunk per interrupted shard was redone (${r})`);
+  });
+
+  test('a trainer rank killed mid-update: the update is retried and commits what an uninterrupted run commits', async () => {
+    const stop = new AbortController();
+    const cache = join(dir, 'cache-train');
+    const deps = workerActivityDeps(stop.signal, { ...process.env, MOERL_CACHE_DIR: cache });
+    const store = openStore(spec('x').store);
+    await withWorkers(t.nativeConnection, t.namespace, createActivities(deps), async (queues) => {
+      const reference = await startCampaign(t.client, spec('rank-reference'), queues);
+      await reference.result();
+
+      const handle = await startCampaign(t.client, spec('rank-killed'), queues);
+      const jobDir = join(cache, 'jobs', `${handle.workflowId}-u1-`);
+      const victim = await waitFor(
+        'a rank of the iteration 1 update',
+        async () => {
+          const ps = execFileSync('ps', ['-eo', 'pid=,args='], { encoding: 'utf8' });
+          const ranks = ps
+            .split('\n')
+            .filter((l) => l.includes('moe_train grpo') && l.includes(jobDir))
+            .map((l) => Number(l.trim().split(/\s+/)[0]));
+          return ranks.length === 2 ? ranks[1] : undefined;
+        },
+        60_000,
+      );
+      process.kill(victim, 'SIGKILL');
+      await handle.result();
+      const state = await handle.query<CampaignState>('status');
+      assert.ok(state.retries.update >= 1, 'the update was retried');
+      for (const it of [1, 2])
+        assert.deepEqual(
+          await checkpointFiles(store, handle.workflowId, it),
+          await checkpointFiles(store, reference.workflowId, it),
+          `checkpoint ${it} equals the uninterrupted run's`,
+        );
+    });
+  });
+});
