@@ -114,38 +114,49 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   }
 
   /**
-   * Runs one activity of a stage. A failure that outlives its retry policy pauses the campaign
-   * with the reason recorded; `resume` runs the activity again (its outputs are keyed
-   * deterministically, so finished work is found, not redone).
+   * One try of a stage's activity (Temporal retries it per its retry policy). A failure that
+   * outlives the retry policy pauses the campaign with the reason recorded and yields null: the
+   * caller decides what to run again once the campaign is resumed.
    */
+  async function attemptStage<T extends { attempt: number }>(
+    iteration: number,
+    stage: StageName,
+    call: () => Promise<T>,
+  ): Promise<T | null> {
+    await boundary();
+    st.stageStarted(state, iteration, stage, new Date());
+    try {
+      const out = await call();
+      st.countRetries(state, stage, [out.attempt]);
+      return out;
+    } catch (err) {
+      if (isCancellation(err) || !(err instanceof ActivityFailure)) throw err;
+      const cause = err.cause;
+      st.stageFailed(state, {
+        iteration,
+        stage,
+        message: cause?.message ?? err.message,
+        type: cause instanceof ApplicationFailure ? (cause.type ?? 'Error') : (cause?.name ?? 'Error'),
+        nonRetryable: cause instanceof ApplicationFailure && cause.nonRetryable === true,
+        at: new Date().toISOString(),
+      });
+      state.retries[stage] += 1;
+      return null;
+    } finally {
+      st.stageEnded(state, iteration, stage);
+      publishStatus();
+    }
+  }
+
+  /** A stage whose own activity is what `resume` runs again (outputs are keyed deterministically). */
   async function runStage<T extends { attempt: number }>(
     iteration: number,
     stage: StageName,
     call: () => Promise<T>,
   ): Promise<T> {
     for (;;) {
-      await boundary();
-      st.stageStarted(state, iteration, stage, new Date());
-      try {
-        const out = await call();
-        st.countRetries(state, stage, [out.attempt]);
-        return out;
-      } catch (err) {
-        if (isCancellation(err) || !(err instanceof ActivityFailure)) throw err;
-        const cause = err.cause;
-        st.stageFailed(state, {
-          iteration,
-          stage,
-          message: cause?.message ?? err.message,
-          type: cause instanceof ApplicationFailure ? (cause.type ?? 'Error') : (cause?.name ?? 'Error'),
-          nonRetryable: cause instanceof ApplicationFailure && cause.nonRetryable === true,
-          at: new Date().toISOString(),
-        });
-        state.retries[stage] += 1;
-      } finally {
-        st.stageEnded(state, iteration, stage);
-        publishStatus();
-      }
+      const out = await attemptStage(iteration, stage, call);
+      if (out) return out;
     }
   }
 
@@ -153,7 +164,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     // The commit is short and atomic (manifest last); let it finish even if the campaign is
     // being cancelled, so the store never holds debris of a commit cut in half.
     const out = await CancellationScope.nonCancellable(() =>
-      runStage(staged.iteration, 'checkpoint', () =>
+      attemptStage(staged.iteration, 'checkpoint', () =>
         acts.control.commitCheckpoint({
           campaignId,
           spec,
@@ -163,7 +174,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
         }),
       ),
     );
-    st.checkpointCommitted(state, out);
+    if (out) st.checkpointCommitted(state, out);
     return out;
   }
 
@@ -172,17 +183,39 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       ? { kind: 'fork' as const, checkpoint: input.forkFrom }
       : { kind: 'init' as const };
     const iteration = input.forkFrom?.iteration ?? 0;
-    const out = await runStage(iteration, 'prepare', () =>
-      acts.train.preparePolicy({ campaignId, spec, source }),
-    );
-    state.referenceCheckpoint = (await commit(out.staged, null)).checkpoint;
+    // A commit that fails for good (a staged file corrupt) means preparing again.
+    for (;;) {
+      const out = await runStage(iteration, 'prepare', () =>
+        acts.train.preparePolicy({ campaignId, spec, source }),
+      );
+      const committed = await commit(out.staged, null);
+      if (committed) {
+        state.referenceCheckpoint = committed.checkpoint;
+        return;
+      }
+    }
   }
 
-  /** Rollout over all shards, then reward, for one iteration sampled from `policy`. */
+  /**
+   * Rollout over all shards, then reward, for one iteration sampled from `policy`. A reward that
+   * fails for good (a malformed rollout) runs the rollout again on resume: its activities keep
+   * the chunks that verify and regenerate the rest.
+   */
   async function rolloutPhase(iteration: number, policy: CheckpointRef): Promise<RolloutPhaseResult> {
     await boundary();
     state.nextIteration = Math.max(state.nextIteration, iteration + 1);
     const hyperparameters = { ...state.hyperparameters };
+    for (;;) {
+      const phase = await rolloutAndReward(iteration, policy, hyperparameters);
+      if (phase) return phase;
+    }
+  }
+
+  async function rolloutAndReward(
+    iteration: number,
+    policy: CheckpointRef,
+    hyperparameters: RolloutPhaseResult['hyperparameters'],
+  ): Promise<RolloutPhaseResult | null> {
     const started = new Date();
     const shards = await Promise.all(
       st
@@ -195,7 +228,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     );
     const rolloutSeconds = secondsSince(started);
     const rewardStarted = new Date();
-    const reward = await runStage(iteration, 'reward', () =>
+    const reward = await attemptStage(iteration, 'reward', () =>
       acts.rollout.computeRewards({
         campaignId,
         iteration,
@@ -203,6 +236,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
         rollouts: shards.map(({ shard, chunkKeys }) => ({ shard, chunkKeys })),
       }),
     );
+    if (!reward) return null;
     return {
       iteration,
       policy,
@@ -213,11 +247,15 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     };
   }
 
-  /** Update on a finished rollout phase and commit the result as checkpoint `phase.iteration`. */
-  async function updatePhase(phase: RolloutPhaseResult): Promise<void> {
+  /**
+   * Update on a finished rollout phase and commit the result as checkpoint `phase.iteration`.
+   * False when the update or its commit failed for good: once resumed, the iteration's rollout
+   * phase is checked (and repaired) again before the update re-runs.
+   */
+  async function updatePhase(phase: RolloutPhaseResult): Promise<boolean> {
     const { iteration } = phase;
     const started = new Date();
-    const update = await runStage(iteration, 'update', () =>
+    const update = await attemptStage(iteration, 'update', () =>
       acts.train.updatePolicy({
         campaignId,
         iteration,
@@ -229,9 +267,11 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
         hyperparameters: phase.hyperparameters,
       }),
     );
+    if (!update) return false;
     const updateSeconds = secondsSince(started);
     const commitStarted = new Date();
     const committed = await commit(update.staged, phase.reward.meanReward);
+    if (!committed) return false;
     const sum = (f: (s: RolloutPhaseResult['shards'][number]) => number) =>
       phase.shards.reduce((acc, s) => acc + f(s), 0);
     st.iterationFinished(state, {
@@ -256,6 +296,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       { key: iterationKey, value: iteration },
       { key: meanRewardKey, value: phase.reward.meanReward },
     ]);
+    return true;
   }
 
   const shouldContinueAsNew = (iterationsThisRun: number) =>
@@ -268,14 +309,13 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     state.carriedRollout = null;
     let iterationsThisRun = 0;
     for (let i = state.committedIteration + 1; i <= spec.iterations; i++) {
-      const phase: RolloutPhaseResult =
-        carried ?? (await (ahead ?? rolloutPhase(i, state.latestCheckpoint!)));
+      let phase: RolloutPhaseResult = carried ?? (await (ahead ?? rolloutPhase(i, state.latestCheckpoint!)));
       carried = null;
       // One-step off-policy: sample iteration i+1 from the checkpoint update i starts from.
       ahead =
         spec.staleness === 1 && i < spec.iterations ? rolloutPhase(i + 1, state.latestCheckpoint!) : null;
       ahead?.catch(() => undefined); // its failure surfaces where it is awaited
-      await updatePhase(phase);
+      while (!(await updatePhase(phase))) phase = await rolloutPhase(i, phase.policy);
       iterationsThisRun++;
       if (i < spec.iterations && shouldContinueAsNew(iterationsThisRun)) {
         state.carriedRollout = ahead ? await ahead : null;
