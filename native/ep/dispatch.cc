@@ -198,8 +198,8 @@ void check_payload(TensorView x, const float* x_scales, int64_t num_tokens) {
 
 // Send side of the routes: tokens for each rank in ascending order, each token's row in
 // those blocks, and the segmentation of every block.
-void build_send_routes(int R, const Layout& layout, int num_experts, size_t row_bytes,
-                       Handle& h) {
+void build_send_routes(int self, int R, const Layout& layout, int num_experts,
+                       size_t row_bytes, Handle& h) {
   const int64_t T = layout.num_tokens;
   h.num_ranks = R;
   h.num_experts = num_experts;
@@ -221,8 +221,9 @@ void build_send_routes(int R, const Layout& layout, int num_experts, size_t row_
   h.send_segment_rows.clear();
   h.send_segment_token.clear();
   for (int r = 0; r < R; ++r) {
-    segment_block(h.send_token_idx.data() + h.send_rank_prefix[r],
-                  h.send_rank_prefix[r + 1] - h.send_rank_prefix[r], row_bytes, h);
+    if (r != self)  // this rank's own rows are copied, not sent: no segments
+      segment_block(h.send_token_idx.data() + h.send_rank_prefix[r],
+                    h.send_rank_prefix[r + 1] - h.send_rank_prefix[r], row_bytes, h);
     h.send_segment_prefix[r + 1] = int32_t(h.send_segment_rows.size());
   }
 }
@@ -297,7 +298,7 @@ void Buffer::dispatch(TensorView x, const float* x_scales, const topk_idx_t* top
   // Counts go out first; the payload is packed and posted while they are in flight (a send
   // that arrives before its receive waits at the receiver as a descriptor, not a copy).
   Handle& h = out.handle;
-  build_send_routes(R, layout, num_experts_, sections[0].row_bytes, h);
+  build_send_routes(self, R, layout, num_experts_, sections[0].row_bytes, h);
   std::vector<CountsMessage> counts_to, counts_from;
   const size_t counts_begin = comm_.num_posted();
   post_counts(comm_, layout, h, counts_to, counts_from);

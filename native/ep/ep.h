@@ -86,6 +86,7 @@ struct Handle {
   static constexpr int kMaxSegments = 240;
   static constexpr size_t kMinDirectBytes = 32 << 10;
   std::vector<int32_t> send_segment_prefix;       // [R+1] segments of the block sent to rank r
+                                                  //   (none for this rank's own block)
   std::vector<int32_t> send_segment_rows;         // rows of each segment
   std::vector<int64_t> send_segment_token;        // first token of a direct segment, -1 packed
   std::vector<int32_t> recv_segment_prefix;       // [R+1] segments of the block from rank s

@@ -175,7 +175,6 @@ int run_loop(transport::Communicator& comm, int64_t tokens) {
   c.world_size = comm.world_size();
   c.tokens = tokens;
   c.num_experts = 2 * c.world_size;
-  std::vector<RankInputs> all;
   const RankInputs in = make_inputs(c, comm.rank());
   Buffer buffer(comm, c.num_experts);
   Layout layout;

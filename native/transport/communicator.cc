@@ -122,8 +122,7 @@ void Communicator::post(bool is_send, int peer, void* data, size_t bytes, uint32
       FabricCall call(watchdog_.get());
       const int rc = is_send ? fabric_->try_send(peer, chunk, len, Fabric::descriptor(p.mr), tag,
                                                  &p.context)
-                             : fabric_->try_recv(peer, chunk, len, Fabric::descriptor(p.mr), tag,
-                                                 &p.context);
+                             : fabric_->try_recv(chunk, len, Fabric::descriptor(p.mr), tag, &p.context);
       if (rc == 0) break;
       // The provider's queues are full: reap completions to make room, then retry.
       progress("posting a message");

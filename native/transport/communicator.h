@@ -10,6 +10,7 @@
 // peer leaves the shm provider spinning on a lock, the process exits with code 3 and a
 // message naming the rank (see watchdog.h): a hang is never an outcome.
 // world_size == 1 needs no network: no libfabric object is created.
+// Not thread-safe: one thread drives a communicator (its watchdog thread is internal).
 #pragma once
 
 #include <cstddef>   // size_t

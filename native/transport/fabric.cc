@@ -133,10 +133,7 @@ int Fabric::try_send(int peer, const void* data, size_t bytes, void* desc, uint6
   return 0;
 }
 
-int Fabric::try_recv(int peer, void* data, size_t bytes, void* desc, uint64_t tag,
-                     fi_context2* ctx) {
-  // The source rank is encoded in the tag, so no FI_DIRECTED_RECV capability is needed.
-  (void)peer;
+int Fabric::try_recv(void* data, size_t bytes, void* desc, uint64_t tag, fi_context2* ctx) {
   const ssize_t rc = fi_trecv(ep_, data, bytes, desc, FI_ADDR_UNSPEC, tag, 0, ctx);
   if (rc == -FI_EAGAIN) return -FI_EAGAIN;
   MOERL_CHECK(rc == 0, "rank ", rank_, ": fi_trecv failed: ", fi_strerror(int(-rc)));

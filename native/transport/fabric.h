@@ -41,7 +41,8 @@ class Fabric {
   // Return 0 when posted, -FI_EAGAIN when the caller must drive progress and retry.
   int try_send(int peer, const void* data, size_t bytes, void* desc, uint64_t tag,
                fi_context2* ctx);
-  int try_recv(int peer, void* data, size_t bytes, void* desc, uint64_t tag, fi_context2* ctx);
+  // Receives match any source: the tag carries the source rank (no FI_DIRECTED_RECV needed).
+  int try_recv(void* data, size_t bytes, void* desc, uint64_t tag, fi_context2* ctx);
   // Reaps up to max completions (drives progress); returns how many were written.
   size_t poll(Completion* out, size_t max);
   size_t max_msg_size() const { return max_msg_size_; }
