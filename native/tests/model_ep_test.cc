@@ -140,6 +140,25 @@ TEST(MoeTools, ResumedGenerationIsByteIdenticalAndBadInputExitsTwo) {
   std::string last = io::read_file(w + "/full/chunk-2.jsonl");
   EXPECT_EQ(std::count(last.begin(), last.end(), '\n'), 6);
 
+  // a prompts file: samples are seeded by prompt id, not by position in the file
+  {
+    std::ofstream(w + "/a.jsonl") << "{\"prompt_id\":5,\"prompt\":\"rev:abc=\"}\n";
+    std::ofstream(w + "/b.jsonl") << "{\"prompt_id\":9,\"prompt\":\"sort:12=\"}\n"
+                                  << "{\"prompt_id\":5,\"prompt\":\"rev:abc=\"}\n";
+    std::vector<std::string> common = {gen, "--checkpoint", w + "/init", "--task", "dataset",
+                                       "--samples", "2", "--seed", "3", "--top-p", "0.95"};
+    std::vector<std::string> ga = common, gb = common;
+    ga.insert(ga.end(), {"--prompts", w + "/a.jsonl", "--num-prompts", "1", "--out-dir", w + "/pa"});
+    gb.insert(gb.end(), {"--prompts", w + "/b.jsonl", "--first-prompt", "1", "--num-prompts", "1",
+                         "--out-dir", w + "/pb"});
+    run(1, ga);
+    run(1, gb);
+    std::string a = io::read_file(w + "/pa/chunk-0.jsonl"), b = io::read_file(w + "/pb/chunk-0.jsonl");
+    EXPECT_NE(a.find("\"prompt_id\":5"), std::string::npos);
+    EXPECT_NE(a.find("\"task\":\"dataset\""), std::string::npos);
+    EXPECT_EQ(a, b);
+  }
+
   // bad input -> exit 2 (do not retry): unknown flag, unknown task, uncommitted checkpoint
   auto exit_code = [](const std::vector<std::string>& args) {
     return run_ranks(1, "shm", 30, args, 60)[0].exit_code;

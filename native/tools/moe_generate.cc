@@ -1,10 +1,15 @@
 // moe_generate: sample completions from a policy checkpoint for a range of prompts of a
-// built-in task, writing one JSONL file per chunk of prompts.
+// built-in task (or of a prompts file), writing one JSONL file per chunk of prompts.
 //
 //   moe_generate --checkpoint DIR --task add --out-dir DIR [--split train|eval] [--seed S]
 //                [--iteration I] [--first-prompt 0] [--num-prompts 64] [--samples 8]
 //                [--chunk-size 16] [--start-chunk 0] [--temperature 1] [--top-p 1]
 //                [--top-k 0] [--max-new-tokens 16] [--no-kv-cache] [--ignore-eos]
+//                [--prompts FILE]
+//
+// --prompts FILE: JSONL lines {"prompt_id":p,"prompt":"text"} replace the built-in generator
+// (a dataset task); --first-prompt/--num-prompts then index lines of the file and --task is
+// only copied into the records.
 //
 // Chunk k holds prompts first+k*chunk .. first+(k+1)*chunk-1, every sample of each, and is
 // written to <out-dir>/chunk-<k>.jsonl (atomically). Sample s of prompt p is seeded by
@@ -32,7 +37,8 @@ namespace {
 int run(const Args& a) {
   std::string ckpt = a.required("checkpoint"), out_dir = a.required("out-dir");
   std::string task = a.required("task");
-  tasks::check_task(task);
+  std::string prompts_file = a.str("prompts", "");
+  if (prompts_file.empty()) tasks::check_task(task);
   std::string split_name = a.str("split", "train");
   MOERL_CHECK_INPUT(split_name == "train" || split_name == "eval", "--split must be train or eval, got ",
                     split_name);
@@ -65,6 +71,24 @@ int run(const Args& a) {
   io::OptimizerState opt;
   io::load_checkpoint(ckpt, ps, opt);
 
+  std::vector<tasks::Prompt> file_prompts;
+  if (!prompts_file.empty()) {
+    std::istringstream lines(io::read_file(prompts_file));
+    std::string line;
+    for (int n = 1; std::getline(lines, line); n++) {
+      if (line.empty()) continue;
+      std::string what = prompts_file + " line " + std::to_string(n);
+      io::Json j = io::parse_json(line, what);
+      tasks::Prompt p;
+      p.prompt_id = j.at("prompt_id", what).integer(what + " prompt_id");
+      p.text = j.at("prompt", what).string(what + " prompt");
+      tasks::encode(p.text);  // BadInput now, naming the character, rather than mid-run
+      file_prompts.push_back(p);
+    }
+    MOERL_CHECK_INPUT(first + num_prompts <= (int64_t)file_prompts.size(), prompts_file, " has ",
+                      file_prompts.size(), " prompts; --first-prompt + --num-prompts is ",
+                      first + num_prompts);
+  }
   io::make_dirs(out_dir);
   const int64_t num_chunks = (num_prompts + chunk - 1) / chunk;
   MOERL_CHECK_INPUT(start_chunk <= num_chunks, "--start-chunk ", start_chunk, " beyond the ",
@@ -76,10 +100,12 @@ int run(const Args& a) {
     std::vector<tasks::Prompt> prompts;
     std::vector<model::SampleRequest> reqs;
     for (int64_t p = first + k * chunk; p < std::min(first + (k + 1) * chunk, first + num_prompts); p++) {
-      prompts.push_back(tasks::make_prompt(task, split, seed, p));
+      prompts.push_back(file_prompts.empty() ? tasks::make_prompt(task, split, seed, p)
+                                             : file_prompts[p]);
       for (int64_t s = 0; s < samples; s++)
         reqs.push_back({tasks::encode(prompts.back().text),
-                        model::sample_seed(seed, (uint64_t)iteration, (uint64_t)p, (uint64_t)s)});
+                        model::sample_seed(seed, (uint64_t)iteration,
+                                           (uint64_t)prompts.back().prompt_id, (uint64_t)s)});
     }
     std::vector<model::SampleResult> res;
     model::generate(ps, ep, reqs, sp, res);
