@@ -2,7 +2,7 @@
 //
 //   moe_train init  --out DIR [--seed S] [--dim 128 --layers 2 --heads 4 --experts 8
 //                   --top-k 2 --expert-dim 128 --max-seq-len 32]
-//   moe_train sft   --checkpoint DIR --out DIR --task add [--steps 200 --batch-size 64 ...]
+//   moe_train sft   --checkpoint DIR --out DIR --task add|--data FILE [--steps 200 ...]
 //   moe_train grpo  --checkpoint DIR --out DIR --rollouts F1,F2 --rewards R1,R2 [...]
 //   moe_train sgemm [--size 1024 --repeats 5]      (OpenBLAS sgemm GFLOP/s: median and best)
 //
@@ -111,8 +111,10 @@ int cmd_init(const Args& a) {
 
 int cmd_sft(const Args& a) {
   std::string in = a.required("checkpoint"), out = a.required("out");
-  std::string task = a.required("task");
-  tasks::check_task(task);
+  std::string task = a.str("task", ""), data = a.str("data", "");
+  MOERL_CHECK_INPUT(task.empty() != data.empty(), "give exactly one of --task (built-in) and --data "
+                    "(JSONL of {\"prompt\":..,\"answer\":..})");
+  if (!task.empty()) tasks::check_task(task);
   int64_t steps = a.integer("steps", 200), batch_size = a.integer("batch-size", 64);
   uint64_t seed = (uint64_t)a.integer("seed", 0);
   int64_t first_prompt = a.integer("first-prompt", 0);
@@ -121,6 +123,20 @@ int cmd_sft(const Args& a) {
   rl::AdamWConfig ac = adamw_from(a, 3e-3, steps);
   a.check_all_used();
   MOERL_CHECK_INPUT(steps > 0 && batch_size > 0, "--steps and --batch-size must be > 0");
+
+  std::vector<tasks::Prompt> examples;  // --data: cycled through in file order
+  if (!data.empty()) {
+    std::istringstream lines(io::read_file(data));
+    std::string line;
+    for (int n = 1; std::getline(lines, line); n++) {
+      if (line.empty()) continue;
+      std::string what = data + " line " + std::to_string(n);
+      io::Json j = io::parse_json(line, what);
+      examples.push_back({n, j.at("prompt", what).string(what + " prompt"),
+                          j.at("answer", what).string(what + " answer")});
+    }
+    MOERL_CHECK_INPUT(!examples.empty(), data, " holds no examples");
+  }
 
   model::ModelConfig cfg = io::read_checkpoint_config(in);
   Rank rank(transport::Config::from_env(), cfg.num_experts);
@@ -132,8 +148,9 @@ int cmd_sft(const Args& a) {
   for (int64_t s = 0; s < steps; s++) {
     std::vector<rl::TrainSequence> batch;
     for (int64_t i = 0; i < batch_size; i++) {
-      tasks::Prompt p = tasks::make_prompt(task, tasks::Split::Train, seed,
-                                           first_prompt + s * batch_size + i);
+      int64_t id = first_prompt + s * batch_size + i;
+      tasks::Prompt p = examples.empty() ? tasks::make_prompt(task, tasks::Split::Train, seed, id)
+                                         : examples[(size_t)(id % (int64_t)examples.size())];
       rl::TrainSequence seq;
       seq.tokens = tasks::encode(p.text);
       seq.prompt_len = (int)seq.tokens.size();
@@ -144,7 +161,8 @@ int cmd_sft(const Args& a) {
     rl::StepMetrics m = rl::train_step(*ps, opt, rank.ep, batch, lc, ac);
     emit_metrics(rank.ep, metrics, m.to_json(s));
   }
-  io::save_checkpoint(out, *ps, opt, rank.ep, "{\"kind\":\"sft\",\"task\":" + io::json_quote(task) + "}");
+  io::save_checkpoint(out, *ps, opt, rank.ep,
+                      "{\"kind\":\"sft\",\"task\":" + io::json_quote(task.empty() ? data : task) + "}");
   return 0;
 }
 
