@@ -7,7 +7,7 @@ import { Context } from '@temporalio/activity';
 import { commitCheckpoint } from './checkpoints.js';
 import type { ActivityDeps } from './deps.js';
 import { computeRewards } from './reward.js';
-import { BadInputError, toApplicationFailure } from './rewards/errors.js';
+import { BadInputError, RewardModelError, toApplicationFailure } from './rewards/errors.js';
 import { rolloutShard } from './rollout.js';
 import { StoreAuthError, StoreError, StoreNotFoundError } from './store/index.js';
 import { badInputErrorType } from './types.js';
@@ -34,7 +34,7 @@ export function toFailure(err: unknown): unknown {
       message: err.message,
       cause: err,
     });
-  if (err instanceof BadInputError) return toApplicationFailure(err);
+  if (err instanceof BadInputError || err instanceof RewardModelError) return toApplicationFailure(err);
   // Any other store failure retrying cannot help (no such bucket, a malformed key, a request the
   // server rejects): without this it would be retried, for rollouts without end.
   if (err instanceof StoreError && !err.retryable)

@@ -2,23 +2,40 @@
 // one rewards file per shard (the format `moe_train grpo --rewards` reads).
 import { ApplicationFailure, Context } from '@temporalio/activity';
 import * as keys from './keys.js';
-import { verifierReward } from './rewards/reward-model.js';
+import { httpRewardModel, verifierReward } from './rewards/reward-model.js';
+import type { RewardFunction } from './rewards/reward-model.js';
 import { formatRewardsJsonl, rewardStats, scoreRollouts } from './rewards/score.js';
 import type { RewardRow } from './rewards/score.js';
 import type { ActivityDeps } from './deps.js';
+import type { CampaignSpec } from '../workflows/spec.js';
+import { badInputErrorType } from './types.js';
 import type { RewardInput, RewardOutput } from './types.js';
+
+/** The spec's reward: the builtin task's verifier, or an HTTP reward model. */
+function rewardFunction(spec: CampaignSpec, signal: AbortSignal): RewardFunction {
+  const r = spec.reward;
+  if (r.kind === 'http')
+    return httpRewardModel({
+      url: r.url,
+      timeoutMs: r.timeoutMs,
+      maxRetries: r.maxRetries,
+      batchSize: r.batchSize,
+      kind: r.rewardKind,
+      signal,
+    });
+  if (!('builtin' in spec.task))
+    throw ApplicationFailure.create({
+      type: badInputErrorType,
+      nonRetryable: true,
+      message: 'a dataset task has no verifier: give the spec an http reward model',
+    });
+  return verifierReward(spec.task.builtin);
+}
 
 export async function computeRewards(deps: ActivityDeps, input: RewardInput): Promise<RewardOutput> {
   const ctx = Context.current();
   const store = deps.openStore(input.spec.store);
-  const task = input.spec.task;
-  if (!('builtin' in task))
-    throw ApplicationFailure.create({
-      type: 'NotSupported',
-      nonRetryable: true,
-      message: 'dataset tasks have no reward function yet; use a builtin task',
-    });
-  const reward = verifierReward(task.builtin);
+  const reward = rewardFunction(input.spec, ctx.cancellationSignal);
   const all: RewardRow[] = [];
   const rewardKeys: string[] = [];
   for (const shard of input.rollouts) {

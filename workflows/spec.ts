@@ -95,6 +95,18 @@ const storeSchema = z.discriminatedUnion('kind', [
   }),
 ]);
 
+const rewardSchema = z.discriminatedUnion('kind', [
+  z.strictObject({ kind: z.literal('verifier') }),
+  z.strictObject({
+    kind: z.literal('http'),
+    url: z.url().describe('reward model endpoint (protocol in docs/rewards.md)'),
+    timeoutMs: positiveInt(600_000).default(30_000),
+    maxRetries: z.number().int().min(0).max(20).default(3),
+    batchSize: positiveInt(100_000).default(64),
+    rewardKind: z.enum(['binary', 'continuous']).default('continuous'),
+  }),
+]);
+
 const orchestrationSchema = z.strictObject({
   continueAsNewEvery: positiveInt(10000)
     .default(50)
@@ -120,6 +132,9 @@ export const campaignSpecSchema = z
       'prompts per rollout chunk, all samples of each (the unit of redone work)',
     ),
     epWorldSize: positiveInt(4096),
+    reward: rewardSchema
+      .default({ kind: 'verifier' })
+      .describe("the task's verifier, or an HTTP reward model"),
     sftWarmStartSteps: z.number().int().min(0).max(1_000_000).default(0),
     launcher: launcherSchema.default({ kind: 'local' }),
     store: storeSchema.default({ kind: 'fs', path: '.moerl/store' }),

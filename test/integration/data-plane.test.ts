@@ -4,6 +4,8 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { createActivities } from '../../activities/index.js';
 import { workerActivityDeps } from '../../activities/deps.js';
@@ -82,5 +84,51 @@ describe('data plane: real activities', () => {
       assert.ok(await store.head(keys.metricsKey(id, 2)));
       assert.ok(await store.head(keys.rankLogKey(id, 2, 1, 1)));
     });
+  });
+
+  test('an HTTP reward model chosen in the spec scores every sample', async () => {
+    const seen: number[] = [];
+    const server = createServer((req, res) => {
+      let body = '';
+      req.on('data', (d: Buffer) => (body += d.toString()));
+      req.on('end', () => {
+        const samples = (JSON.parse(body) as { samples: { completion: string }[] }).samples;
+        seen.push(samples.length);
+        res.setHeader('content-type', 'application/json');
+        res.end(JSON.stringify({ rewards: samples.map((s) => (s.completion.length % 2 === 0 ? 1 : 0.5)) }));
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    try {
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/score`;
+      const stop = new AbortController();
+      const deps = workerActivityDeps(stop.signal, {
+        ...process.env,
+        MOERL_CACHE_DIR: join(dir, 'cache-http'),
+      });
+      const spec = tinySpec('http-reward', {
+        iterations: 1,
+        sftWarmStartSteps: 0,
+        reward: { kind: 'http', url, batchSize: 10 },
+      });
+      await withWorkers(t.nativeConnection, t.namespace, createActivities(deps), async (queues) => {
+        const handle = await startCampaign(t.client, spec, queues);
+        await handle.result();
+        const state = await handle.query<CampaignState>('status');
+        const it = state.recentIterations[0]!;
+        assert.ok(
+          it.meanReward >= 0.5 && it.meanReward <= 1,
+          `rewards come from the model (${it.meanReward})`,
+        );
+        assert.equal(
+          seen.reduce((a, b) => a + b, 0),
+          32,
+          'every sample was sent once',
+        );
+        assert.ok(Math.max(...seen) <= 10, 'in batches of at most batchSize');
+      });
+    } finally {
+      server.close();
+    }
   });
 });
