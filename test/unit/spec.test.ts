@@ -269,13 +269,9 @@ describe('malformed specs', () => {
   });
 
   it('19. a YAML syntax error gives file:line:col', () => {
-    const text = [
-      'name: unit',
-      'task:',
-      '  builtin: add',
-      'model: {layers: 2, hidden: 64',
-      'seed: 1',
-    ].join('\n');
+    const text = ['name: unit', 'task:', '  builtin: add', 'model: {layers: 2, hidden: 64', 'seed: 1'].join(
+      '\n',
+    );
     const problems = problemsOf(text, 'broken.yaml');
     assert.ok(problems.length >= 1);
     assert.match(problems[0] as string, /^broken\.yaml:\d+:\d+: YAML syntax error: /);
