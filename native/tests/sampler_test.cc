@@ -87,6 +87,24 @@ TEST_F(SamplerTest, KvCacheMatchesRecomputation) {
   }
 }
 
+TEST_F(SamplerTest, TopKOneAndTinyTopPAreGreedy) {
+  SampleParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_new_tokens = 8;
+  SampleParams k1 = greedy, p0 = greedy;
+  k1.temperature = p0.temperature = 1.0f;
+  k1.top_k = 1;
+  p0.top_p = 1e-6f;
+  std::vector<SampleResult> g, a, b;
+  generate(ps, comm, requests(5, 0), greedy, g);
+  generate(ps, comm, requests(5, 0), k1, a);
+  generate(ps, comm, requests(5, 0), p0, b);
+  for (size_t i = 0; i < g.size(); i++) {
+    EXPECT_EQ(a[i].tokens, g[i].tokens);
+    EXPECT_EQ(b[i].tokens, g[i].tokens);
+  }
+}
+
 TEST(SampleSeed, DependsOnEveryId) {
   uint64_t base = sample_seed(1, 2, 3, 4);
   EXPECT_EQ(base, sample_seed(1, 2, 3, 4));
