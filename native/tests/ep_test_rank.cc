@@ -5,7 +5,7 @@
 //
 // usage: ep_test_rank ep        <experts> <topk> <hidden> <tokens> <token_rule> <routing> <dtype> <seed>
 //        ep_test_rank allreduce <n>
-//        ep_test_rank loop      <tokens>      (dispatch+combine until a peer dies)
+//        ep_test_rank loop      <tokens> [fail_rank]  (dispatch+combine until a peer fails)
 #include <cmath>     // std::fabs
 #include <cstdio>    // std::fprintf
 #include <cstdlib>   // std::atoi, std::atoll
@@ -170,7 +170,9 @@ int run_allreduce(transport::Communicator& comm, size_t n) {
   return 0;
 }
 
-int run_loop(transport::Communicator& comm, int64_t tokens) {
+// Dispatch + combine until a peer fails; rank `fail_rank` throws after a few iterations
+// (an injected error, as a rank hitting a bug would).
+int run_loop(transport::Communicator& comm, int64_t tokens, int fail_rank) {
   Case c;
   c.world_size = comm.world_size();
   c.tokens = tokens;
@@ -182,7 +184,9 @@ int run_loop(transport::Communicator& comm, int64_t tokens) {
   DispatchOut out;
   Tensor combined;
   std::fprintf(stderr, "rank %d: looping\n", comm.rank());
-  for (;;) {
+  for (int iteration = 0;; ++iteration) {
+    MOERL_CHECK(!(comm.rank() == fail_rank && iteration == 5), "rank ", comm.rank(),
+                ": injected failure");
     buffer.dispatch({in.x.data(), c.dtype, in.num_tokens, c.hidden}, nullptr, in.topk_idx.data(),
                     in.topk_weights.data(), layout, out);
     buffer.combine(out.recv_x.view(), out.handle, combined);
@@ -199,7 +203,8 @@ int main(int argc, char** argv) {
     const std::string mode = argv[1];
     transport::Communicator comm(config);
     if (mode == "allreduce" && argc == 3) return run_allreduce(comm, size_t(std::atoll(argv[2])));
-    if (mode == "loop" && argc == 3) return run_loop(comm, std::atoll(argv[2]));
+    if (mode == "loop" && (argc == 3 || argc == 4))
+      return run_loop(comm, std::atoll(argv[2]), argc == 4 ? std::atoi(argv[3]) : -1);
     MOERL_CHECK_INPUT(mode == "ep" && argc == 10, "bad arguments for mode ", mode);
     Case c;
     c.world_size = config.world_size;

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include "ep_spawn.h"
+#include "transport/bootstrap.h"
 #include "transport/communicator.h"
+#include "transport/watchdog.h"
 #include "common/check.h"
 
 namespace moerl::ep::testing {
@@ -54,6 +56,36 @@ void kill_mid_dispatch(int world, const char* provider, int victim) {
 TEST(TransportFailure, RankKilledMidDispatchShm) { kill_mid_dispatch(3, "shm", 1); }
 TEST(TransportFailure, RankKilledMidDispatchTcp) { kill_mid_dispatch(3, "tcp", 1); }
 TEST(TransportFailure, CoordinatorKilledMidDispatchShm) { kill_mid_dispatch(4, "shm", 0); }
+
+TEST(TransportFailure, RankThatThrowsIsNamedByTheOthers) {
+  // Rank 2 throws mid-run; its communicator tells the group on the way out, so the others
+  // stop at once (well before the 10 s deadline) and name it.
+  const auto results = run_ranks(4, "shm", 10, {MOERL_EP_TEST_RANK, "loop", "64", "2"}, 60);
+  EXPECT_EQ(results[2].exit_code, 3) << describe(results);
+  for (int r : {0, 1, 3}) {
+    EXPECT_NE(results[size_t(r)].exit_code, 0) << describe(results);
+    EXPECT_LT(results[size_t(r)].seconds, results[2].seconds + 5) << describe(results);
+    EXPECT_NE(results[size_t(r)].stderr_text.find("rank 2 failed"), std::string::npos)
+        << describe(results);
+  }
+}
+
+// A call into libfabric that never returns (a peer died holding a lock in shared memory)
+// ends the process with exit code 3 and a message, instead of hanging.
+TEST(TransportWatchdog, EndsAProcessStuckInsideLibfabric) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        transport::Config config;
+        config.coordinator = "127.0.0.1:" + std::to_string(free_loopback_port());
+        config.timeout_s = 0.3;
+        transport::Bootstrap bootstrap(config);  // a world of one: nobody to wait for
+        transport::Watchdog watchdog(bootstrap, 0, config.timeout_s);
+        watchdog.enter_fabric();
+        std::this_thread::sleep_for(std::chrono::seconds(10));
+      },
+      ::testing::ExitedWithCode(transport::Watchdog::kExitStuck), "stuck inside libfabric");
+}
 
 TEST(TransportFailure, MissingRankIsNamedByCoordinator) {
   // Rank 0 of a world of 2 whose rank 1 never starts must fail in time, naming rank 1.
