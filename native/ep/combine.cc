@@ -26,6 +26,10 @@ MOERL_ROW_KERNEL void add_f32_row(float* dst, const float* src, int64_t C) {
   for (int64_t c = 0; c < C; ++c) dst[c] += src[c];
 }
 
+MOERL_ROW_KERNEL void sum2_f32_rows(float* dst, const float* a, const float* b, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) dst[c] = a[c] + b[c];
+}
+
 // acc = a + b in fp32 (a: the first contribution, b: the second).
 MOERL_ROW_KERNEL void sum_bf16_rows(float* acc, const uint16_t* a, const uint16_t* b, int64_t C) {
   for (int64_t c = 0; c < C; ++c) acc[c] = bf16_to_f32(a[c]) + bf16_to_f32(b[c]);
@@ -91,16 +95,19 @@ void Buffer::combine(TensorView y, const Handle& h, Tensor& out) {
   if (y.dtype == DType::F32) {
     for (int64_t t = 0; t < T; ++t) {
       float* dst = out.data<float>() + t * C;
-      bool first = true;
+      const float* first = nullptr;
+      int num_added = 0;
       for (int d = 0; d < R; ++d) {
         const int32_t row = h.send_row[size_t(t) * R + d];
         if (row < 0) continue;
         const auto* src = reinterpret_cast<const float*>(block[size_t(d)] + size_t(row) * row_bytes);
-        if (first) std::memcpy(dst, src, row_bytes);
+        if (num_added == 0) first = src;
+        else if (num_added == 1) sum2_f32_rows(dst, first, src, C);
         else add_f32_row(dst, src, C);
-        first = false;
+        ++num_added;
       }
-      if (first) std::memset(dst, 0, row_bytes);
+      if (num_added == 0) std::memset(dst, 0, row_bytes);
+      else if (num_added == 1) std::memcpy(dst, first, row_bytes);
     }
     return;
   }

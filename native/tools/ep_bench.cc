@@ -99,7 +99,7 @@ std::string run_rank(const Options& o, const transport::Config& config) {
   const double bytes_d = sums[0] / R, bytes_c = sums[1] / R;
   std::ostringstream js;
   js.precision(4);
-  js << std::fixed << "{\"ranks\": " << R << ", \"provider\": \"" << o.provider
+  js << std::fixed << "{\"ranks\": " << R << ", \"provider\": \"" << comm.config().provider
      << "\", \"fi_provider\": \"" << comm.provider_name() << "\", \"tokens\": " << o.tokens
      << ", \"hidden\": " << o.hidden << ", \"experts\": " << o.experts << ", \"topk\": " << o.topk
      << ", \"dtype\": \"" << o.dtype << "\", \"combine_dtype\": \"" << ep::dtype_name(cdt)
