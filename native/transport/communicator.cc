@@ -69,10 +69,20 @@ Communicator::Communicator(const Config& config) : config_(config) {
 }
 
 Communicator::~Communicator() {
-  // Destroyed while an exception unwinds, or after a failed wait: tell the group we failed,
-  // so the others stop at once and name this rank.
   if (!bootstrap_) return;
-  bootstrap_->leave(!broken_ && std::uncaught_exceptions() == 0);
+  // A clean close is collective: a closing barrier makes sure no rank tears its endpoint down
+  // while a peer may still need a message from it (over tcp a completed send can still sit in
+  // a socket buffer). Destroyed while an exception unwinds, or after a failed wait: no
+  // barrier; tell the group we failed, so the others stop at once and name this rank.
+  bool clean = !broken_ && std::uncaught_exceptions() == 0;
+  if (clean) {
+    try {
+      barrier();
+    } catch (const std::exception&) {
+      clean = false;  // a peer failed meanwhile; nothing more to do than leave
+    }
+  }
+  bootstrap_->leave(clean);
   for (auto& p : pending_) Fabric::deregister(p->mr);
   {
     // Closing the endpoint may touch a dead peer's shared memory: keep the watchdog on it.

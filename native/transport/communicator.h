@@ -11,6 +11,8 @@
 // message naming the rank (see watchdog.h): a hang is never an outcome.
 // world_size == 1 needs no network: no libfabric object is created.
 // Not thread-safe: one thread drives a communicator (its watchdog thread is internal).
+// Destruction is collective too when nothing failed: it ends with a barrier, so no rank tears
+// its endpoint down while a peer still needs a message from it.
 #pragma once
 
 #include <cstddef>   // size_t
