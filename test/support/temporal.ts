@@ -3,6 +3,7 @@
 // One environment per suite; workers per test with `worker.runUntil(...)`.
 import type { Client, Connection } from '@temporalio/client';
 import { TestWorkflowEnvironment } from '@temporalio/testing';
+import { DefaultLogger, Runtime } from '@temporalio/worker';
 import type { NativeConnection } from '@temporalio/worker';
 import { resolveTool } from '../../cli/temporal-tools.js';
 import { campaignSearchAttributes } from '../../workflows/search-attributes.js';
@@ -27,7 +28,20 @@ export interface TestEnvironmentOptions {
   dbFile?: string;
 }
 
+/**
+ * Test output shows SDK errors only: worker state changes and the activity failures that tests
+ * provoke on purpose would bury the results. Must run before anything creates the runtime.
+ */
+function quietRuntime(): void {
+  try {
+    Runtime.install({ logger: new DefaultLogger('ERROR') });
+  } catch {
+    // Already installed in this process.
+  }
+}
+
 export async function startTestEnvironment(opts: TestEnvironmentOptions = {}): Promise<TestEnvironment> {
+  quietRuntime();
   const namespace = opts.namespace ?? 'default';
   const env = await TestWorkflowEnvironment.createLocal({
     server: {
