@@ -72,8 +72,9 @@ void pack_rows(const Section& s, const int64_t* tokens, int64_t count, int dest,
 // Cuts the ascending token list for one destination into segments (see Handle).
 void segment_block(const int64_t* tokens, int64_t count, size_t row_bytes, Handle& h) {
   // Below ~32 KiB a message costs more (queue entry, syscall, page pinning) than packing.
-  const int64_t min_direct_rows =
-      std::max<int64_t>(1, int64_t((Handle::kMinDirectBytes + row_bytes - 1) / std::max<size_t>(row_bytes, 1)));
+  const size_t bytes_per_row = std::max<size_t>(row_bytes, 1);
+  const int64_t min_direct_rows = std::max<int64_t>(
+      1, int64_t((Handle::kMinDirectBytes + bytes_per_row - 1) / bytes_per_row));
   const int max_direct = (Handle::kMaxSegments - 1) / 2;  // direct and packed alternate
   int num_direct = 0;
   int64_t packed = 0;
