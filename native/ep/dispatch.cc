@@ -14,6 +14,7 @@
 // sender's memory, so a directly sent row is copied once and a packed row twice.
 #include <algorithm>  // std::max
 #include <cstring>    // std::memcpy
+#include <limits>     // std::numeric_limits
 
 #include "common/check.h"
 #include "ep/ep.h"
@@ -70,11 +71,17 @@ void pack_rows(const Section& s, const int64_t* tokens, int64_t count, int dest,
 }
 
 // Cuts the ascending token list for one destination into segments (see Handle).
-void segment_block(const int64_t* tokens, int64_t count, size_t row_bytes, Handle& h) {
+// use_direct: only on shm, where a message is one kernel copy straight from the sender's
+// memory; over tcp or efa every message is a rendezvous of its own, and packing a block into
+// one message per peer is cheaper than many direct ones.
+void segment_block(const int64_t* tokens, int64_t count, size_t row_bytes, bool use_direct,
+                   Handle& h) {
   // Below ~32 KiB a message costs more (queue entry, syscall, page pinning) than packing.
   const size_t bytes_per_row = std::max<size_t>(row_bytes, 1);
-  const int64_t min_direct_rows = std::max<int64_t>(
-      1, int64_t((Handle::kMinDirectBytes + bytes_per_row - 1) / bytes_per_row));
+  const int64_t min_direct_rows =
+      use_direct ? std::max<int64_t>(
+                       1, int64_t((Handle::kMinDirectBytes + bytes_per_row - 1) / bytes_per_row))
+                 : std::numeric_limits<int64_t>::max();
   const int max_direct = (Handle::kMaxSegments - 1) / 2;  // direct and packed alternate
   int num_direct = 0;
   int64_t packed = 0;
@@ -200,7 +207,7 @@ void check_payload(TensorView x, const float* x_scales, int64_t num_tokens) {
 // Send side of the routes: tokens for each rank in ascending order, each token's row in
 // those blocks, and the segmentation of every block.
 void build_send_routes(int self, int R, const Layout& layout, int num_experts,
-                       size_t row_bytes, Handle& h) {
+                       size_t row_bytes, bool use_direct, Handle& h) {
   const int64_t T = layout.num_tokens;
   h.num_ranks = R;
   h.num_experts = num_experts;
@@ -224,7 +231,8 @@ void build_send_routes(int self, int R, const Layout& layout, int num_experts,
   for (int r = 0; r < R; ++r) {
     if (r != self)  // this rank's own rows are copied, not sent: no segments
       segment_block(h.send_token_idx.data() + h.send_rank_prefix[r],
-                    h.send_rank_prefix[r + 1] - h.send_rank_prefix[r], row_bytes, h);
+                    h.send_rank_prefix[r + 1] - h.send_rank_prefix[r], row_bytes, use_direct,
+                    h);
     h.send_segment_prefix[r + 1] = int32_t(h.send_segment_rows.size());
   }
 }
@@ -299,7 +307,8 @@ void Buffer::dispatch(TensorView x, const float* x_scales, const topk_idx_t* top
   // Counts go out first; the payload is packed and posted while they are in flight (a send
   // that arrives before its receive waits at the receiver as a descriptor, not a copy).
   Handle& h = out.handle;
-  build_send_routes(self, R, layout, num_experts_, sections[0].row_bytes, h);
+  build_send_routes(self, R, layout, num_experts_, sections[0].row_bytes,
+                    comm_.provider_name() == "shm", h);
   std::vector<CountsMessage> counts_to, counts_from;
   const size_t counts_begin = comm_.num_posted();
   post_counts(comm_, layout, h, counts_to, counts_from);

@@ -79,10 +79,11 @@ struct Handle {
                                                   //   tokens sent to rank r, ascending
   std::vector<int32_t> send_row;                  // [T, R] row of token t within the block
                                                   //   rank r received from us, -1 if not sent
-  // Each block travels as up to kMaxSegments messages ("segments", in row order). A run of
-  // consecutive tokens holding at least kMinDirectBytes of x (at the C and dtype of the
+  // Each block travels as up to kMaxSegments messages ("segments", in row order). On shm, a
+  // run of consecutive tokens holding at least kMinDirectBytes of x (at the C and dtype of the
   // dispatch that made the handle) is one segment sent straight from x, with no staging copy;
-  // the rows between such runs are packed into one segment.
+  // the rows between such runs are packed into one segment. Other providers pack the block
+  // into one segment (there every message is a rendezvous of its own).
   static constexpr int kMaxSegments = 240;
   static constexpr size_t kMinDirectBytes = 32 << 10;
   std::vector<int32_t> send_segment_prefix;       // [R+1] segments of the block sent to rank r
