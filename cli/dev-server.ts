@@ -225,8 +225,8 @@ export function freePort(): Promise<number> {
   });
 }
 
-// The last lines this start wrote to the log.
-function logTail(logFile: string, from: number, maxBytes = 4096): string {
+/** The last lines a server wrote to its log since byte `from` (for start-up failure messages). */
+export function logTail(logFile: string, from: number, maxBytes = 4096): string {
   try {
     const fd = openSync(logFile, 'r');
     try {

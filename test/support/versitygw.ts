@@ -11,13 +11,12 @@ import {
   mkdirSync,
   mkdtempSync,
   openSync,
-  readSync,
   rmSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { CreateBucketCommand, S3Client } from '@aws-sdk/client-s3';
-import { freePort } from '../../cli/dev-server.js';
+import { freePort, logTail } from '../../cli/dev-server.js';
 import { resolveTool } from '../../cli/temporal-tools.js';
 
 export interface Versitygw {
@@ -174,22 +173,4 @@ function findOnPath(name: string): string | undefined {
         return false;
       }
     });
-}
-
-function logTail(logFile: string, from: number, maxBytes = 4096): string {
-  try {
-    const fd = openSync(logFile, 'r');
-    try {
-      const size = fstatSync(fd).size;
-      const start = Math.max(from, size - maxBytes);
-      const buffer = Buffer.alloc(size - start);
-      readSync(fd, buffer, 0, buffer.length, start);
-      const text = buffer.toString('utf8').trimEnd();
-      return text ? `--- versitygw log (tail) ---\n${text}` : '(versitygw log is empty)';
-    } finally {
-      closeSync(fd);
-    }
-  } catch (err) {
-    return `(cannot read ${logFile}: ${err instanceof Error ? err.message : String(err)})`;
-  }
 }
