@@ -49,6 +49,16 @@ inline bool parse_options(int argc, char** argv, Options& o) {
       return argv[++i];
     };
     const char* v = nullptr;
+    if (a == "--help" || a == "-h") {
+      std::fprintf(stderr,
+                   "usage: ep_bench [--ranks N] [--provider shm|tcp|efa] [--tokens T] [--hidden C]\n"
+                   "                [--experts E] [--topk K] [--dtype fp32|bf16|fp8]\n"
+                   "                [--routing uniform|skewed] [--warmup W] [--iters I] [--seed S]\n"
+                   "                [--json] [--no-mpi]\n"
+                   "Without MOERL_RANK set, spawns N ranks on this host and runs the MPI baseline;\n"
+                   "with it, runs as one rank of a group (rank env contract, docs/native-ep.md).\n");
+      return false;
+    }
     if (a == "--json") o.json = true;
     else if (a == "--no-mpi") o.mpi = false;
     else if (a == "--ranks" && (v = value("--ranks"))) o.ranks = std::atoi(v);
