@@ -275,7 +275,7 @@ int launch(const Options& o) {
 int main(int argc, char** argv) {
   using namespace moerl;
   bench::Options o;
-  if (!bench::parse_options(argc, argv, o)) return 2;
+  if (!bench::parse_options(argc, argv, o)) return o.help ? 0 : 2;
   try {
     if (std::getenv("MOERL_RANK") == nullptr) return bench::launch(o);
     const std::string report = bench::run_rank(o, transport::Config::from_env());

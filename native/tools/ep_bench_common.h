@@ -35,6 +35,7 @@ struct Options {
   uint64_t seed = 1;
   bool json = false;
   bool mpi = true;  // also run the MPI_Alltoallv baseline (launcher mode only)
+  bool help = false;
 };
 
 // Parses --key value pairs; returns false (after printing why) on anything unknown.
@@ -57,6 +58,7 @@ inline bool parse_options(int argc, char** argv, Options& o) {
                    "                [--json] [--no-mpi]\n"
                    "Without MOERL_RANK set, spawns N ranks on this host and runs the MPI baseline;\n"
                    "with it, runs as one rank of a group (rank env contract, docs/native-ep.md).\n");
+      o.help = true;
       return false;
     }
     if (a == "--json") o.json = true;
