@@ -66,5 +66,17 @@ INSTANTIATE_TEST_SUITE_P(
         EpCase{4, "tcp", 16, 4, 64, 60, "zero", "minus1", "f32"}),
     name_of);
 
+// The memory-registration path efa takes (every buffer registered, descriptors passed),
+// run over shm and tcp with MOERL_FI_REGISTER_ALL=1.
+TEST(EpDispatchRegistered, MatchesReferenceBitwise) {
+  for (const char* provider : {"shm", "tcp"}) {
+    const auto results = run_ranks(
+        3, provider, 20,
+        {MOERL_EP_TEST_RANK, "ep", "6", "2", "256", "200", "varied", "minus1", "bf16", "3"}, 120,
+        nullptr, {"MOERL_FI_REGISTER_ALL=1"});
+    for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << provider << "\n" << describe(results);
+  }
+}
+
 }  // namespace
 }  // namespace moerl::ep::testing

@@ -47,12 +47,14 @@ inline int free_loopback_port() {
 
 // Runs `args` (argv[0] = the helper binary) as R ranks; `while_running` (optional) is called
 // every 20 ms with the pids (negated once exited), the elapsed seconds and the paths of the
-// ranks' stderr files. Ranks still alive after wall_s are killed.
+// ranks' stderr files. Ranks still alive after wall_s are killed. extra_env entries
+// ("NAME=value") are added to every rank's environment.
 inline std::vector<RankResult> run_ranks(
     int world, const std::string& provider, double timeout_s, const std::vector<std::string>& args,
     double wall_s = 120,
     const std::function<void(const std::vector<pid_t>&, double, const std::vector<std::string>&)>&
-        while_running = nullptr) {
+        while_running = nullptr,
+    const std::vector<std::string>& extra_env = {}) {
   const int port = free_loopback_port();
   std::vector<pid_t> pids(static_cast<size_t>(world), -1);
   std::vector<std::string> err_paths(static_cast<size_t>(world));
@@ -62,6 +64,7 @@ inline std::vector<RankResult> run_ranks(
         "MOERL_RANK=" + std::to_string(r), "MOERL_WORLD_SIZE=" + std::to_string(world),
         "MOERL_COORDINATOR=127.0.0.1:" + std::to_string(port), "MOERL_FI_PROVIDER=" + provider,
         "MOERL_TIMEOUT_S=" + std::to_string(timeout_s)};
+    env_strings.insert(env_strings.end(), extra_env.begin(), extra_env.end());
     for (char** e = environ; *e != nullptr; ++e)
       if (std::string(*e).rfind("MOERL_", 0) != 0) env_strings.push_back(*e);
     std::vector<char*> envp, argv;

@@ -51,7 +51,8 @@ Communicator::Communicator(const Config& config) : config_(config) {
   config_.validate();
   if (config_.world_size == 1) return;
   bootstrap_ = std::make_unique<Bootstrap>(config_);
-  fabric_ = std::make_unique<Fabric>(config_.provider, bootstrap_->local_ip(), config_.rank);
+  fabric_ = std::make_unique<Fabric>(config_.provider, bootstrap_->local_ip(), config_.rank,
+                                     config_.register_all_memory);
   const std::vector<std::vector<uint8_t>> addresses = bootstrap_->allgather(fabric_->address());
   fabric_->insert_peers(addresses);
   if (fabric_->provider_name() == "shm") {

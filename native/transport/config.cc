@@ -38,6 +38,10 @@ Config Config::from_env() {
   c.timeout_s = std::strtod(timeout.c_str(), &end);
   MOERL_CHECK_INPUT(errno == 0 && end != timeout.c_str() && *end == '\0',
                     "MOERL_TIMEOUT_S='", timeout, "' is not a number of seconds");
+  const std::string register_all = env_or("MOERL_FI_REGISTER_ALL", "0");
+  MOERL_CHECK_INPUT(register_all == "0" || register_all == "1", "MOERL_FI_REGISTER_ALL='",
+                    register_all, "' must be 0 or 1");
+  c.register_all_memory = register_all == "1";
   c.validate();
   return c;
 }

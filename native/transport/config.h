@@ -6,6 +6,9 @@
 //                      (required when the world size is above 1)
 //   MOERL_FI_PROVIDER  libfabric provider: efa | tcp | shm      (default shm)
 //   MOERL_TIMEOUT_S    deadline in seconds for every wait       (default 60)
+// and one switch for testing:
+//   MOERL_FI_REGISTER_ALL=1  register every message buffer, as efa requires, on any provider
+//                            (runs the efa memory-registration path over shm or tcp)
 #pragma once
 
 #include <string>
@@ -18,6 +21,7 @@ struct Config {
   std::string coordinator;  // "host:port" of rank 0; empty when world_size == 1
   std::string provider = "shm";
   double timeout_s = 60.0;
+  bool register_all_memory = false;
 
   // Reads the MOERL_* variables above; throws moerl::Error(BadInput) naming the
   // variable, its value and what is allowed when one is malformed.

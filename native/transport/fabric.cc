@@ -25,7 +25,8 @@ namespace {
 
 }  // namespace
 
-Fabric::Fabric(const std::string& provider, const std::string& local_ip, int rank)
+Fabric::Fabric(const std::string& provider, const std::string& local_ip, int rank,
+               bool register_all)
     : rank_(rank) {
   fi_info* hints = fi_allocinfo();
   MOERL_CHECK(hints != nullptr, "fi_allocinfo failed");
@@ -50,7 +51,7 @@ Fabric::Fabric(const std::string& provider, const std::string& local_ip, int ran
   // Take the first match; keep our own copy so the list can be freed.
   info_ = fi_dupinfo(found);
   fi_freeinfo(found);
-  needs_local_mr_ = (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
+  needs_local_mr_ = register_all || (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
   max_msg_size_ = info_->ep_attr->max_msg_size;
 
   FI_CALL(fi_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
@@ -113,7 +114,8 @@ std::string Fabric::provider_name() const { return info_->fabric_attr->prov_name
 
 fid_mr* Fabric::register_memory(void* data, size_t bytes, bool is_send) {
   fid_mr* mr = nullptr;
-  FI_CALL(fi_mr_reg(domain_, data, bytes, is_send ? FI_SEND : FI_RECV, 0, 0, 0, &mr, nullptr),
+  FI_CALL(fi_mr_reg(domain_, data, bytes, is_send ? FI_SEND : FI_RECV, 0, next_mr_key_++, 0, &mr,
+                    nullptr),
           "fi_mr_reg");
   return mr;
 }

@@ -22,8 +22,9 @@ struct Completion {
 class Fabric {
  public:
   // provider: "efa" | "tcp" | "shm". local_ip: interface for tcp (ignored otherwise).
-  // rank and timeout name this endpoint in messages.
-  Fabric(const std::string& provider, const std::string& local_ip, int rank);
+  // rank names this endpoint in messages. register_all: register every buffer even when the
+  // provider does not ask for it (exercises the efa path elsewhere).
+  Fabric(const std::string& provider, const std::string& local_ip, int rank, bool register_all);
   ~Fabric();
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
@@ -56,6 +57,7 @@ class Fabric {
   fid_ep* ep_ = nullptr;
   std::vector<fi_addr_t> peers_;
   bool needs_local_mr_ = false;
+  uint64_t next_mr_key_ = 1;  // unique keys for providers that do not pick their own
   size_t max_msg_size_ = 0;
   int rank_;
 };
