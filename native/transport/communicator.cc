@@ -79,8 +79,12 @@ Communicator::~Communicator() {
   if (clean) {
     try {
       barrier();
-    } catch (const std::exception&) {
-      clean = false;  // a peer failed meanwhile; nothing more to do than leave
+    } catch (const Error& e) {
+      // A peer failed meanwhile: say so. Peers merely busy past the deadline (not closing
+      // yet) are not failures: leave cleanly without them.
+      clean = e.kind() == ErrorKind::Timeout;
+    } catch (...) {
+      clean = false;  // nothing may escape a destructor
     }
   }
   bootstrap_->leave(clean);
