@@ -100,7 +100,8 @@ void Buffer::combine(TensorView y, const Handle& h, Tensor& out) {
       for (int d = 0; d < R; ++d) {
         const int32_t row = h.send_row[size_t(t) * R + d];
         if (row < 0) continue;
-        const auto* src = reinterpret_cast<const float*>(block[size_t(d)] + size_t(row) * row_bytes);
+        const auto* src =
+            reinterpret_cast<const float*>(block[size_t(d)] + size_t(row) * row_bytes);
         if (num_added == 0) first = src;
         else if (num_added == 1) sum2_f32_rows(dst, first, src, C);
         else add_f32_row(dst, src, C);

@@ -72,7 +72,8 @@ inline void quantize_fp8(const float* x, int64_t num_tokens, int64_t num_channel
       // Zero blocks keep scale 1 so dequantization never divides by zero.
       const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
       scales[t * num_blocks + b] = scale;
-      for (int i = 0; i < 128; ++i) q[t * num_channels + b * 128 + i] = f32_to_fp8_e4m3(xb[i] / scale);
+      uint8_t* qb = q + t * num_channels + b * 128;
+      for (int i = 0; i < 128; ++i) qb[i] = f32_to_fp8_e4m3(xb[i] / scale);
     }
   }
 }

@@ -74,7 +74,8 @@ TEST(EpDispatchRegistered, MatchesReferenceBitwise) {
         3, provider, 20,
         {MOERL_EP_TEST_RANK, "ep", "6", "2", "256", "200", "varied", "minus1", "bf16", "3"}, 120,
         nullptr, {"MOERL_FI_REGISTER_ALL=1"});
-    for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << provider << "\n" << describe(results);
+    for (const auto& r : results)
+      ASSERT_EQ(r.exit_code, 0) << provider << "\n" << describe(results);
   }
 }
 

@@ -79,7 +79,8 @@ inline std::vector<RankResult> run_ranks(
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 2, err_paths[size_t(r)].c_str(),
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int rc = posix_spawn(&pids[size_t(r)], argv[0], &actions, nullptr, argv.data(), envp.data());
+    const int rc =
+        posix_spawn(&pids[size_t(r)], argv[0], &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
     if (rc != 0) ADD_FAILURE() << "posix_spawn " << args[0] << " failed: " << rc;
   }

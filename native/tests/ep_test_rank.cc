@@ -3,7 +3,8 @@
 // reference (ep_reference.h) and exits 0 on a bitwise match, 1 on a mismatch (printing the
 // first difference), 2/3 on an exception (bad input / peer failure or timeout).
 //
-// usage: ep_test_rank ep        <experts> <topk> <hidden> <tokens> <token_rule> <routing> <dtype> <seed>
+// usage: ep_test_rank ep        <experts> <topk> <hidden> <tokens> <token_rule> <routing>
+//                              <dtype> <seed>
 //        ep_test_rank allreduce <n>
 //        ep_test_rank loop      <tokens> [fail_rank]  (dispatch+combine until a peer fails)
 #include <cmath>     // std::fabs
@@ -100,8 +101,12 @@ int run_ep(transport::Communicator& comm, const Case& c) {
   Tensor y;
   y.resize(c.dtype, N, C);
   for (int64_t i = 0; i < N * C; ++i) {
-    if (c.dtype == DType::F32) y.data<float>()[i] = out.recv_x.data<float>()[i] * expert_scale(self);
-    else y.data<uint16_t>()[i] = f32_to_bf16(bf16_to_f32(out.recv_x.data<uint16_t>()[i]) * expert_scale(self));
+    const float scale = expert_scale(self);
+    if (c.dtype == DType::F32) {
+      y.data<float>()[i] = out.recv_x.data<float>()[i] * scale;
+    } else {
+      y.data<uint16_t>()[i] = f32_to_bf16(bf16_to_f32(out.recv_x.data<uint16_t>()[i]) * scale);
+    }
   }
   Tensor combined;
   buffer.combine(y.view(), out.handle, combined);

@@ -160,7 +160,8 @@ std::string capture(const std::vector<std::vector<std::string>>& procs,
   int fds[2];
   MOERL_CHECK(pipe(fds) == 0, "pipe: ", std::strerror(errno));
   std::vector<pid_t> pids;
-  for (size_t i = 0; i < procs.size(); ++i) pids.push_back(spawn(procs[i], envs[i], i == 0 ? fds[1] : -1));
+  for (size_t i = 0; i < procs.size(); ++i)
+    pids.push_back(spawn(procs[i], envs[i], i == 0 ? fds[1] : -1));
   close(fds[1]);
   const std::string out = read_all(fds[0]);
   close(fds[0]);
@@ -198,7 +199,8 @@ int launch(const Options& o) {
     std::vector<std::string> p = {exe};
     p.insert(p.end(), args.begin(), args.end());
     procs.push_back(p);
-    envs.push_back({"MOERL_RANK=" + std::to_string(r), "MOERL_WORLD_SIZE=" + std::to_string(o.ranks),
+    envs.push_back({"MOERL_RANK=" + std::to_string(r),
+                    "MOERL_WORLD_SIZE=" + std::to_string(o.ranks),
                     "MOERL_COORDINATOR=127.0.0.1:" + std::to_string(port),
                     "MOERL_FI_PROVIDER=" + o.provider});
   }
@@ -226,7 +228,8 @@ int launch(const Options& o) {
     int mrc = 0;
     mpi = capture({p}, {{}}, mrc);
     if (mrc != 0 || mpi.find('{') == std::string::npos) {
-      std::fprintf(stderr, "ep_bench: the MPI baseline failed (exit %d); reporting without it\n", mrc);
+      std::fprintf(stderr, "ep_bench: the MPI baseline failed (exit %d); reporting without it\n",
+                   mrc);
       mpi.clear();
     } else {
       mpi = mpi.substr(mpi.find('{') + 1);

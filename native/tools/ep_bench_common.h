@@ -100,7 +100,8 @@ inline std::vector<std::string> to_args(const Options& o) {
 }
 
 inline ep::DType payload_dtype(const Options& o) {
-  return o.dtype == "fp32" ? ep::DType::F32 : o.dtype == "bf16" ? ep::DType::BF16 : ep::DType::F8E4M3;
+  if (o.dtype == "fp32") return ep::DType::F32;
+  return o.dtype == "bf16" ? ep::DType::BF16 : ep::DType::F8E4M3;
 }
 // combine moves fp32 for fp32 runs, bf16 otherwise (FP8 is a dispatch-only format).
 inline ep::DType combine_dtype(const Options& o) {

@@ -51,16 +51,21 @@ int main(int argc, char** argv) {
   std::vector<int> slots_per_expert(static_cast<size_t>(E), 0);
   for (auto e : routing.topk_idx) ++slots_per_expert[size_t(e)];
   std::vector<int64_t> expert_start(size_t(E) + 1, 0);
-  for (int e = 0; e < E; ++e) expert_start[size_t(e) + 1] = expert_start[size_t(e)] + slots_per_expert[size_t(e)];
+  for (int e = 0; e < E; ++e)
+    expert_start[size_t(e) + 1] = expert_start[size_t(e)] + slots_per_expert[size_t(e)];
   const int64_t P = expert_start[size_t(E)];
   std::vector<int64_t> perm_token(static_cast<size_t>(P));  // permuted row -> source token
   {
     std::vector<int64_t> cur(expert_start.begin(), expert_start.end() - 1);
     for (int64_t t = 0; t < T; ++t)
-      for (int k = 0; k < K; ++k) perm_token[size_t(cur[size_t(routing.topk_idx[size_t(t * K + k)])]++)] = t;
+      for (int k = 0; k < K; ++k) {
+        const auto e = size_t(routing.topk_idx[size_t(t * K + k)]);
+        perm_token[size_t(cur[e]++)] = t;
+      }
   }
-  std::vector<int> send_counts(static_cast<size_t>(R)), send_displs(static_cast<size_t>(R)), recv_counts(static_cast<size_t>(R)),
-      recv_displs(static_cast<size_t>(R));
+  const size_t num_ranks = static_cast<size_t>(R);
+  std::vector<int> send_counts(num_ranks), send_displs(num_ranks), recv_counts(num_ranks),
+      recv_displs(num_ranks);
   std::vector<int> recv_per_expert(size_t(R * L));  // [source, local expert]
   ep::HostBytes permuted(size_t(P) * row), received, sorted;
   ep::HostBytes c_sorted, c_received, c_permuted(size_t(P) * crow), combined(size_t(T) * crow);
@@ -68,8 +73,10 @@ int main(int argc, char** argv) {
 
   auto dispatch = [&] {
     for (int64_t i = 0; i < P; ++i)
-      std::memcpy(permuted.data() + size_t(i) * row, x.data() + size_t(perm_token[size_t(i)]) * row, row);
-    MPI_Alltoall(slots_per_expert.data(), L, MPI_INT, recv_per_expert.data(), L, MPI_INT, MPI_COMM_WORLD);
+      std::memcpy(permuted.data() + size_t(i) * row,
+                  x.data() + size_t(perm_token[size_t(i)]) * row, row);
+    MPI_Alltoall(slots_per_expert.data(), L, MPI_INT, recv_per_expert.data(), L, MPI_INT,
+                 MPI_COMM_WORLD);
     int in = 0;
     for (int r = 0; r < R; ++r) {
       send_counts[size_t(r)] = int(expert_start[size_t((r + 1) * L)] - expert_start[size_t(r * L)]);

@@ -135,9 +135,9 @@ void Communicator::post(bool is_send, int peer, void* data, size_t bytes, uint32
     ++num_posted_;
     for (;;) {
       FabricCall call(watchdog_.get());
-      const int rc = is_send ? fabric_->try_send(peer, chunk, len, Fabric::descriptor(p.mr), tag,
-                                                 &p.context)
-                             : fabric_->try_recv(chunk, len, Fabric::descriptor(p.mr), tag, &p.context);
+      void* desc = Fabric::descriptor(p.mr);
+      const int rc = is_send ? fabric_->try_send(peer, chunk, len, desc, tag, &p.context)
+                             : fabric_->try_recv(chunk, len, desc, tag, &p.context);
       if (rc == 0) break;
       // The provider's queues are full: reap completions to make room, then retry.
       progress("posting a message");
