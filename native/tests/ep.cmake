@@ -4,6 +4,7 @@ add_executable(ep_test_rank ${CMAKE_CURRENT_LIST_DIR}/ep_test_rank.cc)
 target_link_libraries(ep_test_rank PRIVATE moerl_ep)
 
 add_executable(ep_tests
+  ${CMAKE_CURRENT_LIST_DIR}/ep_dtype_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/ep_dispatch_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/collectives_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/transport_failure_test.cc)
