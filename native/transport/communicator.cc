@@ -141,6 +141,7 @@ void Communicator::post(bool is_send, int peer, void* data, size_t bytes, uint32
       if (rc == 0) break;
       // The provider's queues are full: reap completions to make room, then retry.
       progress("posting a message");
+      if (watchdog_->has_failure()) fail(ErrorKind::PeerFailure, watchdog_->failure());
       if (now_s() > deadline) {
         fail(ErrorKind::Timeout, "rank " + std::to_string(rank()) +
                                      ": could not post a message to rank " + std::to_string(peer) +
