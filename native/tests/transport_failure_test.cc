@@ -121,6 +121,12 @@ TEST(TransportConfig, RejectsBadEnvWithTheVariableName) {
   c.provider = "tcp";
   c.coordinator = "nohostport";
   EXPECT_THROW(c.validate(), moerl::Error);
+  c.coordinator = "host:http";
+  EXPECT_THROW(c.validate(), moerl::Error);
+  c.coordinator = "host:70000";
+  EXPECT_THROW(c.validate(), moerl::Error);
+  c.coordinator = "trainer-0.trainer:29500";
+  EXPECT_NO_THROW(c.validate());
 }
 
 TEST(TransportConfig, OneRankNeedsNoNetwork) {

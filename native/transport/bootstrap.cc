@@ -106,9 +106,10 @@ Bootstrap::Bootstrap(const Config& config)
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_ANY);
     sa.sin_port = htons(uint16_t(std::stoi(port)));
-    MOERL_CHECK_INPUT(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0,
-                      "rank 0 cannot listen on MOERL_COORDINATOR port ", port, ": ",
-                      std::strerror(errno), " (is another group using it?)");
+    // Retryable (not bad input): the port may be held by a group that is just going away.
+    MOERL_CHECK(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0,
+                "rank 0 cannot listen on MOERL_COORDINATOR port ", port, ": ",
+                std::strerror(errno), " (is another group using it?)");
     MOERL_CHECK(::listen(listen_fd_, world) == 0, "listen: ", std::strerror(errno));
     set_nonblocking(listen_fd_);
     peer_fds_.assign(size_t(world), -1);

@@ -57,9 +57,13 @@ void Config::validate() const {
                     " must be in (0, 86400]");
   if (world_size > 1) {
     const auto colon = coordinator.rfind(':');
-    MOERL_CHECK_INPUT(colon != std::string::npos && colon > 0 && colon + 1 < coordinator.size(),
+    const std::string port = colon == std::string::npos ? "" : coordinator.substr(colon + 1);
+    char* end = nullptr;
+    const long port_number = port.empty() ? 0 : std::strtol(port.c_str(), &end, 10);
+    MOERL_CHECK_INPUT(colon != std::string::npos && colon > 0 && end != nullptr && *end == '\0' &&
+                          port_number >= 1 && port_number <= 65535,
                       "MOERL_COORDINATOR='", coordinator,
-                      "' must be host:port of rank 0 when MOERL_WORLD_SIZE > 1");
+                      "' must be host:port (port 1-65535) of rank 0 when MOERL_WORLD_SIZE > 1");
   }
 }
 
