@@ -20,9 +20,9 @@ import type { CampaignActivities, CheckpointRef, StoreLocation } from '../../act
 import type { CampaignHistory } from '../../cli/history.js';
 import { main } from '../../cli/main.js';
 import type { campaign } from '../../workflows/campaign.js';
-import type { CampaignSpec } from '../../workflows/spec.js';
+import type { CampaignSpec, CampaignSpecInput } from '../../workflows/spec.js';
 import type { CampaignState, StageFailure, StageName } from '../../workflows/types.js';
-import { startCampaign, testSpec, waitForState, withWorkers } from '../support/campaign-harness.js';
+import { startCampaign, tinyRealSpec, waitForState, withWorkers } from '../support/campaign-harness.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
 import { startVersitygw, type Versitygw } from '../support/versitygw.js';
 
@@ -48,24 +48,8 @@ function diagnostic(f: StageFailure): void {
 
 const storeLocation = (): StoreLocation => ({ kind: 'fs', path: join(dir, 'store') });
 
-/** One iteration of a model small enough for seconds per stage on two cores. */
-function tinySpec(name: string, overrides: Parameters<typeof testSpec>[0] = {}): CampaignSpec {
-  return testSpec({
-    name,
-    task: { builtin: 'reverse' },
-    model: { layers: 1, hidden: 32, heads: 2, experts: 4, topK: 2, contextLength: 32 },
-    iterations: 1,
-    promptsPerIteration: 4,
-    groupSize: 4,
-    rolloutShards: 2,
-    chunkSize: 2,
-    epWorldSize: 2,
-    sftWarmStartSteps: 0,
-    store: storeLocation(),
-    hyperparameters: { maxNewTokens: 10 },
-    ...overrides,
-  });
-}
+const tinySpec = (name: string, overrides: Partial<CampaignSpecInput> = {}): CampaignSpec =>
+  tinyRealSpec(name, dir, { store: storeLocation(), ...overrides });
 
 let caches = 0;
 /**

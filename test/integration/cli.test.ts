@@ -499,7 +499,14 @@ describe('moerl CLI on the dev server', () => {
         String(await freePort()),
         '--json',
       ],
-      { cwd: root, env: { ...process.env, MOERL_TASK_QUEUE_PREFIX: `${prefix}dev-` } },
+      {
+        cwd: root,
+        env: {
+          ...process.env,
+          MOERL_TASK_QUEUE_PREFIX: `${prefix}dev-`,
+          MOERL_CACHE_DIR: join(dir, 'dev-cache'),
+        },
+      },
     );
     let stdout = '';
     let stderr = '';
@@ -519,7 +526,7 @@ describe('moerl CLI on the dev server', () => {
       assert.match(ready.uiUrl, /^http:\/\/127\.0\.0\.1:\d+$/);
       assert.ok(existsSync(join(stateDir, 'temporal.db')));
 
-      // The shipped activities are not built yet: the campaign runs and pauses itself saying so.
+      // The shipped activities train for real: a shrunken demo campaign runs to completion.
       const run = (...args: string[]) =>
         main([...args, '--address', ready.address, '--json'], {
           stdout: { write: (s: string) => (out += s) },
@@ -527,14 +534,29 @@ describe('moerl CLI on the dev server', () => {
           env: { MOERL_TASK_QUEUE_PREFIX: `${prefix}dev-` },
         });
       let out = '';
-      assert.equal(await run('start', join(root, 'examples', 'demo.yaml'), '--id', `${name}-dev`), 0);
-      const paused = await waitFor('the demo campaign to pause itself', async () => {
-        out = '';
-        assert.equal(await run('status', `${name}-dev`), 0);
-        const s = (JSON.parse(out) as { state: CampaignState }).state;
-        return s.status === 'paused' ? s : undefined;
-      });
-      assert.match(paused.pauseReason ?? '', /not built yet/);
+      const shrink = [
+        'iterations=1',
+        'model={"layers": 1, "hidden": 32, "heads": 2, "experts": 4, "topK": 2}',
+        'promptsPerIteration=4',
+        'groupSize=4',
+        'chunkSize=2',
+        'sftWarmStartSteps=0',
+        `store.path=${join(dir, 'dev-store')}`,
+      ].flatMap((s) => ['--set', s]);
+      const demo = join(root, 'examples', 'demo.yaml');
+      assert.equal(await run('start', demo, ...shrink, '--id', `${name}-dev`), 0);
+      const done = await waitFor(
+        'the campaign to complete',
+        async () => {
+          out = '';
+          assert.equal(await run('status', `${name}-dev`), 0);
+          const s = (JSON.parse(out) as { state: CampaignState }).state;
+          assert.notEqual(s.status, 'paused', `the campaign paused: ${s.pauseReason}`);
+          return s.status === 'completed' ? s : undefined;
+        },
+        120_000,
+      );
+      assert.equal(done.latestCheckpoint?.iteration, 1);
     } finally {
       child.kill('SIGTERM');
     }

@@ -12,7 +12,8 @@ import { workerActivityDeps } from '../../activities/deps.js';
 import * as keys from '../../activities/keys.js';
 import { openStore } from '../../activities/store/index.js';
 import type { CampaignState } from '../../workflows/types.js';
-import { startCampaign, testSpec, withWorkers } from '../support/campaign-harness.js';
+import { startCampaign, tinyRealSpec, withWorkers } from '../support/campaign-harness.js';
+import type { CampaignSpecInput } from '../../workflows/spec.js';
 import { startTestEnvironment } from '../support/temporal.js';
 import type { TestEnvironment } from '../support/temporal.js';
 
@@ -27,24 +28,9 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
-/** A model small enough for seconds per stage on two cores. */
-function tinySpec(name: string, overrides: Parameters<typeof testSpec>[0] = {}) {
-  return testSpec({
-    name,
-    task: { builtin: 'reverse' },
-    model: { layers: 1, hidden: 32, heads: 2, experts: 4, topK: 2, contextLength: 32 },
-    iterations: 2,
-    promptsPerIteration: 8,
-    groupSize: 4,
-    rolloutShards: 2,
-    chunkSize: 2,
-    epWorldSize: 2,
-    sftWarmStartSteps: 10,
-    store: { kind: 'fs', path: join(dir, 'store') },
-    hyperparameters: { maxNewTokens: 10 },
-    ...overrides,
-  });
-}
+/** Two iterations with an SFT warm start: enough for rewards to vary and the update to train. */
+const tinySpec = (name: string, overrides: Partial<CampaignSpecInput> = {}) =>
+  tinyRealSpec(name, dir, { iterations: 2, promptsPerIteration: 8, sftWarmStartSteps: 10, ...overrides });
 
 describe('data plane: real activities', () => {
   test('a campaign trains with 2 EP ranks and commits every checkpoint whole', async () => {

@@ -1,6 +1,7 @@
 // Helpers for tests that run real campaign workflows on the dev server: a workflow bundle built
 // once, workers with test activities on task queues unique to the test, small specs, polling.
 import { randomUUID } from 'node:crypto';
+import { join } from 'node:path';
 import type { Client, WorkflowHandle } from '@temporalio/client';
 import { bundleWorkflowCode } from '@temporalio/worker';
 import type { NativeConnection, WorkflowBundle } from '@temporalio/worker';
@@ -43,6 +44,32 @@ export function testSpec(overrides: Partial<CampaignSpecInput> = {}): CampaignSp
     seed: 7,
     ...overrides,
     orchestration: { rolloutHeartbeatSeconds: 5, updateHeartbeatSeconds: 5, ...overrides.orchestration },
+  });
+}
+
+/**
+ * A campaign of the real data plane small enough for seconds per stage on two cores: one
+ * iteration of a 1-layer policy, 2 EP ranks, 2 rollout shards, an fs store under `dir`.
+ */
+export function tinyRealSpec(
+  name: string,
+  dir: string,
+  overrides: Partial<CampaignSpecInput> = {},
+): CampaignSpec {
+  return testSpec({
+    name,
+    task: { builtin: 'reverse' },
+    model: { layers: 1, hidden: 32, heads: 2, experts: 4, topK: 2, contextLength: 32 },
+    iterations: 1,
+    promptsPerIteration: 4,
+    groupSize: 4,
+    rolloutShards: 2,
+    chunkSize: 2,
+    epWorldSize: 2,
+    sftWarmStartSteps: 0,
+    store: { kind: 'fs', path: join(dir, 'store') },
+    hyperparameters: { maxNewTokens: 10 },
+    ...overrides,
   });
 }
 

@@ -31,7 +31,20 @@ describe('moerl help and usage errors', () => {
       assert.match(r.stdout, new RegExp(`^  ${c.name} +${c.summary.slice(0, 20)}`, 'm'));
     assert.deepEqual(
       commands.map((c) => c.name),
-      ['start', 'list', 'status', 'pause', 'resume', 'set', 'cancel', 'history', 'fork', 'dev', 'spec'],
+      [
+        'start',
+        'list',
+        'status',
+        'pause',
+        'resume',
+        'set',
+        'cancel',
+        'history',
+        'fork',
+        'dev',
+        'demo',
+        'spec',
+      ],
     );
   });
 
@@ -105,7 +118,7 @@ describe('moerl spec', () => {
   it('spec check validates a file, with overrides, as text or JSON', async () => {
     const ok = await run('spec', 'check', demo);
     assert.equal(ok.code, 0);
-    assert.match(ok.stdout, /demo\.yaml: valid — demo: addition/);
+    assert.match(ok.stdout, /demo\.yaml: valid — demo: reverse/);
     const json = await run('spec', 'check', demo, '--set', 'iterations=3', '--json');
     assert.equal((JSON.parse(json.stdout) as { spec: { iterations: number } }).spec.iterations, 3);
 

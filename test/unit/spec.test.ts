@@ -69,10 +69,17 @@ describe('example specs', () => {
 
   it('demo is the small local campaign', () => {
     const spec = loadSpecFile(join(examplesDir, 'demo.yaml'));
-    assert.deepEqual(spec.task, { builtin: 'add' });
-    assert.deepEqual(spec.model, { layers: 2, hidden: 64, heads: 4, experts: 8, topK: 2 });
+    assert.deepEqual(spec.task, { builtin: 'reverse' });
+    assert.deepEqual(spec.model, {
+      layers: 2,
+      hidden: 128,
+      heads: 4,
+      experts: 8,
+      topK: 2,
+      contextLength: 32,
+    });
     assert.equal(spec.iterations, 20);
-    assert.equal(spec.promptsPerIteration, 32);
+    assert.equal(spec.promptsPerIteration, 128);
     assert.equal(spec.groupSize, 8);
     assert.equal(spec.rolloutShards, 2);
     assert.equal(spec.chunkSize, 16);
