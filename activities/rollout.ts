@@ -73,11 +73,12 @@ export async function rolloutShard(
     chunkInFlight: null,
     chunksRedone: previous?.chunksRedone ?? 0,
   };
-  // Work lost by earlier attempts: the chunk they had in flight, and any chunk they reported
-  // stored that is not (whole) in the store now.
+  // Work lost by earlier attempts: the generator runs without pause, so an attempt that died
+  // before finishing had the first chunk missing from the store in flight (heartbeats are
+  // throttled, so their details may lag behind the store); plus any chunk they reported stored
+  // that is not (whole) in the store now.
   const startedBefore = new Set<number>();
-  if (previous?.chunkInFlight !== null && previous?.chunkInFlight !== undefined)
-    startedBefore.add(previous.chunkInFlight);
+  if (previous !== null && stored < total) startedBefore.add(stored);
   for (let k = stored; k < (previous?.chunksStored ?? 0); k++) startedBefore.add(k);
 
   let tokens = 0;
