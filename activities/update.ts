@@ -17,6 +17,7 @@ import type { CampaignSpec } from '../workflows/spec.js';
 import type { PrepareInput, PrepareOutput, UpdateInput, UpdateOutput } from './types.js';
 
 const heartbeatEveryMs = 2000;
+const logUploadEveryBeats = 5;
 
 /**
  * The job name of this activity: the same on every retry of the same scheduled activity, so a
@@ -60,6 +61,16 @@ async function runTrainJob(
     env: { OPENBLAS_NUM_THREADS: '1' },
     provider: providerFor(job.spec),
   });
+  // Rank logs go to the store while the job runs (a long update can be followed from there) and
+  // once more, whole, when it ends.
+  const uploadLogs = async () => {
+    for (let rank = 0; rank < job.spec.epWorldSize; rank++) {
+      const log = await launched.readLog(rank).catch(() => null);
+      if (log) await store.put(keys.rankLogKey(job.campaignId, job.iteration, ctx.info.attempt, rank), log);
+    }
+  };
+  let uploading: Promise<void> | null = null;
+  let beats = 0;
   const beat = () => {
     const s = launched.status();
     ctx.heartbeat({
@@ -68,6 +79,10 @@ async function runTrainJob(
       adopted: launched.adopted,
       ranks: s.ranks.map((r) => r.state),
     });
+    if (++beats % logUploadEveryBeats === 0 && uploading === null)
+      uploading = uploadLogs()
+        .catch(() => undefined)
+        .finally(() => (uploading = null));
   };
   beat();
   const timer = setInterval(beat, heartbeatEveryMs);
@@ -80,10 +95,8 @@ async function runTrainJob(
     clearInterval(timer);
     ctx.cancellationSignal.removeEventListener('abort', cancel);
   }
-  for (let rank = 0; rank < job.spec.epWorldSize; rank++) {
-    const log = await launched.readLog(rank).catch(() => null);
-    if (log) await store.put(keys.rankLogKey(job.campaignId, job.iteration, ctx.info.attempt, rank), log);
-  }
+  await uploading;
+  await uploadLogs();
   if (ctx.cancellationSignal.aborted) throw ctx.cancellationSignal.reason ?? new Error('cancelled');
   if (status.state !== 'succeeded') {
     const f = status.failure;
