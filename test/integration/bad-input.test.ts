@@ -271,19 +271,18 @@ describe('bad input: each failure pauses the campaign, commits nothing, and says
     );
   });
 
-  test('3. a malformed rollout line: the reward stage names the key and line', async () => {
+  test('3. a malformed rollout line: the reward stage names the key and line; resume regenerates the chunk', async () => {
     const store = openStore(storeLocation());
     const real = createActivities(workerDeps());
     let corrupt = true;
-    let restore: (() => Promise<void>) | undefined;
+    let original: Buffer | undefined;
     // Test wrapper around the real rollout: once it has stored shard 0, its chunk 0 gains a broken line.
     const testCorruptingRolloutShard: CampaignActivities['rolloutShard'] = async (input) => {
       const out = await real.rolloutShard(input);
       if (corrupt && input.shard === 0) {
         const key = out.chunkKeys[0]!;
-        const original = await store.get(key);
+        original = await store.get(key);
         await store.put(key, Buffer.concat([original, Buffer.from('{"prompt_id": 0, "text": \n')]));
-        restore = () => store.put(key, original);
       }
       return out;
     };
@@ -304,10 +303,11 @@ describe('bad input: each failure pauses the campaign, commits nothing, and says
           committed: 0,
         });
         assert.equal(await store.head(keys.rewardKey(handle.workflowId, 1, 0)), null, 'no rewards written');
+        // Nothing is repaired by hand: on resume the rollout runs again, finds chunk 0 broken
+        // and regenerates it (sampling is seeded, so it is the chunk that was lost).
         corrupt = false;
-        assert.ok(restore);
-        await restore();
         await resumeAndComplete(handle, 1);
+        assert.deepEqual(await store.get(chunk), original);
       },
     );
   });
