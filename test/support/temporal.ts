@@ -3,7 +3,7 @@
 // One environment per suite; workers per test with `worker.runUntil(...)`.
 import type { Client, Connection } from '@temporalio/client';
 import { TestWorkflowEnvironment } from '@temporalio/testing';
-import { DefaultLogger, Runtime } from '@temporalio/worker';
+import { DefaultLogger, Runtime, makeTelemetryFilterString } from '@temporalio/worker';
 import type { NativeConnection } from '@temporalio/worker';
 import { resolveTool } from '../../cli/temporal-tools.js';
 import { campaignSearchAttributes } from '../../workflows/search-attributes.js';
@@ -34,7 +34,10 @@ export interface TestEnvironmentOptions {
  */
 function quietRuntime(): void {
   try {
-    Runtime.install({ logger: new DefaultLogger('ERROR') });
+    Runtime.install({
+      logger: new DefaultLogger('ERROR'),
+      telemetryOptions: { logging: { filter: makeTelemetryFilterString({ core: 'ERROR' }) } },
+    });
   } catch {
     // Already installed in this process.
   }
