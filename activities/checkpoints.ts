@@ -7,7 +7,7 @@ import { mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { ApplicationFailure } from '@temporalio/common';
-import * as keys from './keys.js';
+import * as keys from './layout.js';
 import { StoreNotFoundError } from './store/errors.js';
 import type { ObjectStore } from './store/types.js';
 import { badInputErrorType } from './types.js';

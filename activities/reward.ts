@@ -1,7 +1,7 @@
 // The reward activity: scores every sample of an iteration with the task's verifier and writes
 // one rewards file per shard (the format `moe_train grpo --rewards` reads).
 import { ApplicationFailure, Context } from '@temporalio/activity';
-import * as keys from './keys.js';
+import * as keys from './layout.js';
 import { httpRewardModel, verifierReward } from './rewards/reward-model.js';
 import type { RewardFunction } from './rewards/reward-model.js';
 import { formatRewardsJsonl, rewardStats, scoreRollouts } from './rewards/score.js';

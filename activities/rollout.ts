@@ -6,7 +6,7 @@ import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
 import { fetchCheckpoint } from './checkpoints.js';
-import * as keys from './keys.js';
+import * as keys from './layout.js';
 import { nativeToolPath, runTool, toolFailure } from './native.js';
 import { parseRolloutLine } from './rewards/rollout-record.js';
 import type { ActivityDeps } from './deps.js';

@@ -7,7 +7,7 @@ import { mkdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
 import { fetchCheckpoint, stageCheckpoint } from './checkpoints.js';
-import * as keys from './keys.js';
+import * as keys from './layout.js';
 import { nativeToolPath, runTool, toolFailure } from './native.js';
 import type { ActivityDeps } from './deps.js';
 import type { JobStatus } from './launch/types.js';

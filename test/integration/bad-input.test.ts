@@ -14,7 +14,7 @@ import { after, before, describe, test } from 'node:test';
 import type { WorkflowHandle } from '@temporalio/client';
 import { createActivities } from '../../activities/index.js';
 import { workerActivityDeps, type ActivityDeps } from '../../activities/deps.js';
-import * as keys from '../../activities/keys.js';
+import * as keys from '../../activities/layout.js';
 import { openStore, type ObjectStore, type S3StoreOptions } from '../../activities/store/index.js';
 import type { CampaignActivities, CheckpointRef, StoreLocation } from '../../activities/types.js';
 import type { CampaignHistory } from '../../cli/history.js';

@@ -9,7 +9,7 @@ import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { createActivities } from '../../activities/index.js';
 import { workerActivityDeps } from '../../activities/deps.js';
-import * as keys from '../../activities/keys.js';
+import * as keys from '../../activities/layout.js';
 import { openStore } from '../../activities/store/index.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { startCampaign, tinyRealSpec, withWorkers } from '../support/campaign-harness.js';

@@ -12,7 +12,7 @@ import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
-import * as keys from '../../activities/keys.js';
+import * as keys from '../../activities/layout.js';
 import { openStore } from '../../activities/store/index.js';
 import type { ObjectStore } from '../../activities/store/index.js';
 import type { CampaignSpec } from '../../workflows/spec.js';

@@ -1,4 +1,4 @@
-// Store keys of a campaign's artifacts (docs/store.md). Keys are deterministic, so a retried
+// Where a campaign's artifacts live in the store (docs/store.md). Keys are deterministic, so a
 // activity overwrites its own partial output instead of adding to it.
 const pad6 = (n: number) => String(n).padStart(6, '0');
 
