@@ -1,5 +1,5 @@
 // Where a campaign's artifacts live in the store (docs/store.md). Keys are deterministic, so a
-// activity overwrites its own partial output instead of adding to it.
+// retried activity overwrites its own partial output instead of adding to it.
 const pad6 = (n: number) => String(n).padStart(6, '0');
 
 export const campaignPrefix = (campaignId: string) => `campaigns/${campaignId}`;
