@@ -85,3 +85,27 @@ export async function withLocalStack<T>(
     await server.stop();
   }
 }
+
+/**
+ * SIGINT/SIGTERM stop `stop` gracefully (worker first, then server); a second signal exits at
+ * once, for a shutdown that hangs. Returns the function that removes the handlers.
+ */
+export function stopOnSignals(
+  stop: AbortController,
+  command: string,
+  note: (line: string) => void,
+): () => void {
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (stop.signal.aborted) {
+      note(`moerl ${command}: second ${signal}, exiting without waiting`);
+      process.exit(130);
+    }
+    note(`moerl ${command}: ${signal}, stopping the worker, then the server (again to exit at once)`);
+    stop.abort();
+  };
+  const signals = ['SIGINT', 'SIGTERM'] as const;
+  for (const s of signals) process.on(s, onSignal);
+  return () => {
+    for (const s of signals) process.off(s, onSignal);
+  };
+}

@@ -11,7 +11,7 @@ import { queryState } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { connectClient } from '../../workers/temporal-options.js';
 import { decimal, seconds, table } from '../format.js';
-import { withLocalStack } from '../local-stack.js';
+import { stopOnSignals, withLocalStack } from '../local-stack.js';
 import { loadSpecFile, parseOverride } from '../spec-file.js';
 import { startCampaign } from './start.js';
 
@@ -43,9 +43,7 @@ campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
     const stateDir = resolve(ctx.string('state-dir') ?? join('.moerl', 'demo'));
     mkdirSync(stateDir, { recursive: true });
     const stop = new AbortController();
-    const onSignal = () => stop.abort();
-    process.once('SIGINT', onSignal);
-    process.once('SIGTERM', onSignal);
+    const removeSignalHandlers = stopOnSignals(stop, 'demo', (line) => ctx.note(line));
     const say = (line: string) => (ctx.json ? ctx.note(line) : ctx.io.stdout.write(`${line}\n`));
     const started = Date.now();
     try {
@@ -158,8 +156,7 @@ campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
         },
       );
     } finally {
-      process.off('SIGINT', onSignal);
-      process.off('SIGTERM', onSignal);
+      removeSignalHandlers();
     }
   },
 };

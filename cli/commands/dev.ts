@@ -6,7 +6,7 @@ import { join, resolve } from 'node:path';
 import { taskQueuesFrom } from '../../workers/temporal-options.js';
 import type { Command, CommandContext } from '../command.js';
 import { UsageError } from '../errors.js';
-import { withLocalStack } from '../local-stack.js';
+import { stopOnSignals, withLocalStack } from '../local-stack.js';
 
 function port(name: string, text: string): number {
   const value = Number(text);
@@ -48,12 +48,7 @@ The worker polls the control, rollout and train task queues (with MOERL_TASK_QUE
 
     // This process owns its signals: stop the worker first, then the server.
     const stop = new AbortController();
-    const onSignal = (signal: NodeJS.Signals) => {
-      if (!stop.signal.aborted) ctx.note(`moerl dev: ${signal}, stopping the worker, then the server`);
-      stop.abort();
-    };
-    const signals = ['SIGINT', 'SIGTERM'] as const;
-    for (const s of signals) process.on(s, onSignal);
+    const removeSignalHandlers = stopOnSignals(stop, 'dev', (line) => ctx.note(line));
     ctx.io.signal?.addEventListener('abort', () => stop.abort(), { once: true });
     try {
       await withLocalStack(
@@ -83,7 +78,7 @@ The worker polls the control, rollout and train task queues (with MOERL_TASK_QUE
       );
       ctx.note('moerl dev: stopped');
     } finally {
-      for (const s of signals) process.off(s, onSignal);
+      removeSignalHandlers();
     }
   },
 };
