@@ -39,7 +39,6 @@ export interface RunToolOptions {
   onRecord?: (record: Record<string, unknown>) => void | Promise<void>;
   /** Aborting kills the process (SIGTERM, then SIGKILL after 2 s). */
   signal?: AbortSignal;
-  cwd?: string;
 }
 
 const stderrTailBytes = 4096;
@@ -49,7 +48,6 @@ export function runTool(path: string, args: string[], opts: RunToolOptions = {})
   return new Promise((resolve, reject) => {
     const child = spawn(path, args, {
       env: { ...process.env, ...opts.env },
-      cwd: opts.cwd,
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let stderr = '';

@@ -17,8 +17,6 @@ import type { RolloutShardInput, RolloutShardOutput } from './types.js';
 interface RolloutProgress {
   /** Chunks known to be stored. */
   chunksStored: number;
-  /** The chunk being generated when the last heartbeat was sent, if any. */
-  chunkInFlight: number | null;
   /** Chunks generated again so far because an earlier attempt did not store them. */
   chunksRedone: number;
 }
@@ -70,7 +68,6 @@ export async function rolloutShard(
   );
   const progress: RolloutProgress = {
     chunksStored: stored,
-    chunkInFlight: null,
     chunksRedone: previous?.chunksRedone ?? 0,
   };
   // Work lost by earlier attempts: the generator runs without pause, so an attempt that died
@@ -104,7 +101,6 @@ export async function rolloutShard(
     const onShutdown = () => stop.abort();
     deps.shutdown.addEventListener('abort', onShutdown, { once: true });
     ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
-    progress.chunkInFlight = stored;
     ctx.heartbeat(progress);
     try {
       // prettier-ignore
@@ -137,7 +133,6 @@ export async function rolloutShard(
             tokens += Number(rec.new_tokens ?? 0);
             seconds += Number(rec.seconds ?? 0);
             progress.chunksStored = k + 1;
-            progress.chunkInFlight = k + 1 < total ? k + 1 : null;
             ctx.heartbeat(progress);
           },
         },

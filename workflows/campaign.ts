@@ -127,7 +127,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     st.stageStarted(state, iteration, stage, new Date());
     try {
       const out = await call();
-      st.countRetries(state, stage, [out.attempt]);
+      st.countRetries(state, stage, out.attempt);
       return out;
     } catch (err) {
       if (isCancellation(err) || !(err instanceof ActivityFailure)) throw err;

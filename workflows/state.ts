@@ -77,10 +77,9 @@ export function stageFailed(state: CampaignState, failure: StageFailure): void {
   requestPause(state, `${failure.stage} of iteration ${failure.iteration} failed: ${failure.message}`);
 }
 
-export function countRetries(state: CampaignState, stage: StageName, attempts: number[]): number {
-  const retries = attempts.reduce((sum, a) => sum + Math.max(0, a - 1), 0);
-  state.retries[stage] += retries;
-  return Math.max(1, ...attempts);
+/** Attempts beyond the first of a finished activity are retries of its stage. */
+export function countRetries(state: CampaignState, stage: StageName, attempt: number): void {
+  state.retries[stage] += Math.max(0, attempt - 1);
 }
 
 /**

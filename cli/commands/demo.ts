@@ -5,6 +5,7 @@ import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { taskQueuesFrom } from '../../workers/temporal-options.js';
+import { stageNames } from '../../workflows/types.js';
 import type { StageName } from '../../workflows/types.js';
 import type { CampaignState, IterationSummary } from '../../workflows/types.js';
 import { queryState } from '../campaigns.js';
@@ -17,7 +18,8 @@ import { startCampaign } from './start.js';
 
 export const demoSpecPath = fileURLToPath(new URL('../../../examples/demo.yaml', import.meta.url));
 
-const stages: StageName[] = ['rollout', 'reward', 'update', 'checkpoint'];
+/** The stages of every iteration (prepare runs once, before the first). */
+const stages = stageNames.filter((s) => s !== 'prepare');
 const pollMs = 500;
 
 function progressBar(done: number, total: number, width = 24): string {
