@@ -12,7 +12,7 @@ import { after, before, describe, it } from 'node:test';
 import { bundleWorkflowCode } from '@temporalio/worker';
 import type { PrepareInput } from '../../activities/types.js';
 import { freePort } from '../../cli/dev-server.js';
-import { main } from '../../cli/main.js';
+import { commands, main } from '../../cli/main.js';
 import { repoRoot } from '../../cli/temporal-tools.js';
 import { runWorkers, workflowsPath } from '../../workers/worker.js';
 import type { CampaignState, HyperparameterChange } from '../../workflows/types.js';
@@ -49,6 +49,7 @@ function assertOneLineError(r: CliResult, code: number, pattern: RegExp): void {
   assert.doesNotMatch(r.stderr, /\bat .*\.js:\d+/, 'no stack trace');
 }
 
+const commandNames = commands.map((c) => c.name);
 describe('moerl CLI on the dev server', () => {
   let t: TestEnvironment;
   let dir: string;
@@ -145,37 +146,12 @@ describe('moerl CLI on the dev server', () => {
       child.on('close', (code) => resolve({ code: code ?? -1, stdout, stderr }));
     });
     assert.equal(r.code, 0, r.stderr);
-    for (const command of [
-      'start',
-      'list',
-      'status',
-      'pause',
-      'resume',
-      'set',
-      'cancel',
-      'history',
-      'fork',
-      'dev',
-      'spec',
-    ])
-      assert.match(r.stdout, new RegExp(`^  ${command} `, 'm'), command);
+    for (const command of commandNames) assert.match(r.stdout, new RegExp(`^  ${command} `, 'm'), command);
     assert.match(r.stdout, /--json/);
   });
 
   it('every command has --help', async () => {
-    for (const command of [
-      'start',
-      'list',
-      'status',
-      'pause',
-      'resume',
-      'set',
-      'cancel',
-      'history',
-      'fork',
-      'dev',
-      'spec',
-    ]) {
+    for (const command of commandNames) {
       const r = await cli(command, '--help');
       assert.equal(r.code, 0);
       assert.match(r.stdout, new RegExp(`^usage: moerl ${command}`), command);

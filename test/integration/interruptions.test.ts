@@ -19,7 +19,7 @@ import type { CampaignSpec } from '../../workflows/spec.js';
 import type { CampaignState, TaskQueues } from '../../workflows/types.js';
 import {
   startCampaign,
-  testSpec,
+  tinyRealSpec,
   uniqueTaskQueues,
   waitFor,
   withWorkers,
@@ -39,22 +39,15 @@ after(async () => {
 });
 
 /** The demo's model size (so stages take long enough to be interrupted), no SFT. */
-function spec(name: string): CampaignSpec {
-  return testSpec({
-    name,
-    task: { builtin: 'reverse' },
+const spec = (name: string): CampaignSpec =>
+  tinyRealSpec(name, dir, {
     model: { layers: 2, hidden: 128, heads: 4, experts: 8, topK: 2, contextLength: 32 },
     iterations: 2,
     promptsPerIteration: 128,
     groupSize: 8,
-    rolloutShards: 2,
-    chunkSize: 2,
-    epWorldSize: 2,
-    store: { kind: 'fs', path: join(dir, 'store') },
     hyperparameters: { maxNewTokens: 10, minibatches: 2, epochs: 1 },
     orchestration: { rolloutHeartbeatSeconds: 2, updateHeartbeatSeconds: 10 },
   });
-}
 
 const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
 

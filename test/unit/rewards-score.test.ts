@@ -1,17 +1,15 @@
 // Scoring a rollout source: rows in input order, statistics and pass rate, errors that name
 // the line, and the rewards JSONL read by the native `moe_train grpo` (skipped when not built).
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { createReadStream, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { after, before, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
 import { BadRolloutError } from '../../activities/rewards/errors.js';
 import { verifierReward, type RewardFunction } from '../../activities/rewards/reward-model.js';
 import type { RolloutRecord } from '../../activities/rewards/rollout-record.js';
+import { nativeTools } from '../support/native-tools.js';
 import { formatRewardsJsonl, passes, scoreRollouts } from '../../activities/rewards/score.js';
 
 function line(promptId: number, sampleIndex: number, prompt: string, text: string, finish = 'stop'): string {
@@ -191,15 +189,7 @@ describe('formatRewardsJsonl', () => {
   });
 });
 
-const root = fileURLToPath(new URL('../../../', import.meta.url));
-const bin = (name: string) => join(root, 'native', 'build', 'bin', name);
-const missing = ['moe_train', 'moe_generate'].filter((t) => !existsSync(bin(t)));
-const skip =
-  missing.length > 0
-    ? `native tools not built (ninja -C native/build): missing ${missing.join(', ')}`
-    : false;
-const run = promisify(execFile);
-const env = { ...process.env, OPENBLAS_NUM_THREADS: '1' };
+const { bin, skip, run, env } = nativeTools(['moe_train', 'moe_generate']);
 
 describe('moe_train grpo reads formatRewardsJsonl output', { skip }, () => {
   let dir: string;

@@ -1,17 +1,15 @@
 // The TypeScript verifiers against docs/tasks.md, and against the native moe_reward on
 // rollouts from the native moe_generate (skipped when the native tools are not built).
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
 import { badInputErrorType } from '../../activities/types.js';
 import { BadRolloutError } from '../../activities/rewards/errors.js';
 import { verifierReward } from '../../activities/rewards/reward-model.js';
 import { parseRolloutLine, type RolloutRecord } from '../../activities/rewards/rollout-record.js';
+import { nativeTools } from '../support/native-tools.js';
 import { formatRewardsJsonl, scoreRollouts } from '../../activities/rewards/score.js';
 import { expectedAnswer, taskNames, verify } from '../../activities/rewards/verifiers.js';
 
@@ -103,17 +101,7 @@ describe('expectedAnswer and verify', () => {
   });
 });
 
-const root = fileURLToPath(new URL('../../../', import.meta.url));
-const bin = (name: string) => join(root, 'native', 'build', 'bin', name);
-const tools = ['moe_train', 'moe_generate', 'moe_reward'];
-const missing = tools.filter((t) => !existsSync(bin(t)));
-const skip =
-  missing.length > 0
-    ? `native tools not built (ninja -C native/build): missing ${missing.join(', ')}`
-    : false;
-const run = promisify(execFile);
-// One BLAS thread: small and reproducible, and polite to other work on the machine.
-const env = { ...process.env, OPENBLAS_NUM_THREADS: '1' };
+const { bin, skip, run, env } = nativeTools(['moe_train', 'moe_generate', 'moe_reward']);
 
 describe('agreement with the native moe_reward', { skip }, () => {
   let dir: string;
