@@ -24,6 +24,7 @@ cd "$ROOT"
 DEBIAN_PACKAGES=(
   g++ cmake ninja-build pkg-config
   libfabric-dev libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev
+  nlohmann-json3-dev libssl-dev libcli11-dev  # JSON, sha256 (libcrypto), tool flags
 )
 ALL_STEPS=(packages npm tools ts native native-asan)
 
