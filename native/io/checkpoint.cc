@@ -2,6 +2,7 @@
 #include "io/checkpoint.h"
 
 #include <cstdio>   // std::remove
+#include <cstring>  // std::memcpy
 #include <map>
 #include <sstream>  // std::ostringstream
 
@@ -43,6 +44,24 @@ model::ModelConfig config_from_json(const Json& j, const std::string& what) {
   return c;
 }
 
+// One manifest entry as a fixed-size record, so ranks can gather it as plain bytes.
+struct FileRecord {
+  char name[64] = {};    // NUL-terminated
+  uint64_t bytes = 0;
+  char sha256[64] = {};  // hex digits, not terminated
+};
+
+FileRecord file_record(const std::string& dir, const std::string& name) {
+  FileRecord f;
+  MOERL_CHECK(name.size() < sizeof f.name, "file name ", name, " is too long for a record");
+  std::memcpy(f.name, name.data(), name.size());
+  std::string digest = sha256_file(dir + "/" + name, &f.bytes);
+  MOERL_CHECK(digest.size() == sizeof f.sha256, "sha256 digest of ", name, " has ", digest.size(),
+              " hex digits");
+  std::memcpy(f.sha256, digest.data(), sizeof f.sha256);
+  return f;
+}
+
 struct Manifest {
   model::ModelConfig cfg;
   int world_size = 1;
@@ -79,10 +98,18 @@ Manifest read_manifest(const std::string& dir) {
 }
 
 // Checks size and checksum against the manifest, then parses the file.
-SafetensorsFile open_verified(const std::string& dir, const Manifest& m, const std::string& name) {
+// `what` says why this rank needs the file (for the error when it is missing).
+SafetensorsFile open_verified(const std::string& dir, const Manifest& m, const std::string& name,
+                              const std::string& what) {
   auto it = m.files.find(name);
   MOERL_CHECK_INPUT(it != m.files.end(), dir, "/manifest.json does not list ", name);
   std::string path = dir + "/" + name;
+  // A rank's directory needs only the manifest, dense.safetensors and the experts files of
+  // its own experts (the files may have been fetched per rank).
+  std::FILE* probe = std::fopen(path.c_str(), "rb");
+  MOERL_CHECK_INPUT(probe != nullptr, path, " is missing: the manifest lists it and this rank ",
+                    "needs it (", what, "); fetch it into ", dir, " next to manifest.json");
+  std::fclose(probe);
   uint64_t bytes = 0;
   std::string digest = sha256_file(path, &bytes);
   MOERL_CHECK_INPUT(bytes == it->second.first, path, ": size ", bytes, " bytes, manifest says ",
@@ -108,36 +135,44 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
   const model::ParamLayout& l = ps.layout;
   MOERL_CHECK(opt.m_dense.size() == l.dense_numel && opt.m_experts.size() == l.expert_numel,
               "optimizer state does not match the parameter layout");
-  const int R = comm.world_size();
-  if (comm.rank() == 0) {
-    make_dirs(dir);
-    // A stale manifest must not vouch for the files we are about to overwrite.
-    std::remove((dir + "/manifest.json").c_str());
-  }
+  const int R = comm.world_size(), self = comm.rank();
+  // Every rank writes into its own `dir`, which may be a directory shared by all ranks or
+  // a rank-local one (pods with separate filesystems).
+  make_dirs(dir);
+  // A stale manifest must not vouch for the files we are about to overwrite; the barrier
+  // keeps every write after every removal when the directory is shared.
+  std::remove((dir + "/manifest.json").c_str());
   comm.barrier();
-  if (comm.rank() == 0)
-    write_safetensors(dir + "/dense.safetensors",
-                      arena_tensors(l.dense, ps.dense.data(), opt.m_dense.data(), opt.v_dense.data()));
-  write_safetensors(dir + "/" + expert_file(comm.rank()),
-                    arena_tensors(l.experts, ps.experts.data(), opt.m_experts.data(),
-                                  opt.v_experts.data()));
-  comm.barrier();
-  if (comm.rank() == 0) {
+  std::vector<FileRecord> mine;  // rank 0: dense first, then its experts
+  auto write = [&](const std::string& name, const std::vector<TensorOut>& tensors) {
+    write_safetensors(dir + "/" + name, tensors);
+    mine.push_back(file_record(dir, name));
+  };
+  if (self == 0)
+    write("dense.safetensors",
+          arena_tensors(l.dense, ps.dense.data(), opt.m_dense.data(), opt.v_dense.data()));
+  write(expert_file(self), arena_tensors(l.experts, ps.experts.data(), opt.m_experts.data(),
+                                         opt.v_experts.data()));
+  // Each rank hashed its own file; rank 0 collects the experts records (the gather also
+  // orders the manifest after every rank's write).
+  std::vector<FileRecord> experts(self == 0 ? R : 0);
+  comm.communicator().gather(&mine.back(), sizeof(FileRecord), experts.data(), 0);
+  if (self == 0) {
     std::ostringstream os;
     os << "{\"format\":\"" << kFormat << "\",\"version\":" << kVersion
        << ",\"config\":" << model::config_to_json(l.cfg) << ",\"world_size\":" << R
        << ",\"optimizer_step\":" << opt.step << ",\"meta\":" << meta_json << ",\"files\":[";
-    for (int r = -1; r < R; r++) {
-      std::string name = r < 0 ? "dense.safetensors" : expert_file(r);
-      uint64_t bytes = 0;
-      std::string digest = sha256_file(dir + "/" + name, &bytes);
-      os << (r < 0 ? "" : ",") << "{\"name\":\"" << name << "\",\"bytes\":" << bytes
-         << ",\"sha256\":\"" << digest << "\"}";
+    for (int i = -1; i < R; i++) {
+      const FileRecord& f = i < 0 ? mine.front() : experts[i];
+      MOERL_CHECK(std::string(f.name) == (i < 0 ? "dense.safetensors" : expert_file(i)),
+                  "rank ", i, " reported file ", f.name);
+      os << (i < 0 ? "" : ",") << "{\"name\":\"" << f.name << "\",\"bytes\":" << f.bytes
+         << ",\"sha256\":\"" << std::string(f.sha256, sizeof f.sha256) << "\"}";
     }
     os << "]}\n";
     write_file_atomic(dir + "/manifest.json", os.str());
   }
-  comm.barrier();
+  comm.barrier();  // no rank returns before the checkpoint is committed
 }
 
 model::ModelConfig read_checkpoint_config(const std::string& dir) { return read_manifest(dir).cfg; }
@@ -152,7 +187,7 @@ void load_checkpoint(const std::string& dir, model::ParamStore& ps, OptimizerSta
   opt.reset(l);
   opt.step = m.optimizer_step;
   {
-    SafetensorsFile f = open_verified(dir, m, "dense.safetensors");
+    SafetensorsFile f = open_verified(dir, m, "dense.safetensors", "the dense tensors");
     for (const model::TensorSpec& s : l.dense) {
       f.read_f32(s.name, s.shape, ps.dense.data() + s.offset);
       f.read_f32("adam.m." + s.name, s.shape, opt.m_dense.data() + s.offset);
@@ -164,7 +199,12 @@ void load_checkpoint(const std::string& dir, model::ParamStore& ps, OptimizerSta
   std::map<int, SafetensorsFile> files;
   for (const model::TensorSpec& s : l.experts) {
     int owner = s.expert / per_saved_rank;
-    if (!files.count(owner)) files.emplace(owner, open_verified(dir, m, expert_file(owner)));
+    if (!files.count(owner)) {
+      const int first = owner * per_saved_rank;
+      files.emplace(owner, open_verified(dir, m, expert_file(owner),
+                                         "experts " + std::to_string(first) + ".." +
+                                             std::to_string(first + per_saved_rank - 1)));
+    }
     const SafetensorsFile& f = files.at(owner);
     f.read_f32(s.name, s.shape, ps.experts.data() + s.offset);
     f.read_f32("adam.m." + s.name, s.shape, opt.m_experts.data() + s.offset);

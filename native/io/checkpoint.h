@@ -23,8 +23,12 @@ struct OptimizerState {
   void reset(const model::ParamLayout& layout);
 };
 
-// Collective over comm's ranks. meta_json: a JSON object stored as "meta" in the manifest
-// (e.g. {"iteration":3}); "{}" if none.
+// Collective over comm's ranks. Each rank writes into its own `dir`, one directory shared by
+// all ranks or a rank-local one (pods with separate filesystems): rank 0 dense.safetensors,
+// rank r experts-rank<r>.safetensors; each rank hashes its own files, rank 0 gathers the
+// (name, bytes, sha256) records and writes manifest.json last. The union of the rank
+// directories is byte for byte the checkpoint a shared directory gets. meta_json: a JSON
+// object stored as "meta" in the manifest (e.g. {"iteration":3}); "{}" if none.
 void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
                      const OptimizerState& opt, model::ExpertComm& comm,
                      const std::string& meta_json = "{}");
@@ -32,8 +36,11 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
 // Reads and validates manifest.json; returns the config (throws BadInput naming the file).
 model::ModelConfig read_checkpoint_config(const std::string& dir);
 
-// Fills ps (built for this rank's layout) and opt; verifies the sha256 and size of every
-// file read, then names, shapes and dtypes of every tensor. Errors name file and tensor.
+// Fills ps (built for this rank's layout) and opt. Reads only manifest.json,
+// dense.safetensors and the experts files holding this rank's experts, so a rank-local
+// directory with just those loads; a missing one is BadInput naming it. Verifies the sha256
+// and size of every file read, then names, shapes and dtypes of every tensor. Errors name
+// file and tensor.
 void load_checkpoint(const std::string& dir, model::ParamStore& ps, OptimizerState& opt);
 
 }  // namespace moerl::io

@@ -1,5 +1,5 @@
-// allreduce (bitwise against a rank-order sequential sum), broadcast and barrier over real
-// rank processes, shm and tcp.
+// allreduce (bitwise against a rank-order sequential sum), broadcast, gather and barrier over
+// real rank processes, shm and tcp.
 #include <fcntl.h>  // O_* for ep_spawn.h
 
 #include <gtest/gtest.h>

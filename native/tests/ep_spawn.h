@@ -45,13 +45,13 @@ inline int free_loopback_port() {
   return ntohs(sa.sin_port);
 }
 
-// Runs `args` (argv[0] = the helper binary) as R ranks; `while_running` (optional) is called
-// every 20 ms with the pids (negated once exited), the elapsed seconds and the paths of the
-// ranks' stderr files. Ranks still alive after wall_s are killed. extra_env entries
-// ("NAME=value") are added to every rank's environment.
-inline std::vector<RankResult> run_ranks(
-    int world, const std::string& provider, double timeout_s, const std::vector<std::string>& args,
-    double wall_s = 120,
+// Runs args_of(r) (argv[0] = the helper binary) as rank r of R; `while_running` (optional)
+// is called every 20 ms with the pids (negated once exited), the elapsed seconds and the
+// paths of the ranks' stderr files. Ranks still alive after wall_s are killed. extra_env
+// entries ("NAME=value") are added to every rank's environment.
+inline std::vector<RankResult> run_ranks_each(
+    int world, const std::string& provider, double timeout_s,
+    const std::function<std::vector<std::string>(int rank)>& args_of, double wall_s = 120,
     const std::function<void(const std::vector<pid_t>&, double, const std::vector<std::string>&)>&
         while_running = nullptr,
     const std::vector<std::string>& extra_env = {}) {
@@ -70,7 +70,7 @@ inline std::vector<RankResult> run_ranks(
     std::vector<char*> envp, argv;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
-    std::vector<std::string> args_copy = args;
+    std::vector<std::string> args_copy = args_of(r);
     for (auto& s : args_copy) argv.push_back(s.data());
     argv.push_back(nullptr);
     err_paths[size_t(r)] = ::testing::TempDir() + "ep_rank_" + std::to_string(::getpid()) + "_" +
@@ -82,7 +82,7 @@ inline std::vector<RankResult> run_ranks(
     const int rc =
         posix_spawn(&pids[size_t(r)], argv[0], &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) ADD_FAILURE() << "posix_spawn " << args[0] << " failed: " << rc;
+    if (rc != 0) ADD_FAILURE() << "posix_spawn " << args_copy[0] << " failed: " << rc;
   }
   std::vector<RankResult> results(static_cast<size_t>(world));
   int alive = world;
@@ -116,6 +116,17 @@ inline std::vector<RankResult> run_ranks(
     std::remove(err_paths[size_t(r)].c_str());
   }
   return results;
+}
+
+// The same argv for every rank.
+inline std::vector<RankResult> run_ranks(
+    int world, const std::string& provider, double timeout_s, const std::vector<std::string>& args,
+    double wall_s = 120,
+    const std::function<void(const std::vector<pid_t>&, double, const std::vector<std::string>&)>&
+        while_running = nullptr,
+    const std::vector<std::string>& extra_env = {}) {
+  return run_ranks_each(
+      world, provider, timeout_s, [&](int) { return args; }, wall_s, while_running, extra_env);
 }
 
 inline std::string describe(const std::vector<RankResult>& results) {

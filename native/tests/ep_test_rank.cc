@@ -5,7 +5,7 @@
 //
 // usage: ep_test_rank ep        <experts> <topk> <hidden> <tokens> <token_rule> <routing>
 //                              <dtype> <seed>
-//        ep_test_rank allreduce <n>
+//        ep_test_rank allreduce <n>            (allreduce, broadcast, gather, barrier)
 //        ep_test_rank loop      <tokens> [fail_rank]  (dispatch+combine until a peer fails)
 #include <cmath>     // std::fabs
 #include <cstdio>    // std::fprintf
@@ -171,6 +171,14 @@ int run_allreduce(transport::Communicator& comm, size_t n) {
   std::vector<uint8_t> blob(n * 3 + 1, uint8_t(comm.rank() == R - 1 ? 7 : 0));
   comm.broadcast(blob.data(), blob.size(), R - 1);
   for (uint8_t b : blob) EXPECT_SAME(b == 7, "broadcast byte");
+  // gather to the first and to the last rank: row r holds rank r's bytes
+  for (int root : {0, R - 1}) {
+    std::vector<uint8_t> mine(n + 1, uint8_t(comm.rank() + 1)), rows;
+    if (comm.rank() == root) rows.assign(mine.size() * size_t(R), 0);
+    comm.gather(mine.data(), mine.size(), rows.data(), root);
+    for (size_t i = 0; i < rows.size(); ++i)
+      EXPECT_SAME(rows[i] == uint8_t(i / mine.size() + 1), "gather to %d byte %zu", root, i);
+  }
   comm.barrier();
   return 0;
 }

@@ -16,8 +16,11 @@ add_executable(checkpoint_tests ${CMAKE_CURRENT_LIST_DIR}/checkpoint_test.cc)
 target_link_libraries(checkpoint_tests PRIVATE moerl_io GTest::gtest_main)
 gtest_discover_tests(checkpoint_tests DISCOVERY_TIMEOUT 60)
 
-# 1 rank vs 2 ranks through the real tools and the EP core (spawns processes, shm provider).
-add_executable(model_ep_tests ${CMAKE_CURRENT_LIST_DIR}/model_ep_test.cc)
+# 1 rank vs 2 ranks through the real tools and the EP core, rank-local checkpoint directories
+# (spawns processes, shm provider).
+add_executable(model_ep_tests
+  ${CMAKE_CURRENT_LIST_DIR}/model_ep_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/checkpoint_ranks_test.cc)
 target_link_libraries(model_ep_tests PRIVATE moerl_io GTest::gtest_main)
 target_compile_definitions(model_ep_tests PRIVATE
   MOERL_MOE_TRAIN="$<TARGET_FILE:moe_train>"

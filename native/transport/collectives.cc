@@ -1,10 +1,11 @@
-// Collectives over the tagged messages: allreduce (sum, fp32), broadcast, barrier.
+// Collectives over the tagged messages: allreduce (sum, fp32), broadcast, gather, barrier.
 //
 // allreduce = direct reduce-scatter + allgather: rank r owns slice r, receives that slice
 // from every rank, sums it in rank order 0..R-1 (the order a sequential reference uses, so
 // results are bitwise reproducible) and sends the sum back to everyone. Each rank moves
 // 2(R-1)/R of the data, as a ring does, in 2 steps instead of 2(R-1) — the right trade for
 // the small groups of one EP world (intranode shm, or a few EFA nodes).
+#include <cstdint>  // uint8_t
 #include <cstring>  // std::memcpy
 
 #include "common/check.h"
@@ -57,6 +58,25 @@ void Communicator::broadcast(void* data, size_t bytes, int root) {
     post_recv(root, data, bytes, op, 0);
   }
   wait_all("broadcast");
+}
+
+// Direct gather: R-1 receives on the root, one send elsewhere. Used for small records
+// (checkpoint file digests), so the root's fan-in is no bottleneck.
+void Communicator::gather(const void* send, size_t bytes, void* recv, int root) {
+  MOERL_CHECK_INPUT(root >= 0 && root < world_size(), "gather root ", root,
+                    " is not a rank of a world of ", world_size());
+  const int self = rank();
+  if (self == root && bytes > 0)
+    std::memcpy(static_cast<uint8_t*>(recv) + size_t(self) * bytes, send, bytes);
+  if (world_size() == 1) return;
+  const uint32_t op = begin_op();
+  if (self == root) {
+    for (int r = 0; r < world_size(); ++r)
+      if (r != root) post_recv(r, static_cast<uint8_t*>(recv) + size_t(r) * bytes, bytes, op, 0);
+  } else {
+    post_send(root, send, bytes, op, 0);
+  }
+  wait_all("gather");
 }
 
 // Dissemination barrier: ceil(log2 R) rounds; in round k rank r signals r + 2^k and waits

@@ -51,6 +51,9 @@ class Communicator {
   void allreduce_sum(float* data, size_t n);
   // data [bytes]: root's bytes are copied to every rank.
   void broadcast(void* data, size_t bytes, int root);
+  // send [bytes] from every rank -> recv [R*bytes] on root, row r = rank r's bytes (recv is
+  // not touched elsewhere and may be null there).
+  void gather(const void* send, size_t bytes, void* recv, int root);
   // Returns once every rank has entered the barrier.
   void barrier();
 
