@@ -2,6 +2,7 @@
 // workflow. Shared by CLI, workflow and activities, so it holds no I/O (the YAML parsing lives in
 // cli/spec-file.ts). Unknown fields are errors: a typo must never pass silently.
 import { z } from 'zod';
+import { kubernetesLauncherSchema, kubernetesStoreProblems } from './spec-kubernetes.js';
 
 /** Names of the verifiable tasks the native core generates prompts for (docs/tasks.md). */
 export const builtinTasks = ['add', 'sort', 'reverse'] as const;
@@ -67,20 +68,7 @@ const taskSchema = z.union([
 
 const launcherSchema = z.discriminatedUnion('kind', [
   z.strictObject({ kind: z.literal('local') }),
-  z.strictObject({
-    kind: z.literal('kubernetes'),
-    namespace: z.string().regex(/^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, 'must be a DNS-1123 label'),
-    image: z
-      .string()
-      .min(1)
-      .refine((s) => !s.endsWith(':latest') && s.includes(':'), 'must carry a pinned tag, not latest'),
-    cpu: z.string().optional(),
-    memory: z.string().optional(),
-    gpusPerRank: z.number().int().min(0).max(16).default(0),
-    efaPerRank: z.number().int().min(0).max(32).default(0),
-    nodeSelector: z.record(z.string(), z.string()).optional(),
-    serviceAccount: z.string().optional(),
-  }),
+  kubernetesLauncherSchema,
 ]);
 
 const storeSchema = z.discriminatedUnion('kind', [
@@ -163,6 +151,9 @@ export const campaignSpecSchema = z
         path: ['rolloutShards'],
         message: `rolloutShards (${s.rolloutShards}) must be at most promptsPerIteration (${s.promptsPerIteration})`,
       });
+    if (s.launcher.kind === 'kubernetes')
+      for (const [path, message] of kubernetesStoreProblems(s.launcher, s.store))
+        ctx.addIssue({ code: 'custom', path, message });
   });
 
 /** A spec as written (before defaults). */

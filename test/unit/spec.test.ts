@@ -221,9 +221,10 @@ describe('malformed specs', () => {
 
   it('12. a kubernetes image on the latest tag', () => {
     assertOneProblem(
-      problemsAfter(
-        (d) => (d.launcher = { kind: 'kubernetes', namespace: 'moerl', image: 'moerl/moerl:latest' }),
-      ),
+      problemsAfter((d) => {
+        d.launcher = { kind: 'kubernetes', namespace: 'moerl', image: 'moerl/moerl:latest' };
+        d.store = { kind: 's3', bucket: 'moerl-campaigns' };
+      }),
       /launcher\.image: got "moerl\/moerl:latest"/,
       /pinned tag/,
     );
