@@ -1,9 +1,11 @@
-// SHA-256, written from the FIPS 180-4 description: 64 rounds over 512-bit blocks.
+// SHA-256 through OpenSSL's EVP interface (libcrypto): the SHA extensions / AVX2 code paths
+// a maintained library keeps, instead of a hand-written round function.
 #include "io/sha256.h"
 
-#include <cstdio>   // FILE, std::fread
-#include <algorithm>  // std::min
-#include <cstring>  // std::memcpy
+#include <openssl/evp.h>  // EVP_MD_CTX, EVP_DigestInit_ex / Update / Final_ex, EVP_sha256
+
+#include <cstdio>  // FILE, std::fread
+#include <memory>  // std::unique_ptr owning the EVP context
 #include <vector>
 
 #include "common/check.h"
@@ -11,100 +13,55 @@
 namespace moerl::io {
 namespace {
 
-constexpr uint32_t kRound[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-
-uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-struct Sha256 {
-  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  uint8_t block[64];
-  size_t fill = 0;
-  uint64_t total = 0;
-
-  void compress(const uint8_t* p) {
-    uint32_t w[64];
-    for (int i = 0; i < 16; i++)
-      w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 |
-             p[4 * i + 3];
-    for (int i = 16; i < 64; i++) {
-      uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-      uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
-    for (int i = 0; i < 64; i++) {
-      uint32_t t1 = k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) +
-                    kRound[i] + w[i];
-      uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-      k = g;
-      g = f;
-      f = e;
-      e = d + t1;
-      d = c;
-      c = b;
-      b = a;
-      a = t1 + t2;
-    }
-    h[0] += a; h[1] += b; h[2] += c; h[3] += d;
-    h[4] += e; h[5] += f; h[6] += g; h[7] += k;
+// One digest in progress; every EVP call is checked (they fail only on allocation errors).
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new(), &EVP_MD_CTX_free) {
+    MOERL_CHECK(ctx_ != nullptr && EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) == 1,
+                "OpenSSL cannot start a sha256 digest");
   }
-  void update(const uint8_t* p, size_t n) {
-    total += n;
-    while (n > 0) {
-      size_t take = std::min(n, 64 - fill);
-      std::memcpy(block + fill, p, take);
-      fill += take;
-      p += take;
-      n -= take;
-      if (fill == 64) {
-        compress(block);
-        fill = 0;
-      }
-    }
+  void update(const void* data, size_t size) {
+    MOERL_CHECK(EVP_DigestUpdate(ctx_.get(), data, size) == 1, "OpenSSL sha256 update failed");
   }
   std::string hex() {
-    uint64_t bits = total * 8;
-    uint8_t pad = 0x80;
-    update(&pad, 1);
-    uint8_t zero = 0;
-    while (fill != 56) update(&zero, 1);
-    uint8_t len[8];
-    for (int i = 0; i < 8; i++) len[i] = (uint8_t)(bits >> (56 - 8 * i));
-    update(len, 8);
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    MOERL_CHECK(EVP_DigestFinal_ex(ctx_.get(), digest, &n) == 1 && n == 32,
+                "OpenSSL sha256 final failed");
     static const char* digits = "0123456789abcdef";
     std::string out;
-    for (uint32_t x : h)
-      for (int i = 28; i >= 0; i -= 4) out.push_back(digits[(x >> i) & 0xf]);
+    for (unsigned int i = 0; i < n; i++) {
+      out.push_back(digits[digest[i] >> 4]);
+      out.push_back(digits[digest[i] & 0xf]);
+    }
     return out;
   }
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
 };
 
 }  // namespace
 
 std::string sha256_hex(const void* data, size_t size) {
   Sha256 s;
-  s.update(static_cast<const uint8_t*>(data), size);
+  s.update(data, size);
   return s.hex();
 }
 
 std::string sha256_file(const std::string& path, uint64_t* size_out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
+  std::unique_ptr<FILE, decltype(&std::fclose)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   MOERL_CHECK_INPUT(f != nullptr, "cannot open ", path);
   Sha256 s;
-  std::vector<uint8_t> buf(1 << 16);
+  std::vector<unsigned char> buf(1 << 20);
+  uint64_t total = 0;
   size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) s.update(buf.data(), n);
-  std::fclose(f);
-  if (size_out) *size_out = s.total;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0) {
+    s.update(buf.data(), n);
+    total += n;
+  }
+  MOERL_CHECK_INPUT(!std::ferror(f.get()), "read error in ", path);
+  if (size_out) *size_out = total;
   return s.hex();
 }
 

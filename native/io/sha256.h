@@ -1,4 +1,5 @@
-// SHA-256 (FIPS 180-4) for checkpoint manifests: hex digest of a byte buffer or file.
+// SHA-256 (FIPS 180-4, computed by OpenSSL libcrypto) for checkpoint manifests: hex digest of a
+// byte buffer or file.
 #pragma once
 
 #include <cstddef>

@@ -90,6 +90,20 @@ TEST(Sha256, KnownVectors) {
   std::string m(1000, 'a');  // crosses block boundaries
   EXPECT_EQ(sha256_hex(m.data(), m.size()),
             "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3");
+  const char* two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // FIPS 180-2
+  EXPECT_EQ(sha256_hex(two_blocks, std::strlen(two_blocks)),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+TEST(Sha256, FileEqualsBufferAcrossReadBoundaries) {
+  std::string data(3 * (1 << 20) + 7, '\0');  // several 1 MiB reads and a short tail
+  for (size_t i = 0; i < data.size(); i++) data[i] = (char)(i * 131 + (i >> 12));
+  std::string path = (fs::temp_directory_path() / ("moerl-sha-" + std::to_string(::getpid()))).string();
+  write_file_atomic(path, data);
+  uint64_t bytes = 0;
+  EXPECT_EQ(sha256_file(path, &bytes), sha256_hex(data.data(), data.size()));
+  EXPECT_EQ(bytes, data.size());
+  fs::remove(path);
 }
 
 TEST_F(CheckpointTest, RoundTripIsExact) {

@@ -23,6 +23,7 @@
 #include "common/check.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
+#include "io/sha256.h"
 #include "model/expert_comm.h"
 #include "model/weights.h"
 #include "rl/trainer.h"
@@ -299,6 +300,28 @@ int cmd_sgemm(const Args& a) {
   return 0;
 }
 
+// Hashes a file `repeats` times (after one warm-up read that brings it into the page cache):
+// the checkpoint save/load cost per byte.
+int cmd_sha256(const Args& a) {
+  std::string file = a.required("file");
+  int repeats = (int)a.integer("repeats", 5);
+  a.check_all_used();
+  MOERL_CHECK_INPUT(repeats > 0, "--repeats must be > 0");
+  uint64_t bytes = 0;
+  std::string digest = io::sha256_file(file, &bytes);
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats; r++) {
+    auto t0 = std::chrono::steady_clock::now();
+    MOERL_CHECK(io::sha256_file(file) == digest, file, " changed while it was being hashed");
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  double median = seconds[seconds.size() / 2];
+  std::printf("{\"sha256_bytes\":%llu,\"sha256_seconds\":%.4f,\"sha256_mb_per_s\":%.1f,\"sha256\":\"%s\"}\n",
+              (unsigned long long)bytes, median, bytes / 1e6 / median, digest.c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace moerl::tools
 
@@ -312,6 +335,7 @@ int main(int argc, char** argv) {
     if (cmd == "sft") return cmd_sft(a);
     if (cmd == "grpo") return cmd_grpo(a);
     if (cmd == "sgemm") return cmd_sgemm(a);
+    if (cmd == "sha256") return cmd_sha256(a);
     MOERL_FAIL(BadInput, "unknown command \"", cmd, "\"; use init, sft, grpo or sgemm");
   });
 }
