@@ -31,15 +31,15 @@ std::vector<TensorOut> arena_tensors(const std::vector<model::TensorSpec>& specs
 
 model::ModelConfig config_from_json(const Json& j, const std::string& what) {
   model::ModelConfig c;
-  c.vocab_size = (int)j.at("vocab_size", what).integer(what + " vocab_size");
-  c.max_seq_len = (int)j.at("max_seq_len", what).integer(what + " max_seq_len");
-  c.dim = (int)j.at("dim", what).integer(what + " dim");
-  c.num_layers = (int)j.at("num_layers", what).integer(what + " num_layers");
-  c.num_heads = (int)j.at("num_heads", what).integer(what + " num_heads");
-  c.num_experts = (int)j.at("num_experts", what).integer(what + " num_experts");
-  c.top_k = (int)j.at("top_k", what).integer(what + " top_k");
-  c.expert_dim = (int)j.at("expert_dim", what).integer(what + " expert_dim");
-  c.norm_eps = (float)j.at("norm_eps", what).number(what + " norm_eps");
+  c.vocab_size = (int)integer_field(j, "vocab_size", what);
+  c.max_seq_len = (int)integer_field(j, "max_seq_len", what);
+  c.dim = (int)integer_field(j, "dim", what);
+  c.num_layers = (int)integer_field(j, "num_layers", what);
+  c.num_heads = (int)integer_field(j, "num_heads", what);
+  c.num_experts = (int)integer_field(j, "num_experts", what);
+  c.top_k = (int)integer_field(j, "top_k", what);
+  c.expert_dim = (int)integer_field(j, "expert_dim", what);
+  c.norm_eps = (float)number_field(j, "norm_eps", what);
   model::validate(c);
   return c;
 }
@@ -79,20 +79,19 @@ Manifest read_manifest(const std::string& dir) {
                "committed (the manifest is written last) - use an earlier checkpoint");
   }
   Json j = parse_json(text, path);
-  MOERL_CHECK_INPUT(j.at("format", path).string(path + " format") == kFormat, path,
-                    ": format is not ", kFormat);
-  MOERL_CHECK_INPUT(j.at("version", path).integer(path + " version") == kVersion, path,
+  MOERL_CHECK_INPUT(string_field(j, "format", path) == kFormat, path, ": format is not ", kFormat);
+  MOERL_CHECK_INPUT(integer_field(j, "version", path) == kVersion, path,
                     ": unsupported version (this build reads version ", kVersion, ")");
   Manifest m;
-  m.cfg = config_from_json(j.at("config", path), path + " config");
-  m.world_size = (int)j.at("world_size", path).integer(path + " world_size");
+  m.cfg = config_from_json(field(j, "config", path), path + " config");
+  m.world_size = (int)integer_field(j, "world_size", path);
   MOERL_CHECK_INPUT(m.world_size > 0 && m.cfg.num_experts % m.world_size == 0, path,
                     ": world_size ", m.world_size, " does not divide num_experts");
-  m.optimizer_step = j.at("optimizer_step", path).integer(path + " optimizer_step");
-  for (const Json& f : j.at("files", path).array(path + " files")) {
-    std::string name = f.at("name", path + " files").string(path + " file name");
-    m.files[name] = {(uint64_t)f.at("bytes", path + " " + name).integer(path + " bytes"),
-                     f.at("sha256", path + " " + name).string(path + " sha256")};
+  m.optimizer_step = integer_field(j, "optimizer_step", path);
+  for (const Json& f : array_field(j, "files", path)) {
+    std::string name = string_field(f, "name", path + " files");
+    m.files[name] = {(uint64_t)integer_field(f, "bytes", path + " " + name),
+                     string_field(f, "sha256", path + " " + name)};
   }
   return m;
 }

@@ -1,195 +1,100 @@
-// JSON parser (recursive descent) and helpers.
+// JSON parsing and typed access over nlohmann/json, and the file helpers.
 #include "io/json.h"
 
 #include <sys/stat.h>  // mkdir
 
 #include <cerrno>   // errno
-
-#include <cctype>   // std::isdigit
-#include <cmath>    // std::isfinite
+#include <cmath>    // std::isfinite, std::trunc
 #include <cstdio>   // std::snprintf, std::rename, FILE
 #include <fstream>  // std::ifstream
-#include <sstream>  // std::ostringstream
+#include <limits>   // std::numeric_limits
+#include <sstream>  // std::ostringstream, std::istringstream
 
 #include "common/check.h"
 
 namespace moerl::io {
 namespace {
 
-struct Parser {
-  const std::string& s;
-  const std::string& what;
-  size_t i = 0;
-
-  [[noreturn]] void fail(const char* msg) {
-    MOERL_FAIL(BadInput, what, ": invalid JSON at byte ", i, ": ", msg);
-  }
-  void ws() {
-    while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r')) i++;
-  }
-  bool eat(char c) {
-    ws();
-    if (i < s.size() && s[i] == c) {
-      i++;
-      return true;
-    }
-    return false;
-  }
-  void expect(char c) {
-    if (!eat(c)) fail("unexpected character");
-  }
-  std::string parse_string() {
-    expect('"');
-    std::string out;
-    while (true) {
-      if (i >= s.size()) fail("unterminated string");
-      char c = s[i++];
-      if (c == '"') break;
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
-      }
-      if (i >= s.size()) fail("bad escape");
-      char e = s[i++];
-      switch (e) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': {
-          if (i + 4 > s.size()) fail("bad \\u escape");
-          unsigned cp = std::stoul(s.substr(i, 4), nullptr, 16);
-          i += 4;
-          // UTF-8 encode (BMP only; surrogate pairs are not needed by our files)
-          if (cp < 0x80) {
-            out.push_back((char)cp);
-          } else if (cp < 0x800) {
-            out.push_back((char)(0xC0 | (cp >> 6)));
-            out.push_back((char)(0x80 | (cp & 0x3F)));
-          } else {
-            out.push_back((char)(0xE0 | (cp >> 12)));
-            out.push_back((char)(0x80 | ((cp >> 6) & 0x3F)));
-            out.push_back((char)(0x80 | (cp & 0x3F)));
-          }
-          break;
-        }
-        default: fail("bad escape");
-      }
-    }
-    return out;
-  }
-  Json parse_value(int depth) {
-    if (depth > 64) fail("nesting too deep");
-    ws();
-    if (i >= s.size()) fail("unexpected end");
-    Json v;
-    char c = s[i];
-    if (c == '{') {
-      i++;
-      v.type = Json::Type::Object;
-      if (eat('}')) return v;
-      do {
-        ws();
-        std::string key = parse_string();
-        expect(':');
-        v.obj[key] = parse_value(depth + 1);
-      } while (eat(','));
-      expect('}');
-    } else if (c == '[') {
-      i++;
-      v.type = Json::Type::Array;
-      if (eat(']')) return v;
-      do {
-        v.arr.push_back(parse_value(depth + 1));
-      } while (eat(','));
-      expect(']');
-    } else if (c == '"') {
-      v.type = Json::Type::String;
-      v.str = parse_string();
-    } else if (s.compare(i, 4, "true") == 0) {
-      i += 4;
-      v.type = Json::Type::Bool;
-      v.b = true;
-    } else if (s.compare(i, 5, "false") == 0) {
-      i += 5;
-      v.type = Json::Type::Bool;
-    } else if (s.compare(i, 4, "null") == 0) {
-      i += 4;
-    } else {
-      size_t end = i;
-      while (end < s.size() && (std::isdigit((unsigned char)s[end]) || s[end] == '-' ||
-                                s[end] == '+' || s[end] == '.' || s[end] == 'e' || s[end] == 'E'))
-        end++;
-      if (end == i) fail("unexpected character");
-      try {
-        v.num = std::stod(s.substr(i, end - i));
-      } catch (const std::exception&) {
-        fail("bad number");
-      }
-      v.type = Json::Type::Number;
-      i = end;
-    }
-    return v;
-  }
-};
+// nlohmann's messages start with "[json.exception.parse_error.101] "; the rest says where.
+std::string reason(const nlohmann::json::exception& e) {
+  std::string s = e.what();
+  size_t at = s.find("] ");
+  return at == std::string::npos ? s : s.substr(at + 2);
+}
 
 }  // namespace
 
-const Json& Json::at(const std::string& key, const std::string& what) const {
-  MOERL_CHECK_INPUT(type == Type::Object, what, ": expected an object");
-  auto it = obj.find(key);
-  MOERL_CHECK_INPUT(it != obj.end(), what, ": missing field \"", key, "\"");
-  return it->second;
+Json parse_json(const std::string& text, const std::string& what) {
+  try {
+    return Json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    MOERL_FAIL(BadInput, what, ": invalid JSON: ", reason(e));
+  }
 }
 
-double Json::number(const std::string& what) const {
-  MOERL_CHECK_INPUT(type == Type::Number, what, ": expected a number");
-  return num;
+void for_each_json_line(const std::string& path,
+                        const std::function<void(const Json&, const std::string& what)>& fn) {
+  std::istringstream lines(read_file(path));
+  std::string line;
+  for (int n = 1; std::getline(lines, line); n++) {
+    if (line.empty()) continue;
+    std::string what = path + " line " + std::to_string(n);
+    fn(parse_json(line, what), what);
+  }
 }
 
-int64_t Json::integer(const std::string& what) const {
-  double x = number(what);
-  MOERL_CHECK_INPUT(x == (double)(int64_t)x, what, ": expected an integer, got ", x);
+const Json& field(const Json& object, const std::string& key, const std::string& what) {
+  MOERL_CHECK_INPUT(object.is_object(), what, ": expected an object, got ", object.type_name());
+  auto it = object.find(key);
+  MOERL_CHECK_INPUT(it != object.end(), what, ": missing field \"", key, "\"");
+  return *it;
+}
+
+double as_number(const Json& v, const std::string& what) {
+  MOERL_CHECK_INPUT(v.is_number(), what, ": expected a number, got ", v.type_name());
+  return v.get<double>();
+}
+
+int64_t as_integer(const Json& v, const std::string& what) {
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    MOERL_CHECK_INPUT(u <= (uint64_t)std::numeric_limits<int64_t>::max(), what, ": integer ", u,
+                      " is too large");
+    return (int64_t)u;
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  double x = as_number(v, what);
+  // 2^63 is exact in a double; every integral double below it converts exactly
+  MOERL_CHECK_INPUT(std::trunc(x) == x && std::fabs(x) < 9223372036854775808.0, what,
+                    ": expected an integer, got ", v.dump());
   return (int64_t)x;
 }
 
-const std::string& Json::string(const std::string& what) const {
-  MOERL_CHECK_INPUT(type == Type::String, what, ": expected a string");
-  return str;
+const std::string& as_string(const Json& v, const std::string& what) {
+  MOERL_CHECK_INPUT(v.is_string(), what, ": expected a string, got ", v.type_name());
+  return v.get_ref<const std::string&>();
 }
 
-const std::vector<Json>& Json::array(const std::string& what) const {
-  MOERL_CHECK_INPUT(type == Type::Array, what, ": expected an array");
-  return arr;
+const Json::array_t& as_array(const Json& v, const std::string& what) {
+  MOERL_CHECK_INPUT(v.is_array(), what, ": expected an array, got ", v.type_name());
+  return v.get_ref<const Json::array_t&>();
 }
 
-Json parse_json(const std::string& text, const std::string& what) {
-  Parser p{text, what};
-  Json v = p.parse_value(0);
-  p.ws();
-  if (p.i != text.size()) p.fail("trailing characters");
-  return v;
+double number_field(const Json& object, const std::string& key, const std::string& what) {
+  return as_number(field(object, key, what), what + " field \"" + key + "\"");
+}
+int64_t integer_field(const Json& object, const std::string& key, const std::string& what) {
+  return as_integer(field(object, key, what), what + " field \"" + key + "\"");
+}
+const std::string& string_field(const Json& object, const std::string& key, const std::string& what) {
+  return as_string(field(object, key, what), what + " field \"" + key + "\"");
+}
+const Json::array_t& array_field(const Json& object, const std::string& key, const std::string& what) {
+  return as_array(field(object, key, what), what + " field \"" + key + "\"");
 }
 
 std::string json_quote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out.push_back((char)c);
-    }
-  }
-  return out + "\"";
+  return Json(s).dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 std::string json_float(double x) {

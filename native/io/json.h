@@ -1,40 +1,42 @@
-// Minimal JSON for checkpoint headers, manifests and the rollout/reward/metrics JSONL
-// files: a parsed value tree and a few writing helpers. Numbers are doubles.
+// JSON of checkpoint headers, manifests and the rollout / reward / metrics JSONL files, through
+// nlohmann/json: parsing whose errors name the input, typed field access that throws
+// BadInput naming the field, and the writing helpers the files use. Plus the small file
+// helpers every reader and writer of those files needs.
 #pragma once
 
+#include <nlohmann/json.hpp>  // nlohmann::json: parser and value tree
+
 #include <cstdint>
-#include <map>
+#include <functional>
 #include <string>
-#include <vector>
 
 namespace moerl::io {
 
-class Json {
- public:
-  enum class Type { Null, Bool, Number, String, Array, Object };
+using Json = nlohmann::json;
 
-  Type type = Type::Null;
-  bool b = false;
-  double num = 0.0;
-  std::string str;
-  std::vector<Json> arr;
-  std::map<std::string, Json> obj;
-
-  bool has(const std::string& key) const { return type == Type::Object && obj.count(key) > 0; }
-  // Accessors throw BadInput naming `what` (e.g. the file and field) on a type mismatch.
-  const Json& at(const std::string& key, const std::string& what) const;
-  double number(const std::string& what) const;
-  int64_t integer(const std::string& what) const;
-  const std::string& string(const std::string& what) const;
-  const std::vector<Json>& array(const std::string& what) const;
-};
-
-// Throws BadInput with `what` and the byte offset of the first error.
+// Throws BadInput "<what>: invalid JSON: <reason with line and column>"; `what` names the
+// input (e.g. "rollouts.jsonl line 3").
 Json parse_json(const std::string& text, const std::string& what);
 
-// "text" with quotes, escapes for ", \, control characters.
+// Calls fn(value, what) for every non-empty line of a JSONL file, what = "<path> line <n>".
+void for_each_json_line(const std::string& path,
+                        const std::function<void(const Json&, const std::string& what)>& fn);
+
+// Typed access for input data: each throws BadInput naming `what` (and the field) when the
+// value is missing or of another type.
+const Json& field(const Json& object, const std::string& key, const std::string& what);
+double as_number(const Json& v, const std::string& what);
+int64_t as_integer(const Json& v, const std::string& what);  // 3 and 3.0, not 3.5
+const std::string& as_string(const Json& v, const std::string& what);
+const Json::array_t& as_array(const Json& v, const std::string& what);
+double number_field(const Json& object, const std::string& key, const std::string& what);
+int64_t integer_field(const Json& object, const std::string& key, const std::string& what);
+const std::string& string_field(const Json& object, const std::string& key, const std::string& what);
+const Json::array_t& array_field(const Json& object, const std::string& key, const std::string& what);
+
+// "text" quoted and escaped; invalid UTF-8 becomes U+FFFD, so the output is always JSON.
 std::string json_quote(const std::string& s);
-// Shortest text that reads back as the same float (9 significant digits).
+// Shortest text that reads back as the same float (9 significant digits); null if not finite.
 std::string json_float(double x);
 
 std::string read_file(const std::string& path);

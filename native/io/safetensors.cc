@@ -55,20 +55,19 @@ SafetensorsFile read_safetensors(const std::string& path) {
   MOERL_CHECK_INPUT(hlen <= raw.size() - 8, path, ": header length ", hlen, " exceeds file size ",
                     raw.size());
   Json header = parse_json(raw.substr(8, hlen), path + " header");
-  MOERL_CHECK_INPUT(header.type == Json::Type::Object, path, ": header is not a JSON object");
+  MOERL_CHECK_INPUT(header.is_object(), path, ": header is not a JSON object");
   SafetensorsFile f;
   f.path = path;
   f.data = raw.substr(8 + hlen);
-  for (const auto& [name, v] : header.obj) {
+  for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") continue;
     std::string what = path + " tensor " + name;
     TensorIn t;
-    t.dtype = v.at("dtype", what).string(what + " dtype");
-    for (const Json& d : v.at("shape", what).array(what + " shape"))
-      t.shape.push_back(d.integer(what + " shape"));
-    const std::vector<Json>& off = v.at("data_offsets", what).array(what + " data_offsets");
+    t.dtype = string_field(v, "dtype", what);
+    for (const Json& d : array_field(v, "shape", what)) t.shape.push_back(as_integer(d, what + " shape"));
+    const Json::array_t& off = array_field(v, "data_offsets", what);
     MOERL_CHECK_INPUT(off.size() == 2, what, ": data_offsets must have two entries");
-    int64_t b = off[0].integer(what), e = off[1].integer(what);
+    int64_t b = as_integer(off[0], what + " data_offsets"), e = as_integer(off[1], what + " data_offsets");
     MOERL_CHECK_INPUT(0 <= b && b <= e && (uint64_t)e <= f.data.size(), what, ": data range [", b,
                       ",", e, ") outside the ", f.data.size(), " data bytes");
     t.begin = (size_t)b;

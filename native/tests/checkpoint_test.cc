@@ -70,13 +70,13 @@ struct CheckpointTest : ::testing::Test {
   void refresh_manifest_entry(const std::string& name) {
     std::string text = read_file(dir + "/manifest.json");
     Json m = parse_json(text, "manifest");
-    for (const Json& f : m.at("files", "m").arr) {
-      if (f.at("name", "f").str != name) continue;
+    for (const Json& f : array_field(m, "files", "m")) {
+      if (string_field(f, "name", "f") != name) continue;
       uint64_t bytes = 0;
       std::string digest = sha256_file(dir + "/" + name, &bytes);
-      size_t at = text.find(f.at("sha256", "f").str);
+      size_t at = text.find(string_field(f, "sha256", "f"));
       text.replace(at, 64, digest);
-      std::string old_bytes = "\"bytes\":" + std::to_string((int64_t)f.at("bytes", "f").num);
+      std::string old_bytes = "\"bytes\":" + std::to_string(integer_field(f, "bytes", "f"));
       at = text.find(old_bytes, text.find("\"" + name + "\""));
       text.replace(at, old_bytes.size(), "\"bytes\":" + std::to_string(bytes));
     }
@@ -119,7 +119,7 @@ TEST_F(CheckpointTest, RoundTripIsExact) {
   EXPECT_EQ(o.v_experts, opt.v_experts);
   EXPECT_EQ(o.step, 17);
   Json m = parse_json(read_file(dir + "/manifest.json"), "manifest");
-  EXPECT_EQ(m.at("meta", "m").at("iteration", "m").num, 3);
+  EXPECT_EQ(integer_field(field(m, "meta", "m"), "iteration", "m"), 3);
 }
 
 TEST_F(CheckpointTest, LoadsIntoAnotherShardingOfTheExperts) {

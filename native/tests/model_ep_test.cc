@@ -39,7 +39,7 @@ std::vector<double> losses(const std::string& metrics_path) {
   std::vector<double> out;
   std::ifstream in(metrics_path);
   std::string line;
-  while (std::getline(in, line)) out.push_back(io::parse_json(line, metrics_path).at("loss", "m").num);
+  while (std::getline(in, line)) out.push_back(io::number_field(io::parse_json(line, metrics_path), "loss", metrics_path));
   return out;
 }
 
@@ -91,8 +91,8 @@ TEST(ModelEp, TwoRanksMatchOneRankForSftAndGrpo) {
     std::string line;
     for (int n = 0; std::getline(in, line); n++) {
       io::Json j = io::parse_json(line, "rewards");
-      out << "{\"prompt_id\":" << (int64_t)j.at("prompt_id", "r").num
-          << ",\"sample_index\":" << (int64_t)j.at("sample_index", "r").num
+      out << "{\"prompt_id\":" << io::integer_field(j, "prompt_id", "r")
+          << ",\"sample_index\":" << io::integer_field(j, "sample_index", "r")
           << ",\"reward\":" << ((n * 7) % 3 == 0 ? 1 : 0) << "}\n";
     }
   }

@@ -122,31 +122,26 @@ std::string rollout_to_json(const RolloutRecord& r) {
 std::vector<RolloutRecord> read_rollouts(const std::vector<std::string>& paths) {
   std::vector<RolloutRecord> out;
   for (const std::string& path : paths) {
-    std::ifstream in(path);
-    MOERL_CHECK_INPUT(in.good(), "cannot open rollout file ", path);
-    std::string line;
-    for (int n = 1; std::getline(in, line); n++) {
-      if (line.empty()) continue;
-      std::string what = path + " line " + std::to_string(n);
-      io::Json j = io::parse_json(line, what);
+    MOERL_CHECK_INPUT(std::ifstream(path).good(), "cannot open rollout file ", path);
+    io::for_each_json_line(path, [&](const io::Json& j, const std::string& what) {
       RolloutRecord r;
-      r.prompt_id = j.at("prompt_id", what).integer(what + " prompt_id");
-      r.sample_index = j.at("sample_index", what).integer(what + " sample_index");
-      r.iteration = j.has("iteration") ? j.at("iteration", what).integer(what) : 0;
-      r.task = j.has("task") ? j.at("task", what).string(what + " task") : "";
-      r.prompt = j.at("prompt", what).string(what + " prompt");
-      for (const io::Json& t : j.at("prompt_tokens", what).array(what + " prompt_tokens"))
-        r.prompt_tokens.push_back((int32_t)t.integer(what + " prompt_tokens"));
-      for (const io::Json& t : j.at("tokens", what).array(what + " tokens"))
-        r.tokens.push_back((int32_t)t.integer(what + " tokens"));
-      r.text = j.at("text", what).string(what + " text");
-      for (const io::Json& t : j.at("logprobs", what).array(what + " logprobs"))
-        r.logprobs.push_back((float)t.number(what + " logprobs"));
-      r.finish_reason = j.at("finish_reason", what).string(what + " finish_reason");
+      r.prompt_id = io::integer_field(j, "prompt_id", what);
+      r.sample_index = io::integer_field(j, "sample_index", what);
+      r.iteration = j.contains("iteration") ? io::integer_field(j, "iteration", what) : 0;
+      r.task = j.contains("task") ? io::string_field(j, "task", what) : "";
+      r.prompt = io::string_field(j, "prompt", what);
+      for (const io::Json& t : io::array_field(j, "prompt_tokens", what))
+        r.prompt_tokens.push_back((int32_t)io::as_integer(t, what + " prompt_tokens"));
+      for (const io::Json& t : io::array_field(j, "tokens", what))
+        r.tokens.push_back((int32_t)io::as_integer(t, what + " tokens"));
+      r.text = io::string_field(j, "text", what);
+      for (const io::Json& t : io::array_field(j, "logprobs", what))
+        r.logprobs.push_back((float)io::as_number(t, what + " logprobs"));
+      r.finish_reason = io::string_field(j, "finish_reason", what);
       MOERL_CHECK_INPUT(r.logprobs.size() == r.tokens.size(), what, ": ", r.logprobs.size(),
                         " logprobs for ", r.tokens.size(), " tokens");
       out.push_back(std::move(r));
-    }
+    });
   }
   return out;
 }

@@ -73,18 +73,13 @@ int run(const Args& a) {
 
   std::vector<tasks::Prompt> file_prompts;
   if (!prompts_file.empty()) {
-    std::istringstream lines(io::read_file(prompts_file));
-    std::string line;
-    for (int n = 1; std::getline(lines, line); n++) {
-      if (line.empty()) continue;
-      std::string what = prompts_file + " line " + std::to_string(n);
-      io::Json j = io::parse_json(line, what);
+    io::for_each_json_line(prompts_file, [&](const io::Json& j, const std::string& what) {
       tasks::Prompt p;
-      p.prompt_id = j.at("prompt_id", what).integer(what + " prompt_id");
-      p.text = j.at("prompt", what).string(what + " prompt");
+      p.prompt_id = io::integer_field(j, "prompt_id", what);
+      p.text = io::string_field(j, "prompt", what);
       tasks::encode(p.text);  // BadInput now, naming the character, rather than mid-run
       file_prompts.push_back(p);
-    }
+    });
     MOERL_CHECK_INPUT(first + num_prompts <= (int64_t)file_prompts.size(), prompts_file, " has ",
                       file_prompts.size(), " prompts; --first-prompt + --num-prompts is ",
                       first + num_prompts);

@@ -127,15 +127,10 @@ int cmd_sft(const Args& a) {
 
   std::vector<tasks::Prompt> examples;  // --data: cycled through in file order
   if (!data.empty()) {
-    std::istringstream lines(io::read_file(data));
-    std::string line;
-    for (int n = 1; std::getline(lines, line); n++) {
-      if (line.empty()) continue;
-      std::string what = data + " line " + std::to_string(n);
-      io::Json j = io::parse_json(line, what);
-      examples.push_back({n, j.at("prompt", what).string(what + " prompt"),
-                          j.at("answer", what).string(what + " answer")});
-    }
+    io::for_each_json_line(data, [&](const io::Json& j, const std::string& what) {
+      examples.push_back({(int64_t)examples.size(), io::string_field(j, "prompt", what),
+                          io::string_field(j, "answer", what)});
+    });
     MOERL_CHECK_INPUT(!examples.empty(), data, " holds no examples");
   }
 
@@ -185,16 +180,11 @@ int cmd_grpo(const Args& a) {
   // rewards: (prompt id, sample index) -> reward
   std::map<std::pair<int64_t, int64_t>, float> rewards;
   for (const std::string& path : reward_files) {
-    std::ifstream f(path);
-    MOERL_CHECK_INPUT(f.good(), "cannot open rewards file ", path);
-    std::string line;
-    for (int n = 1; std::getline(f, line); n++) {
-      if (line.empty()) continue;
-      std::string what = path + " line " + std::to_string(n);
-      io::Json j = io::parse_json(line, what);
-      rewards[{j.at("prompt_id", what).integer(what), j.at("sample_index", what).integer(what)}] =
-          (float)j.at("reward", what).number(what + " reward");
-    }
+    MOERL_CHECK_INPUT(std::ifstream(path).good(), "cannot open rewards file ", path);
+    io::for_each_json_line(path, [&](const io::Json& j, const std::string& what) {
+      rewards[{io::integer_field(j, "prompt_id", what), io::integer_field(j, "sample_index", what)}] =
+          (float)io::number_field(j, "reward", what);
+    });
   }
   std::vector<RolloutRecord> rollouts = read_rollouts(rollout_files);
   std::sort(rollouts.begin(), rollouts.end(), [](const RolloutRecord& x, const RolloutRecord& y) {
