@@ -1,0 +1,70 @@
+# syntax=docker/dockerfile:1
+# moerl's one image: the workers (`node dist/workers/main.js --role ...`, the entrypoint) and
+# the trainer ranks (`node dist/workers/rank.js`, the command the kubernetes launcher gives each
+# pod), with the native tools at native/build/bin where activities/native.ts looks for them.
+#
+#   docker buildx build --platform linux/amd64 -t <registry>/moerl:<version> --push .
+#
+# Three stages: the native core and the TypeScript are built on the full Debian image, the
+# runtime is the slim one plus the shared libraries the native tools load. Not built by this
+# project's CI (it has no container engine); scripts/build-image.sh assembles the equivalent
+# image for the local test cluster from the host's build. Keep the two in step.
+
+# Node LTS, exact version (a tag never moves under a pinned version; bump it deliberately).
+# The build stages use the same release so that the native tools link against the runtime's
+# Debian libraries (bookworm).
+ARG NODE_IMAGE=node:24.21.0-bookworm
+
+# ---- native: moe_train, moe_generate, moe_reward ----
+FROM ${NODE_IMAGE} AS native
+# scripts/setup.sh's DEBIAN_PACKAGES without OpenMPI: MPI serves only ep_bench's baseline,
+# which the image does not ship. GoogleTest stays: native/CMakeLists.txt requires it.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      g++ cmake ninja-build pkg-config \
+      libfabric-dev libopenblas-dev libgtest-dev \
+      nlohmann-json3-dev libssl-dev libcli11-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY native/ native/
+RUN cmake -S native -B native/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+ && ninja -C native/build moe_train moe_generate moe_reward
+
+# ---- ts: dist/ and the production node_modules ----
+FROM ${NODE_IMAGE} AS ts
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY tsconfig.json ./
+COPY bin/ bin/
+COPY workflows/ workflows/
+COPY activities/ activities/
+COPY workers/ workers/
+COPY cli/ cli/
+RUN npm run build \
+ && npm prune --omit=dev --no-audit --no-fund
+
+# ---- runtime ----
+FROM ${NODE_IMAGE}-slim
+# The libraries the native tools load (ldd of moe_train, moe_generate and moe_reward):
+# libfabric with its providers (efa through rdma-core's libefa), OpenBLAS, libcrypto.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      libfabric1 libopenblas0-pthread libssl3 ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 65532 moerl \
+ && useradd --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin moerl \
+ && mkdir -p /var/cache/moerl && chown 65532:65532 /var/cache/moerl
+WORKDIR /app
+COPY --from=ts /app/package.json ./
+COPY --from=ts /app/node_modules/ node_modules/
+COPY --from=ts /app/bin/ bin/
+COPY --from=ts /app/dist/ dist/
+COPY --from=native /src/native/build/bin/moe_train /src/native/build/bin/moe_generate /src/native/build/bin/moe_reward native/build/bin/
+# The cache is an emptyDir in the k8s manifests; in the image it is writable for a plain run.
+ENV NODE_ENV=production \
+    MOERL_NATIVE_BIN=/app/native/build/bin/ \
+    MOERL_CACHE_DIR=/var/cache/moerl
+# Numeric, so that runAsNonRoot can verify it without reading /etc/passwd.
+USER 65532:65532
+ENTRYPOINT ["node", "dist/workers/main.js"]

@@ -1,0 +1,319 @@
+// moerl's Kubernetes manifests as `kubectl apply -k` sends them: each kustomization's rendered
+// output against its golden file (MOERL_UPDATE_GOLDEN=1 rewrites them), and the rules the
+// rendered objects must keep — pinned images, labels, least privilege, hardened worker pods
+// whose command the worker really accepts, and an EKS overlay, eksctl config and example spec
+// that agree with each other. The API server's own verdict is in manifests-server.test.ts.
+import assert from 'node:assert/strict';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { before, describe, it } from 'node:test';
+import { loadSpecFile } from '../../cli/spec-file.js';
+import { repoRoot } from '../../cli/temporal-tools.js';
+import { parseWorkerArgs } from '../../workers/main.js';
+import {
+  find,
+  kustomizations,
+  parseObjects,
+  readYaml,
+  render,
+  workerDeployments,
+  type Deployment,
+  type K8sObject,
+  type KustomizationName,
+  type PodSpec,
+} from './render.js';
+
+const names = Object.keys(kustomizations) as KustomizationName[];
+const rendered = {} as Record<KustomizationName, { text: string; objects: K8sObject[] }>;
+
+before(async () => {
+  for (const name of names) {
+    const text = await render(name);
+    rendered[name] = { text, objects: parseObjects(text) };
+  }
+});
+
+const goldenPath = (name: KustomizationName) =>
+  join(repoRoot(), 'test', 'k8s', 'golden', `${name}.yaml.golden`);
+
+/** The first line where two texts differ, with a few lines of each around it. */
+function firstDifference(want: string, got: string): string {
+  const a = want.split('\n');
+  const b = got.split('\n');
+  let i = 0;
+  while (i < a.length && i < b.length && a[i] === b[i]) i++;
+  const around = (lines: string[]) => lines.slice(Math.max(0, i - 3), i + 3).join('\n');
+  return `first difference at line ${i + 1}\n--- golden\n${around(a)}\n--- rendered\n${around(b)}`;
+}
+
+describe('rendered kustomizations match their golden files', () => {
+  for (const name of names) {
+    it(`${kustomizations[name]} → test/k8s/golden/${name}.yaml.golden`, () => {
+      const { text } = rendered[name];
+      if (process.env.MOERL_UPDATE_GOLDEN === '1') writeFileSync(goldenPath(name), text);
+      const golden = readFileSync(goldenPath(name), 'utf8');
+      assert.ok(
+        golden === text,
+        `${kustomizations[name]} renders differently; if the change is intended, rerun with ` +
+          `MOERL_UPDATE_GOLDEN=1 and review the diff of test/k8s/golden/.\n${firstDifference(golden, text)}`,
+      );
+    });
+  }
+});
+
+const roles = ['control', 'rollout', 'train'] as const;
+
+function deploymentFor(objects: K8sObject[], role: string): Deployment {
+  return find(objects, 'Deployment', `moerl-${role}`) as Deployment;
+}
+
+function configData(objects: K8sObject[]): { name: string; data: Record<string, string> } {
+  const maps = objects.filter((o) => o.kind === 'ConfigMap' && o.metadata.name.startsWith('moerl-config-'));
+  assert.equal(maps.length, 1, 'one moerl-config ConfigMap (with its content hash)');
+  const map = maps[0] as K8sObject & { data: Record<string, string> };
+  return { name: map.metadata.name, data: map.data };
+}
+
+describe('every kustomization', () => {
+  for (const name of names) {
+    describe(name, () => {
+      it('labels every object with app.kubernetes.io/name and part-of, and a component', () => {
+        for (const o of rendered[name].objects) {
+          const labels = o.metadata.labels ?? {};
+          const what = `${o.kind} ${o.metadata.name}`;
+          assert.equal(labels['app.kubernetes.io/name'], 'moerl', what);
+          assert.equal(labels['app.kubernetes.io/part-of'], 'moerl', what);
+          if (!['Namespace', 'ConfigMap'].includes(o.kind))
+            assert.ok(labels['app.kubernetes.io/component'], `${what} has a component`);
+          if (o.kind !== 'Namespace') assert.equal(o.metadata.namespace, 'moerl', `${what} namespace`);
+        }
+      });
+
+      it('runs one Deployment per worker role, with the role as its command says', () => {
+        const { objects } = rendered[name];
+        assert.deepEqual(
+          workerDeployments(objects)
+            .map((d) => d.metadata.name)
+            .sort(),
+          ['moerl-control', 'moerl-rollout', 'moerl-train'],
+        );
+        const config = configData(objects);
+        for (const role of roles) {
+          const d = deploymentFor(objects, role);
+          const pod = d.spec.template.spec;
+          const c = pod.containers[0];
+          assert.ok(c, `${role}: a container`);
+          for (const [k, v] of Object.entries(d.spec.selector.matchLabels))
+            assert.equal(
+              d.spec.template.metadata.labels[k],
+              v,
+              `${role}: the selector matches its pods (${k})`,
+            );
+          assert.equal(d.spec.template.metadata.labels['moerl.dev/role'], role);
+          assert.deepEqual(c.command, ['node', 'dist/workers/main.js']);
+          assert.ok(
+            c.envFrom?.some((e) => e.configMapRef?.name === config.name),
+            `${role} reads ${config.name}`,
+          );
+          // The worker's own parser accepts the arguments and the ConfigMap as its environment.
+          const args = parseWorkerArgs(c.args ?? [], { ...config.data });
+          assert.deepEqual(args.roles, [role]);
+          assert.equal(args.temporal.address, config.data.TEMPORAL_ADDRESS);
+          // The pod's grace must outlast the worker's: its grace, the SDK's 5 s force time, closing.
+          const grace = pod.terminationGracePeriodSeconds ?? 30;
+          assert.ok(
+            grace * 1000 >= args.shutdownGraceMs + 15_000,
+            `${role}: terminationGracePeriodSeconds ${grace} must exceed the shutdown grace ${args.shutdownGraceMs / 1000}s + 15s`,
+          );
+          assert.equal(pod.serviceAccountName, `moerl-${role}`);
+        }
+      });
+
+      it('hardens every worker pod: non-root 65532, read-only root, no capabilities, RuntimeDefault', () => {
+        for (const d of workerDeployments(rendered[name].objects)) {
+          const pod: PodSpec = d.spec.template.spec;
+          const what = d.metadata.name;
+          assert.equal(pod.securityContext?.runAsNonRoot, true, what);
+          assert.equal(pod.securityContext?.runAsUser, 65532, what);
+          assert.equal(pod.securityContext?.seccompProfile?.type, 'RuntimeDefault', what);
+          for (const c of pod.containers) {
+            assert.equal(c.securityContext?.readOnlyRootFilesystem, true, what);
+            assert.equal(c.securityContext?.allowPrivilegeEscalation, false, what);
+            assert.deepEqual(c.securityContext?.capabilities?.drop, ['ALL'], what);
+            for (const r of ['cpu', 'memory']) {
+              assert.ok(c.resources?.requests?.[r], `${what}: ${r} request`);
+              assert.ok(c.resources?.limits?.[r], `${what}: ${r} limit`);
+            }
+            // The only writable paths: /tmp and the cache that MOERL_CACHE_DIR names.
+            const mounts = new Map((c.volumeMounts ?? []).map((m) => [m.mountPath, m.name]));
+            const cacheDir = configData(rendered[name].objects).data.MOERL_CACHE_DIR as string;
+            for (const path of ['/tmp', cacheDir]) {
+              const volume = pod.volumes?.find((v) => v.name === mounts.get(path));
+              assert.ok(volume?.emptyDir?.sizeLimit, `${what}: a bounded emptyDir at ${path}`);
+            }
+          }
+        }
+      });
+
+      it('pins every image tag, never latest', () => {
+        for (const d of workerDeployments(rendered[name].objects))
+          for (const c of d.spec.template.spec.containers) {
+            assert.match(c.image, /:[\w][\w.-]*$/, `${d.metadata.name}: ${c.image} has a tag`);
+            assert.doesNotMatch(c.image, /:latest$/, `${d.metadata.name}: ${c.image}`);
+          }
+      });
+
+      it('gives an API token to the train worker only; nobody else may touch the API', () => {
+        const { objects } = rendered[name];
+        for (const sa of objects.filter((o) => o.kind === 'ServiceAccount')) {
+          const automount = (sa as K8sObject & { automountServiceAccountToken?: boolean })
+            .automountServiceAccountToken;
+          assert.equal(automount, sa.metadata.name === 'moerl-train', `${sa.metadata.name} token`);
+        }
+        for (const role of roles)
+          assert.equal(
+            deploymentFor(objects, role).spec.template.spec.automountServiceAccountToken,
+            role === 'train',
+          );
+        const bindings = objects.filter((o) => o.kind === 'RoleBinding' || o.kind === 'ClusterRoleBinding');
+        assert.deepEqual(
+          bindings.map((b) => `${b.kind}/${b.metadata.name}`),
+          ['RoleBinding/moerl-train'],
+        );
+        assert.ok(!objects.some((o) => o.kind === 'ClusterRole'), 'no cluster-wide permissions');
+        assert.ok(find(objects, 'ServiceAccount', 'moerl-trainer'), 'trainer pods have their own account');
+      });
+    });
+  }
+});
+
+interface NodeGroup {
+  name: string;
+  spot?: boolean;
+  efaEnabled?: boolean;
+  instanceType?: string;
+  availabilityZones?: string[];
+  labels?: Record<string, string>;
+  taints?: { key: string; value?: string; effect: string }[];
+}
+interface ClusterConfig {
+  availabilityZones: string[];
+  iam: { serviceAccounts: { metadata: { name: string; namespace: string }; roleName: string }[] };
+  managedNodeGroups: NodeGroup[];
+}
+
+type Toleration = NonNullable<PodSpec['tolerations']>[number];
+
+/** Kubernetes' toleration rule: a pod may land on a node only if it tolerates each taint. */
+function tolerates(tolerations: Toleration[] = [], taint: NonNullable<NodeGroup['taints']>[number]): boolean {
+  return tolerations.some(
+    (t) =>
+      (t.effect === undefined || t.effect === taint.effect) &&
+      (t.operator === 'Exists'
+        ? t.key === undefined || t.key === taint.key
+        : t.key === taint.key && (t.value ?? '') === (taint.value ?? '')),
+  );
+}
+
+/** The node group a pod with this node selector and these tolerations can land on (exactly one). */
+function groupFor(
+  cluster: ClusterConfig,
+  selector: Record<string, string>,
+  tolerations?: Toleration[],
+): NodeGroup {
+  const fits = cluster.managedNodeGroups.filter((g) => {
+    const labels: Record<string, string> = {
+      ...g.labels,
+      'eks.amazonaws.com/capacityType': g.spot ? 'SPOT' : 'ON_DEMAND',
+    };
+    return (
+      Object.entries(selector).every(([k, v]) => labels[k] === v) &&
+      (g.taints ?? []).every((taint) => tolerates(tolerations, taint))
+    );
+  });
+  assert.equal(fits.length, 1, `one node group for ${JSON.stringify(selector)}: ${fits.map((g) => g.name)}`);
+  return fits[0] as NodeGroup;
+}
+
+describe('eks overlay, eksctl cluster config and examples/eks.yaml agree', () => {
+  const cluster = () => readYaml('k8s/overlays/eks/cluster.yaml') as ClusterConfig;
+
+  it('rollout workers land on the Spot group only; control and train workers on on-demand', () => {
+    const { objects } = rendered.eks;
+    for (const role of roles) {
+      const pod = deploymentFor(objects, role).spec.template.spec;
+      const group = groupFor(cluster(), pod.nodeSelector ?? {}, pod.tolerations);
+      assert.equal(group.spot === true, role === 'rollout', `${role} on ${group.name}`);
+    }
+  });
+
+  it('every ServiceAccount assumes the IAM role that cluster.yaml creates for exactly that account', () => {
+    const accounts = cluster().iam.serviceAccounts;
+    for (const sa of rendered.eks.objects.filter((o) => o.kind === 'ServiceAccount')) {
+      const arn = sa.metadata.annotations?.['eks.amazonaws.com/role-arn'] ?? '';
+      const match = /^arn:aws:iam::\d{12}:role\/(.+)$/.exec(arn);
+      assert.ok(match, `${sa.metadata.name}: role ARN, got "${arn}"`);
+      const entry = accounts.find((a) => a.roleName === match[1]);
+      assert.deepEqual(entry?.metadata, { name: sa.metadata.name, namespace: sa.metadata.namespace });
+    }
+  });
+
+  it('the EFA group is one zone of the cluster, EFA-enabled, p5-class', () => {
+    const c = cluster();
+    const efa = c.managedNodeGroups.filter((g) => g.efaEnabled);
+    assert.equal(efa.length, 1);
+    const group = efa[0] as NodeGroup;
+    assert.equal(group.availabilityZones?.length, 1, 'EFA traffic cannot cross zones');
+    assert.ok(c.availabilityZones.includes(group.availabilityZones?.[0] as string));
+    assert.match(group.instanceType ?? '', /^p5(en|e)?\.48xlarge$/);
+  });
+
+  it("the example's trainer pods land on the EFA group, with the workers' image and namespace", () => {
+    const spec = loadSpecFile(join(repoRoot(), 'examples', 'eks.yaml'));
+    assert.equal(spec.launcher.kind, 'kubernetes');
+    if (spec.launcher.kind !== 'kubernetes') return;
+    const group = groupFor(cluster(), spec.launcher.nodeSelector ?? {}, spec.launcher.tolerations);
+    assert.equal(group.efaEnabled, true, `trainer pods on ${group.name}`);
+    assert.ok(spec.launcher.efaPerRank > 0);
+    assert.equal(spec.store.kind, 's3');
+    const { objects } = rendered.eks;
+    const trainer = find(objects, 'ServiceAccount', spec.launcher.serviceAccount ?? 'default');
+    assert.ok(
+      trainer.metadata.annotations?.['eks.amazonaws.com/role-arn'],
+      'trainer account has an IAM role',
+    );
+    assert.equal(spec.launcher.namespace, trainer.metadata.namespace);
+    const image = deploymentFor(objects, 'train').spec.template.spec.containers[0]?.image;
+    assert.equal(spec.launcher.image, image, 'one image for workers and trainer ranks');
+  });
+});
+
+describe('local overlay', () => {
+  it('uses the imported image only, one small worker per role on the node network, Temporal on loopback', () => {
+    const { objects } = rendered.local;
+    assert.match(configData(objects).data.TEMPORAL_ADDRESS ?? '', /^127\.0\.0\.1:\d+$/);
+    for (const role of roles) {
+      const d = deploymentFor(objects, role);
+      const pod = d.spec.template.spec;
+      assert.equal(d.spec.replicas, 1);
+      assert.equal(pod.hostNetwork, true);
+      assert.equal(pod.containers[0]?.imagePullPolicy, 'Never');
+      assert.match(pod.containers[0]?.image ?? '', /^localhost\//);
+    }
+    assert.ok(
+      !objects.some((o) => o.kind === 'PodDisruptionBudget'),
+      'no budget that blocks draining one node',
+    );
+  });
+
+  it('base and eks keep a disruption budget for the control workers', () => {
+    for (const name of ['base', 'eks'] as const) {
+      const pdb = find(rendered[name].objects, 'PodDisruptionBudget', 'moerl-control') as K8sObject & {
+        spec: { minAvailable: number; selector: { matchLabels: Record<string, string> } };
+      };
+      const control = deploymentFor(rendered[name].objects, 'control');
+      assert.ok(control.spec.replicas > pdb.spec.minAvailable, `${name}: a drain can proceed`);
+      assert.deepEqual(pdb.spec.selector.matchLabels, control.spec.selector.matchLabels);
+    }
+  });
+});

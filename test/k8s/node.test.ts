@@ -1,0 +1,250 @@
+// A real node (kube-node.ts: containerd, runc, CNI bridge, kubelet, CoreDNS) joined to the test
+// control plane, running the moerl image built by scripts/build-image.sh: the native tools run
+// in pods, two ranks of an Indexed Job find rank 0 through the headless Service's DNS name and
+// run the EP benchmark over libfabric tcp between their pods, a graceful delete reaches the
+// container as SIGTERM, and stop() leaves nothing on the host.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { promisify } from 'node:util';
+import {
+  BatchV1Api,
+  CoreV1Api,
+  Watch,
+  type V1EnvVar,
+  type V1Pod,
+  type V1PodSpec,
+} from '@kubernetes/client-node';
+import { repoRoot } from '../../cli/temporal-tools.js';
+import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
+import { nodeUnsupportedReason, startKubeNode, type KubeNode } from '../support/kube-node.js';
+
+const run = promisify(execFile);
+const skip = nodeUnsupportedReason();
+
+describe('a real Kubernetes node', { skip }, () => {
+  let cluster: KubeCluster;
+  let node: KubeNode;
+  let core: CoreV1Api;
+  let batch: BatchV1Api;
+  let image: string;
+  let namespace: string;
+
+  before(async () => {
+    let started = Date.now();
+    const built = await run('bash', [join(repoRoot(), 'scripts', 'build-image.sh'), 'moerl'], {
+      timeout: 600_000,
+    });
+    const [ref, archive] = built.stdout.trim().split(' ');
+    assert.ok(ref && archive, `scripts/build-image.sh printed "${built.stdout}"`);
+    image = ref;
+    console.log(`# moerl image ${ref} built in ${Date.now() - started} ms`);
+    cluster = await startKubeCluster({ kwok: false });
+    started = Date.now();
+    node = await startKubeNode(cluster, { images: [archive] });
+    console.log(`# node ${node.name} Ready in ${Date.now() - started} ms (image import included)`);
+    core = cluster.kubeConfig().makeApiClient(CoreV1Api);
+    batch = cluster.kubeConfig().makeApiClient(BatchV1Api);
+    namespace = await cluster.createNamespace('node');
+  });
+  after(async () => {
+    await node?.stop();
+    await cluster?.stop();
+  });
+
+  const podSpec = (command: string[], extra: Partial<V1PodSpec> = {}, env: V1EnvVar[] = []): V1PodSpec => ({
+    restartPolicy: 'Never',
+    automountServiceAccountToken: false,
+    nodeName: node.name,
+    containers: [{ name: 'main', image, imagePullPolicy: 'Never', command, env }],
+    ...extra,
+  });
+
+  async function podPhase(name: string, phases: string[], timeoutMs = 120_000): Promise<V1Pod> {
+    let pod: V1Pod | undefined;
+    await waitFor(`pod ${name} in ${phases.join('/')}`, timeoutMs, async () => {
+      pod = await core.readNamespacedPod({ namespace, name });
+      return phases.includes(pod.status?.phase ?? '') ? true : `phase ${pod.status?.phase}`;
+    });
+    return pod!;
+  }
+
+  it('runs a native tool of the moerl image in a pod, as the image user', async () => {
+    const started = Date.now();
+    await core.createNamespacedPod({
+      namespace,
+      body: { metadata: { name: 'tool' }, spec: podSpec(['/app/native/build/bin/ep_bench', '--help']) },
+    });
+    const pod = await podPhase('tool', ['Succeeded', 'Failed']);
+    console.log(`# pod start to completion: ${Date.now() - started} ms`);
+    const logs = await core.readNamespacedPodLog({ namespace, name: 'tool' });
+    assert.equal(pod.status?.phase, 'Succeeded', `pod failed; logs:\n${logs}`);
+    assert.match(logs, /usage: ep_bench/);
+
+    await core.createNamespacedPod({
+      namespace,
+      body: {
+        metadata: { name: 'whoami' },
+        spec: podSpec(['/usr/local/bin/node', '-p', 'process.getuid()']),
+      },
+    });
+    await podPhase('whoami', ['Succeeded', 'Failed']);
+    assert.equal((await core.readNamespacedPodLog({ namespace, name: 'whoami' })).trim(), '65532');
+  });
+
+  it('two ranks of an Indexed Job find rank 0 by DNS and exchange tokens over libfabric tcp', async () => {
+    const job = 'ep';
+    const service = 'ep-ranks';
+    await core.createNamespacedService({
+      namespace,
+      body: {
+        metadata: { name: service },
+        spec: {
+          clusterIP: 'None',
+          // Ranks start together: rank 0's name must resolve before it is Ready.
+          publishNotReadyAddresses: true,
+          selector: { 'batch.kubernetes.io/job-name': job },
+          ports: [{ name: 'coordinator', port: 29500 }],
+        },
+      },
+    });
+    const started = Date.now();
+    await batch.createNamespacedJob({
+      namespace,
+      body: {
+        metadata: { name: job },
+        spec: {
+          completionMode: 'Indexed',
+          completions: 2,
+          parallelism: 2,
+          backoffLimit: 0,
+          template: {
+            spec: podSpec(
+              [
+                '/app/native/build/bin/ep_bench',
+                ...['--provider', 'tcp', '--tokens', '64', '--hidden', '64', '--experts', '4', '--topk', '2'],
+                ...['--dtype', 'bf16', '--warmup', '1', '--iters', '2', '--json'],
+              ],
+              { subdomain: service },
+              [
+                {
+                  name: 'MOERL_RANK',
+                  valueFrom: {
+                    fieldRef: {
+                      fieldPath: "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+                    },
+                  },
+                },
+                { name: 'MOERL_WORLD_SIZE', value: '2' },
+                { name: 'MOERL_COORDINATOR', value: `${job}-0.${service}:29500` },
+                { name: 'MOERL_FI_PROVIDER', value: 'tcp' },
+              ],
+            ),
+          },
+        },
+      },
+    });
+    await waitFor(`job ${job} to finish`, 180_000, async () => {
+      const status = (await batch.readNamespacedJob({ namespace, name: job })).status;
+      const done = status?.conditions?.find(
+        (c) => (c.type === 'Complete' || c.type === 'Failed') && c.status === 'True',
+      );
+      return done ? true : `succeeded=${status?.succeeded ?? 0} failed=${status?.failed ?? 0}`;
+    });
+    console.log(`# 2-rank EP job created to complete: ${Date.now() - started} ms`);
+    const pods = await core.listNamespacedPod({
+      namespace,
+      labelSelector: `batch.kubernetes.io/job-name=${job}`,
+    });
+    const logs = await Promise.all(
+      pods.items.map(async (pod) => {
+        const name = pod.metadata!.name!;
+        return { name, phase: pod.status?.phase, log: await core.readNamespacedPodLog({ namespace, name }) };
+      }),
+    );
+    for (const l of logs) assert.equal(l.phase, 'Succeeded', `${l.name} ${l.phase}:\n${l.log}`);
+    const rank0 = logs.find((l) => l.name.startsWith(`${job}-0-`));
+    assert.ok(rank0, `no pod of index 0 among ${logs.map((l) => l.name).join(', ')}`);
+    const report = JSON.parse(rank0.log.trim().split('\n').at(-1)!) as {
+      ranks: number;
+      fi_provider: string;
+      dispatch_gbps: number;
+    };
+    assert.equal(report.ranks, 2);
+    assert.match(report.fi_provider, /^tcp/);
+    assert.ok(report.dispatch_gbps > 0, `dispatch bandwidth ${report.dispatch_gbps}`);
+  });
+
+  it('delivers SIGTERM to the container when its pod is deleted gracefully', async () => {
+    const name = 'graceful';
+    const script = [
+      "process.on('SIGTERM', () => {",
+      "  require('fs').writeFileSync('/dev/termination-log', 'got SIGTERM');",
+      '  process.exit(0);',
+      '});',
+      "console.log('waiting');",
+      'setInterval(() => {}, 60000);',
+    ].join('\n');
+    const created = await core.createNamespacedPod({
+      namespace,
+      body: {
+        metadata: { name },
+        spec: podSpec(['/usr/local/bin/node', '-e', script], { terminationGracePeriodSeconds: 60 }),
+      },
+    });
+    await podPhase(name, ['Running']);
+    await waitFor(`pod ${name} to install its handler`, 30_000, async () =>
+      (await core.readNamespacedPodLog({ namespace, name })).includes('waiting') ? true : 'no output yet',
+    );
+    // The final state arrives with the DELETED event: the kubelet removes the pod only after
+    // it has reported every container terminated.
+    const final = new Promise<V1Pod>((done, fail) => {
+      void new Watch(cluster.kubeConfig())
+        .watch(
+          `/api/v1/namespaces/${namespace}/pods`,
+          { fieldSelector: `metadata.name=${name}`, resourceVersion: created.metadata?.resourceVersion },
+          (type, pod: V1Pod) => {
+            if (type === 'DELETED') done(pod);
+          },
+          (err) => (err ? fail(err as Error) : undefined),
+        )
+        .catch(fail);
+    });
+    const deleted = Date.now();
+    await core.deleteNamespacedPod({ namespace, name, gracePeriodSeconds: 60 });
+    const pod = await final;
+    const elapsed = Date.now() - deleted;
+    console.log(`# graceful delete to pod gone: ${elapsed} ms`);
+    const terminated = pod.status?.containerStatuses?.[0]?.state?.terminated;
+    assert.equal(terminated?.exitCode, 0, JSON.stringify(pod.status?.containerStatuses));
+    assert.equal(terminated?.message, 'got SIGTERM');
+    // Well inside the 60 s grace period: the container ended on the signal, not on SIGKILL.
+    assert.ok(elapsed < 30_000, `${elapsed} ms from delete to gone`);
+  });
+
+  it('stop() removes the containers, mounts, network namespaces, bridge and cgroups', async () => {
+    const { dir, name, bridge } = node;
+    await node.stop();
+    const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
+      .split('\n')
+      .filter((l) => l.includes(dir));
+    assert.deepEqual(mounts, []);
+    assert.equal(existsSync(dir), false);
+    const links = (await run('ip', ['-o', 'link', 'show'])).stdout;
+    assert.equal(links.includes(`${bridge}:`), false, `bridge ${bridge} still there`);
+    const shims = readdirSync('/proc')
+      .filter((pid) => /^\d+$/.test(pid))
+      .filter((pid) => {
+        try {
+          return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(dir);
+        } catch {
+          return false;
+        }
+      });
+    assert.deepEqual(shims, [], 'processes still referring to the node folder');
+    for (const hierarchy of ['memory', 'cpu', 'pids'])
+      assert.equal(existsSync(`/sys/fs/cgroup/${hierarchy}/moerl-${name}`), false);
+  });
+});
