@@ -1,0 +1,159 @@
+// moerl's manifests before a real kube-apiserver (test/support/kube-cluster.ts, on 127.0.0.1):
+// every overlay's rendered output passes a server-side dry run, with no Pod Security warning
+// where the namespace asks for the restricted standard; and the RBAC objects of the base,
+// created for real, give the train worker exactly what the Kubernetes launcher needs in its
+// namespace and nothing else (SubjectAccessReviews), and the other accounts nothing at all.
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { AuthorizationV1Api, type V1ResourceAttributes } from '@kubernetes/client-node';
+import { stringify } from 'yaml';
+import { startKubeCluster, type KubeCluster } from '../support/kube-cluster.js';
+import { parseObjects, render, type K8sObject, type KustomizationName } from './render.js';
+
+let cluster: KubeCluster;
+
+before(
+  async () => {
+    cluster = await startKubeCluster({ kwok: false });
+  },
+  { timeout: 600_000 },
+);
+after(async () => {
+  await cluster?.stop();
+});
+
+const toYaml = (objects: K8sObject[]) => objects.map((o) => stringify(o)).join('---\n');
+
+async function kubectl(args: string[], objects: K8sObject[]) {
+  return cluster.kubectl(args, { input: toYaml(objects) });
+}
+
+/** Creates (or updates) these objects for real; fails with kubectl's message otherwise. */
+async function applyForReal(objects: K8sObject[]): Promise<void> {
+  const out = await kubectl(['apply', '-f', '-'], objects);
+  assert.equal(out.code, 0, out.stderr);
+}
+
+async function dryRun(objects: K8sObject[]) {
+  return kubectl(['apply', '--dry-run=server', '-f', '-'], objects);
+}
+
+describe('server-side dry run of every overlay', () => {
+  // In this order: the eks namespace warns on the restricted standard, local's does not.
+  for (const name of ['eks', 'local'] as KustomizationName[]) {
+    it(`${name}: the API server accepts every object, with no warning`, async () => {
+      const objects = parseObjects(await render(name));
+      // A dry run cannot create the namespace the other objects are created in.
+      await applyForReal(objects.filter((o) => o.kind === 'Namespace'));
+      const rest = objects.filter((o) => o.kind !== 'Namespace');
+      const out = await dryRun(rest);
+      assert.equal(out.code, 0, out.stderr);
+      assert.equal(out.stderr.trim(), '', 'no warnings (deprecated fields, Pod Security)');
+      const accepted = out.stdout.split('\n').filter((l) => l.endsWith('(server dry run)'));
+      assert.equal(accepted.length, rest.length, out.stdout);
+    });
+  }
+
+  it('a Pod Security violation is reported: the host-network local workers in the eks namespace', async () => {
+    await applyForReal(parseObjects(await render('eks')).filter((o) => o.kind === 'Namespace'));
+    const local = parseObjects(await render('local')).filter((o) => o.kind === 'Deployment');
+    const out = await dryRun(local);
+    assert.equal(out.code, 0, out.stderr);
+    assert.match(out.stderr, /would violate PodSecurity "restricted:latest": host namespaces/);
+  });
+});
+
+describe('RBAC of the base, before the real authorizer', () => {
+  let authz: AuthorizationV1Api;
+  const namespace = 'moerl';
+
+  before(async () => {
+    const rbacKinds = ['Namespace', 'ServiceAccount', 'Role', 'RoleBinding'];
+    await applyForReal(parseObjects(await render('base')).filter((o) => rbacKinds.includes(o.kind)));
+    authz = cluster.kubeConfig().makeApiClient(AuthorizationV1Api);
+  });
+
+  async function allowed(account: string, attributes: V1ResourceAttributes): Promise<boolean> {
+    const review = await authz.createSubjectAccessReview({
+      body: {
+        apiVersion: 'authorization.k8s.io/v1',
+        kind: 'SubjectAccessReview',
+        spec: {
+          // What the API server sees for a pod running as this ServiceAccount.
+          user: `system:serviceaccount:${namespace}:${account}`,
+          groups: ['system:serviceaccounts', `system:serviceaccounts:${namespace}`, 'system:authenticated'],
+          resourceAttributes: attributes,
+        },
+      },
+    });
+    return review.status?.allowed === true;
+  }
+
+  const describeAttributes = (a: V1ResourceAttributes) =>
+    `${a.verb} ${a.group ? a.group + '/' : ''}${a.resource}${a.subresource ? '/' + a.subresource : ''} in ${a.namespace || 'the cluster'}`;
+
+  async function expectAll(account: string, cases: V1ResourceAttributes[], expected: boolean): Promise<void> {
+    const wrong: string[] = [];
+    for (const attributes of cases)
+      if ((await allowed(account, attributes)) !== expected) wrong.push(describeAttributes(attributes));
+    assert.deepEqual(wrong, [], `${account} should ${expected ? '' : 'not '}be allowed to`);
+  }
+
+  const inNs = (group: string, resource: string, verbs: string[], subresource?: string) =>
+    verbs.map((verb) => ({ group, resource, verb, namespace, ...(subresource ? { subresource } : {}) }));
+
+  it('the train worker may manage Jobs and Services, read and delete pods, read logs, in moerl', async () => {
+    await expectAll(
+      'moerl-train',
+      [
+        ...inNs('batch', 'jobs', ['create', 'get', 'list', 'watch', 'delete']),
+        ...inNs('', 'services', ['create', 'get', 'list', 'watch', 'delete']),
+        ...inNs('', 'pods', ['get', 'list', 'watch', 'delete']),
+        ...inNs('', 'pods', ['get'], 'log'),
+      ],
+      true,
+    );
+  });
+
+  it('the train worker may do nothing else: other verbs, other resources, other namespaces', async () => {
+    await expectAll(
+      'moerl-train',
+      [
+        ...inNs('batch', 'jobs', ['update', 'patch', 'deletecollection']),
+        ...inNs('batch', 'jobs', ['update'], 'status'),
+        ...inNs('batch', 'cronjobs', ['create']),
+        ...inNs('', 'pods', ['create', 'update', 'patch']),
+        ...inNs('', 'pods', ['create'], 'exec'),
+        ...inNs('', 'pods', ['create'], 'eviction'),
+        ...inNs('', 'pods', ['create'], 'attach'),
+        ...inNs('', 'services', ['update', 'patch']),
+        ...inNs('', 'secrets', ['get', 'list', 'watch']),
+        ...inNs('', 'configmaps', ['get', 'create']),
+        ...inNs('', 'serviceaccounts', ['create']),
+        ...inNs('', 'serviceaccounts', ['create'], 'token'),
+        ...inNs('rbac.authorization.k8s.io', 'roles', ['create', 'bind', 'escalate']),
+        ...inNs('rbac.authorization.k8s.io', 'rolebindings', ['create']),
+        { group: 'batch', resource: 'jobs', verb: 'create', namespace: 'default' },
+        { group: 'batch', resource: 'jobs', verb: 'list', namespace: 'kube-system' },
+        { group: '', resource: 'pods', verb: 'get', subresource: 'log', namespace: 'default' },
+        { group: 'batch', resource: 'jobs', verb: 'list', namespace: '' },
+        { group: '', resource: 'pods', verb: 'list', namespace: '' },
+        { group: '', resource: 'nodes', verb: 'list' },
+        { group: '', resource: 'namespaces', verb: 'create' },
+      ],
+      false,
+    );
+  });
+
+  it('the control and rollout workers and the trainer pods may not touch the API', async () => {
+    const anything = [
+      ...inNs('batch', 'jobs', ['create', 'list']),
+      ...inNs('', 'pods', ['get', 'list', 'delete']),
+      ...inNs('', 'pods', ['get'], 'log'),
+      ...inNs('', 'services', ['create']),
+      ...inNs('', 'secrets', ['get']),
+    ];
+    for (const account of ['moerl-control', 'moerl-rollout', 'moerl-trainer'])
+      await expectAll(account, anything, false);
+  });
+});
