@@ -145,7 +145,8 @@ uint64_t sample_seed(uint64_t campaign_seed, uint64_t iteration, uint64_t prompt
 }
 
 void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>& requests,
-              const SampleParams& sp, std::vector<SampleResult>& results) {
+              const SampleParams& sp, std::vector<SampleResult>& results,
+              const GenerateProgress& progress) {
   const ModelConfig& cfg = ps.layout.cfg;
   const int S = (int)requests.size(), V = cfg.vocab_size;
   results.assign(S, SampleResult{});
@@ -172,6 +173,8 @@ void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>
   std::vector<int32_t> row_seq, row_tok, row_pos;
   std::vector<float> logits;
   Activations acts;
+  int furthest = 0;        // new tokens of the furthest sample
+  int64_t new_tokens = 0;  // new tokens of all samples
   for (;;) {
     row_seq.clear();
     row_tok.clear();
@@ -211,6 +214,8 @@ void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>
       r.tokens.push_back(tok);
       r.logprobs.push_back(lp);
       seqs[s].push_back(tok);
+      new_tokens++;
+      furthest = std::max(furthest, (int)r.tokens.size());
       if (tok == sp.eos_id) {
         r.stopped = true;
         done[s] = true;
@@ -219,6 +224,7 @@ void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>
         done[s] = true;
       }
     }
+    if (progress) progress(furthest, new_tokens);
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>  // std::function for the progress callback
 #include <vector>
 
 #include "model/expert_comm.h"
@@ -38,7 +39,13 @@ struct SampleResult {
 uint64_t sample_seed(uint64_t campaign_seed, uint64_t iteration, uint64_t prompt_id,
                      uint64_t sample_index);
 
+// Reports progress after every decode step: `step` = new tokens of the furthest sample so far
+// (each step adds at most one per sample, so at most max_new_tokens), `tokens` = new tokens of
+// all samples so far. Called on the generating thread; it must not throw.
+using GenerateProgress = std::function<void(int step, int64_t tokens)>;
+
 void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>& requests,
-              const SampleParams& params, std::vector<SampleResult>& results);
+              const SampleParams& params, std::vector<SampleResult>& results,
+              const GenerateProgress& progress = nullptr);
 
 }  // namespace moerl::model

@@ -111,7 +111,7 @@ GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logp
 
 StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
                        const std::vector<TrainSequence>& batch, const LossConfig& lc,
-                       const AdamWConfig& ac) {
+                       const AdamWConfig& ac, const MicroBatchProgress& progress) {
   const model::ModelConfig& cfg = ps.layout.cfg;
   const int V = cfg.vocab_size, E = cfg.num_experts, L = cfg.num_layers;
   const double t0 = now_s();
@@ -137,8 +137,10 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
   ps.zero_grad();
   model::Activations a;
   std::vector<double> p(V);
-  for (const std::vector<int>& ids : micro_batches((int)batch.size(), comm.rank(),
-                                                   comm.world_size(), lc.micro_batch)) {
+  const std::vector<std::vector<int>> mbs =
+      micro_batches((int)batch.size(), comm.rank(), comm.world_size(), lc.micro_batch);
+  for (size_t mb = 0; mb < mbs.size(); mb++) {
+    const std::vector<int>& ids = mbs[mb];
     Packed pk = pack(batch, ids, cfg.max_seq_len);
     model::model_forward(ps, comm, pk.tokens.data(), pk.lengths.data(), pk.B, pk.T, a);
     std::vector<float> dlogits(a.logits.size(), 0.0f);
@@ -176,6 +178,7 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
     acc[kZ] += (float)a.z_sum;
     for (int e = 0; e < E; e++) acc[kNum + e] += (float)a.expert_load[e];
     model::model_backward(ps, comm, dlogits.data(), aux_weight, z_weight, a);
+    if (progress) progress((int)mb + 1, (int)mbs.size());
   }
   comm.allreduce_sum(ps.grad_dense.data(), ps.grad_dense.size());
   comm.allreduce_sum(acc.data(), acc.size());
@@ -204,13 +207,16 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
 }
 
 void fill_ref_logprobs(model::ParamStore& ps, model::ExpertComm& comm,
-                       std::vector<TrainSequence>& batch, const LossConfig& lc) {
+                       std::vector<TrainSequence>& batch, const LossConfig& lc,
+                       const MicroBatchProgress& progress) {
   const model::ModelConfig& cfg = ps.layout.cfg;
   const int V = cfg.vocab_size;
   model::Activations a;
   std::vector<double> p(V);
-  for (const std::vector<int>& ids : micro_batches((int)batch.size(), comm.rank(),
-                                                   comm.world_size(), lc.micro_batch)) {
+  const std::vector<std::vector<int>> mbs =
+      micro_batches((int)batch.size(), comm.rank(), comm.world_size(), lc.micro_batch);
+  for (size_t mb = 0; mb < mbs.size(); mb++) {
+    const std::vector<int>& ids = mbs[mb];
     Packed pk = pack(batch, ids, cfg.max_seq_len);
     model::model_forward(ps, comm, pk.tokens.data(), pk.lengths.data(), pk.B, pk.T, a);
     for (int b = 0; b < pk.B; b++) {
@@ -221,6 +227,7 @@ void fill_ref_logprobs(model::ParamStore& ps, model::ExpertComm& comm,
             a.logits.data() + ((size_t)b * pk.T + t) * V, V, lc.temperature, s.tokens[t + 1], p,
             nullptr));
     }
+    if (progress) progress((int)mb + 1, (int)mbs.size());
   }
 }
 

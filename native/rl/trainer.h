@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>  // std::function for progress callbacks
 #include <string>
 #include <vector>
 
@@ -54,14 +55,19 @@ GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logp
                           float ref_logprob, float advantage, const LossConfig& lc, double scale,
                           float* dlogits, std::vector<double>& p);
 
+// Called after each of this rank's micro-batches (done of total; every rank runs the same
+// number), so a tool can report progress inside a long step. Must not throw.
+using MicroBatchProgress = std::function<void(int done, int total)>;
+
 // Runs forward/backward over `batch` (global; this rank uses its share) and one AdamW step.
 StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
                        const std::vector<TrainSequence>& batch, const LossConfig& lc,
-                       const AdamWConfig& ac);
+                       const AdamWConfig& ac, const MicroBatchProgress& progress = nullptr);
 
 // Per-token log-probs of each sequence's completion under `ps` (e.g. the reference policy),
 // written to seq.ref_logprobs for this rank's share; collective like train_step.
 void fill_ref_logprobs(model::ParamStore& ps, model::ExpertComm& comm,
-                       std::vector<TrainSequence>& batch, const LossConfig& lc);
+                       std::vector<TrainSequence>& batch, const LossConfig& lc,
+                       const MicroBatchProgress& progress = nullptr);
 
 }  // namespace moerl::rl

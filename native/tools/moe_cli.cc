@@ -1,7 +1,8 @@
-// Argument parsing, exit codes and rollout records for the moe_* tools.
+// Exit codes, path lists, progress lines and rollout records for the moe_* tools.
 #include "tools/moe_cli.h"
 
 #include <cstdio>   // std::fprintf
+#include <cstdlib>  // std::strtod
 #include <fstream>  // std::ifstream
 #include <sstream>  // std::ostringstream
 
@@ -10,90 +11,92 @@
 
 namespace moerl::tools {
 
-Args::Args(int argc, char** argv, int first, const std::set<std::string>& switches) {
-  for (int i = first; i < argc; i++) {
-    std::string a = argv[i];
-    MOERL_CHECK_INPUT(a.rfind("--", 0) == 0, "unexpected argument \"", a, "\" (flags are --name value)");
-    std::string name = a.substr(2);
-    if (switches.count(name)) {
-      values_[name] = "1";
-      continue;
-    }
-    MOERL_CHECK_INPUT(i + 1 < argc, "flag --", name, " needs a value");
-    values_[name] = argv[++i];
-  }
-}
-
-std::string Args::str(const std::string& name, const std::string& fallback) const {
-  used_.insert(name);
-  auto it = values_.find(name);
-  return it == values_.end() ? fallback : it->second;
-}
-
-std::string Args::required(const std::string& name) const {
-  used_.insert(name);
-  auto it = values_.find(name);
-  MOERL_CHECK_INPUT(it != values_.end() && !it->second.empty(), "missing required flag --", name);
-  return it->second;
-}
-
-std::vector<std::string> Args::list(const std::string& name) const {
-  std::vector<std::string> out;
-  std::string s = str(name, ""), cur;
-  std::istringstream is(s);
-  while (std::getline(is, cur, ','))
-    if (!cur.empty()) out.push_back(cur);
-  return out;
-}
-
-int64_t Args::integer(const std::string& name, int64_t fallback) const {
-  std::string s = str(name, "");
-  if (s.empty()) return fallback;
-  size_t pos = 0;
-  int64_t v = 0;
+int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  const std::string name = app.get_name();
   try {
-    v = std::stoll(s, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help is a ParseError with exit code 0: CLI11 prints the help of the (sub)command
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    std::fprintf(stderr, "%s: error: %s (see %s --help)\n", name.c_str(), e.what(), name.c_str());
+    return 2;
   }
-  MOERL_CHECK_INPUT(pos == s.size() && pos > 0, "--", name, " must be an integer, got \"", s, "\"");
-  return v;
-}
-
-double Args::number(const std::string& name, double fallback) const {
-  std::string s = str(name, "");
-  if (s.empty()) return fallback;
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  MOERL_CHECK_INPUT(pos == s.size() && pos > 0, "--", name, " must be a number, got \"", s, "\"");
-  return v;
-}
-
-bool Args::flag(const std::string& name) const {
-  used_.insert(name);
-  return values_.count(name) > 0;
-}
-
-void Args::check_all_used() const {
-  for (const auto& kv : values_)
-    MOERL_CHECK_INPUT(used_.count(kv.first), "unknown flag --", kv.first);
-}
-
-int run_tool(const char* name, const std::function<int()>& body) {
   try {
     return body();
   } catch (const Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", name, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return e.kind() == ErrorKind::BadInput ? 2 : 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", name, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return 1;
   }
+}
+
+namespace {
+
+// A validator accepting numbers for which ok(x) holds (and every non-number, see above).
+CLI::Validator number_check(bool (*ok)(double), const char* rule, const char* name) {
+  return CLI::Validator(
+      [ok, rule](std::string& value) -> std::string {
+        char* end = nullptr;
+        double x = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != '\0' || ok(x)) return "";
+        return std::string("must be ") + rule + ", got " + value;
+      },
+      name);
+}
+
+}  // namespace
+
+const CLI::Validator kPositive = number_check([](double x) { return x > 0; }, "> 0", "POSITIVE");
+const CLI::Validator kNonNegative = number_check([](double x) { return x >= 0; }, ">= 0", "NONNEGATIVE");
+
+void add_path_list(CLI::App* app, const std::string& name, const std::string& what, PathList& out) {
+  out.name = name;
+  CLI::Option* comma = app->add_option("--" + name, out.comma, what + " files, comma-separated");
+  CLI::Option* file = app->add_option("--" + name + "-file", out.list_file,
+                                      "text file listing the " + what + " files, one path per line");
+  comma->excludes(file);
+}
+
+std::vector<std::string> PathList::paths() const {
+  MOERL_CHECK_INPUT(comma.empty() != list_file.empty(), "give exactly one of --", name,
+                    "-file LIST (one path per line) and --", name, " F1,F2,...");
+  std::vector<std::string> out;
+  if (!comma.empty()) {
+    std::istringstream is(comma);
+    std::string p;
+    while (std::getline(is, p, ','))
+      if (!p.empty()) {
+        MOERL_CHECK_INPUT(std::ifstream(p).good(), "--", name, ": cannot open ", p);
+        out.push_back(p);
+      }
+  } else {
+    std::istringstream is(io::read_file(list_file));
+    std::string p;
+    for (int n = 1; std::getline(is, p); n++) {
+      if (!p.empty() && p.back() == '\r') p.pop_back();  // a list written with CRLF endings
+      if (p.find_first_not_of(" \t") == std::string::npos) continue;
+      MOERL_CHECK_INPUT(std::ifstream(p).good(), list_file, " line ", n, ": cannot open ", p);
+      out.push_back(p);
+    }
+  }
+  MOERL_CHECK_INPUT(!out.empty(), "--", name, comma.empty() ? "-file " + list_file : "",
+                    " lists no files");
+  return out;
+}
+
+Progress::Progress(double interval_s)
+    : interval_(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(interval_s))),
+      last_(std::chrono::steady_clock::now()) {}
+
+void Progress::maybe_print(const std::function<std::string()>& line) {
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_ < interval_) return;
+  last_ = now;
+  std::printf("%s\n", line().c_str());
+  std::fflush(stdout);
 }
 
 namespace {
@@ -122,7 +125,6 @@ std::string rollout_to_json(const RolloutRecord& r) {
 std::vector<RolloutRecord> read_rollouts(const std::vector<std::string>& paths) {
   std::vector<RolloutRecord> out;
   for (const std::string& path : paths) {
-    MOERL_CHECK_INPUT(std::ifstream(path).good(), "cannot open rollout file ", path);
     io::for_each_json_line(path, [&](const io::Json& j, const std::string& what) {
       RolloutRecord r;
       r.prompt_id = io::integer_field(j, "prompt_id", what);

@@ -1,37 +1,54 @@
-// Shared by the moe_* tools: --flag value parsing with typed getters, the exit-code
-// mapping of the rank contract (0 done, 2 bad input, 1 anything else = retryable) and the
-// rollout JSONL record.
+// Shared by the moe_* tools: running a tool under the rank contract's exit codes, input path
+// lists, throttled progress lines and the rollout JSONL record. Flags are parsed by CLI11,
+// so every tool has a --help that lists its options.
 #pragma once
 
+#include <CLI/CLI.hpp>  // CLI::App: typed options, validators, --help
+
+#include <chrono>  // steady_clock for Progress
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <set>
 #include <string>
 #include <vector>
 
 namespace moerl::tools {
 
-class Args {
+// Parses argv into app (whose options are bound to variables), then runs body. Exit codes:
+// 0 done or --help; 2 bad input: an unknown flag, a missing or malformed value (CLI11's
+// message names the flag) or a moerl::Error of kind BadInput; 1 anything else (retryable).
+int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
+
+// Value checks for numeric flags: "must be > 0" / ">= 0" naming the flag (CLI11's Range
+// would print DBL_MAX in full). A value that is no number is left to CLI11's conversion error.
+extern const CLI::Validator kPositive;
+extern const CLI::Validator kNonNegative;
+
+// Input files given either as --<name> F1,F2 (comma-separated) or as --<name>-file LIST (a
+// text file, one path per line, blank lines ignored), for lists longer than the 128 KiB
+// Linux allows in one argument.
+struct PathList {
+  std::string name;       // flag name without dashes, e.g. "rollouts"
+  std::string comma;      // --<name>
+  std::string list_file;  // --<name>-file
+  // The paths, in order. BadInput unless exactly one form was given, if a list holds no path,
+  // or if a path cannot be opened (naming the list file and line when it came from one).
+  std::vector<std::string> paths() const;
+};
+// Adds --<name> and --<name>-file to app; `what` describes the files (e.g. "rollout JSONL").
+void add_path_list(CLI::App* app, const std::string& name, const std::string& what, PathList& out);
+
+// Prints lines to stdout at most once per interval, the first one interval after
+// construction: progress during a long phase, for the activities' heartbeats.
+class Progress {
  public:
-  // argv[first..]: "--name value" pairs, "--name" alone for booleans listed in `switches`.
-  Args(int argc, char** argv, int first, const std::set<std::string>& switches = {});
-  std::string str(const std::string& name, const std::string& fallback) const;
-  std::string required(const std::string& name) const;
-  std::vector<std::string> list(const std::string& name) const;  // comma-separated
-  int64_t integer(const std::string& name, int64_t fallback) const;
-  double number(const std::string& name, double fallback) const;
-  bool flag(const std::string& name) const;
-  // Throws BadInput naming the first flag that no getter asked for (a typo).
-  void check_all_used() const;
+  explicit Progress(double interval_s = 1.0);
+  // Prints line() (built only when due) and flushes.
+  void maybe_print(const std::function<std::string()>& line);
 
  private:
-  std::map<std::string, std::string> values_;
-  mutable std::set<std::string> used_;
+  std::chrono::steady_clock::duration interval_;
+  std::chrono::steady_clock::time_point last_;
 };
-
-// Runs body, maps moerl::Error kinds and other exceptions to exit codes, prints the error.
-int run_tool(const char* name, const std::function<int()>& body);
 
 // One generated sample: a line of a rollout chunk file.
 struct RolloutRecord {

@@ -5,7 +5,7 @@
 //                [--iteration I] [--first-prompt 0] [--num-prompts 64] [--samples 8]
 //                [--chunk-size 16] [--start-chunk 0] [--temperature 1] [--top-p 1]
 //                [--top-k 0] [--max-new-tokens 16] [--no-kv-cache] [--ignore-eos]
-//                [--prompts FILE]
+//                [--prompts FILE]                                  (--help lists them all)
 //
 // --prompts FILE: JSONL lines {"prompt_id":p,"prompt":"text"} replace the built-in generator
 // (a dataset task); --first-prompt/--num-prompts then index lines of the file and --task is
@@ -14,7 +14,14 @@
 // Chunk k holds prompts first+k*chunk .. first+(k+1)*chunk-1, every sample of each, and is
 // written to <out-dir>/chunk-<k>.jsonl (atomically). Sample s of prompt p is seeded by
 // (seed, iteration, p, s), so a chunk regenerated after a retry is bit-identical.
-// After each chunk one JSON progress line goes to stdout: {"chunk":k,"done":true,...}.
+// stdout, one JSON object per line:
+//   {"chunk":k,"progress":true,"step":t,"steps":T,"tokens":n}  while chunk k is generated, at
+//       most about once per second: t decode steps done of T = --max-new-tokens (t counts the
+//       furthest sample's new tokens), n new tokens of the chunk so far
+//   {"chunk":k,"done":true,"samples":n,"new_tokens":n,"stopped":n,"seconds":s,"tokens_per_s":x}
+//       once chunk k's file is written
+//   {"done":true,"chunks":n,"new_tokens":n,"seconds":s,"tokens_per_s":x}  at the end
+// Exit 0 done (or --help), 2 bad input, 1 anything else (retryable).
 // Runs on one process (all experts local): the EP core with world size 1.
 #include <algorithm>  // std::min, std::max
 #include <chrono>   // steady_clock
@@ -34,34 +41,57 @@
 namespace moerl::tools {
 namespace {
 
-int run(const Args& a) {
-  std::string ckpt = a.required("checkpoint"), out_dir = a.required("out-dir");
-  std::string task = a.required("task");
-  std::string prompts_file = a.str("prompts", "");
-  if (prompts_file.empty()) tasks::check_task(task);
-  std::string split_name = a.str("split", "train");
-  MOERL_CHECK_INPUT(split_name == "train" || split_name == "eval", "--split must be train or eval, got ",
-                    split_name);
-  tasks::Split split = split_name == "eval" ? tasks::Split::Eval : tasks::Split::Train;
-  uint64_t seed = (uint64_t)a.integer("seed", 0);
-  int64_t iteration = a.integer("iteration", 0);
-  int64_t first = a.integer("first-prompt", 0), num_prompts = a.integer("num-prompts", 64);
-  int64_t samples = a.integer("samples", 8), chunk = a.integer("chunk-size", 16);
-  int64_t start_chunk = a.integer("start-chunk", 0);
+struct Options {
+  std::string checkpoint, out_dir, task, prompts_file, split = "train";
+  uint64_t seed = 0;
+  int64_t iteration = 0, first = 0, num_prompts = 64, samples = 8, chunk = 16, start_chunk = 0;
+  bool no_kv_cache = false, ignore_eos = false;
+  double progress_interval = 1.0;
   model::SampleParams sp;
-  sp.temperature = (float)a.number("temperature", 1.0);
-  sp.top_p = (float)a.number("top-p", 1.0);
-  sp.top_k = (int)a.integer("top-k", 0);
-  sp.max_new_tokens = (int)a.integer("max-new-tokens", 16);
-  sp.eos_id = tasks::kEos;
-  sp.use_kv_cache = !a.flag("no-kv-cache");
-  if (a.flag("ignore-eos")) sp.eos_id = -1;  // benchmark: always generate max-new-tokens
-  a.check_all_used();
-  MOERL_CHECK_INPUT(first >= 0 && num_prompts > 0 && samples > 0 && chunk > 0 && start_chunk >= 0,
-                    "--first-prompt >= 0, --num-prompts, --samples, --chunk-size > 0 and "
-                    "--start-chunk >= 0 required");
-  MOERL_CHECK_INPUT(sp.top_p > 0.0f && sp.top_p <= 1.0f, "--top-p must be in (0, 1]");
-  MOERL_CHECK_INPUT(sp.max_new_tokens > 0, "--max-new-tokens must be > 0");
+};
+
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("--checkpoint", o.checkpoint, "policy checkpoint directory")->required();
+  app.add_option("--task", o.task, "built-in task (add, sort, reverse), or any name with --prompts")
+      ->required();
+  app.add_option("--out-dir", o.out_dir, "directory for chunk-<k>.jsonl")->required();
+  app.add_option("--prompts", o.prompts_file, "JSONL of {\"prompt_id\":p,\"prompt\":\"text\"}");
+  app.add_option("--split", o.split, "prompt split of a built-in task")
+      ->check(CLI::IsMember({"train", "eval"}));
+  app.add_option("--seed", o.seed, "campaign seed (prompts and samples)");
+  app.add_option("--iteration", o.iteration, "iteration (part of each sample's seed)");
+  app.add_option("--first-prompt", o.first, "first prompt id (or line of --prompts)")
+      ->check(kNonNegative);
+  app.add_option("--num-prompts", o.num_prompts, "prompts to generate for")->check(kPositive);
+  app.add_option("--samples", o.samples, "samples per prompt")->check(kPositive);
+  app.add_option("--chunk-size", o.chunk, "prompts per chunk file")->check(kPositive);
+  app.add_option("--start-chunk", o.start_chunk, "first chunk to generate (resume)")
+      ->check(kNonNegative);
+  app.add_option("--temperature", o.sp.temperature, "sampling temperature, 0 = greedy")
+      ->check(kNonNegative);
+  app.add_option("--top-p", o.sp.top_p, "nucleus mass, in (0, 1]");
+  app.add_option("--top-k", o.sp.top_k, "keep the k most likely tokens, 0 = all")
+      ->check(kNonNegative);
+  app.add_option("--max-new-tokens", o.sp.max_new_tokens, "tokens to generate per sample at most")
+      ->check(kPositive);
+  app.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the prefix every step (benchmark only)");
+  app.add_flag("--ignore-eos", o.ignore_eos, "always generate --max-new-tokens (benchmark only)");
+  app.add_option("--progress-interval", o.progress_interval, "seconds between progress lines")
+      ->check(kNonNegative);
+}
+
+int run(Options& o) {
+  const std::string &ckpt = o.checkpoint, &out_dir = o.out_dir, &task = o.task,
+                    &prompts_file = o.prompts_file;
+  if (prompts_file.empty()) tasks::check_task(task);
+  tasks::Split split = o.split == "eval" ? tasks::Split::Eval : tasks::Split::Train;
+  const uint64_t seed = o.seed;
+  const int64_t iteration = o.iteration, first = o.first, num_prompts = o.num_prompts,
+                samples = o.samples, chunk = o.chunk, start_chunk = o.start_chunk;
+  model::SampleParams& sp = o.sp;
+  sp.eos_id = o.ignore_eos ? -1 : tasks::kEos;  // -1: never stop early
+  sp.use_kv_cache = !o.no_kv_cache;
+  MOERL_CHECK_INPUT(sp.top_p > 0.0f && sp.top_p <= 1.0f, "--top-p must be in (0, 1], got ", sp.top_p);
 
   model::ModelConfig cfg = io::read_checkpoint_config(ckpt);
   transport::Config tcfg;  // generation is single-process: world size 1, no network
@@ -90,6 +120,7 @@ int run(const Args& a) {
                     num_chunks, " chunks");
   int64_t total_tokens = 0;
   double total_s = 0.0;
+  Progress progress(o.progress_interval);
   for (int64_t k = start_chunk; k < num_chunks; k++) {
     auto t0 = std::chrono::steady_clock::now();
     std::vector<tasks::Prompt> prompts;
@@ -103,7 +134,13 @@ int run(const Args& a) {
                                            (uint64_t)prompts.back().prompt_id, (uint64_t)s)});
     }
     std::vector<model::SampleResult> res;
-    model::generate(ps, ep, reqs, sp, res);
+    model::generate(ps, ep, reqs, sp, res, [&](int step, int64_t tokens) {
+      progress.maybe_print([&] {
+        return "{\"chunk\":" + std::to_string(k) + ",\"progress\":true,\"step\":" +
+               std::to_string(step) + ",\"steps\":" + std::to_string(sp.max_new_tokens) +
+               ",\"tokens\":" + std::to_string(tokens) + "}";
+      });
+    });
     std::ostringstream os;
     int64_t chunk_tokens = 0, stopped = 0;
     for (size_t i = 0; i < res.size(); i++) {
@@ -144,5 +181,10 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   using namespace moerl::tools;
-  return run_tool("moe_generate", [&] { return run(Args(argc, argv, 1, {"no-kv-cache", "ignore-eos"})); });
+  CLI::App app{"Samples completions of a policy checkpoint into one JSONL file per chunk of prompts.",
+               "moe_generate"};
+  app.option_defaults()->always_capture_default();  // --help shows each default
+  Options o;
+  add_options(app, o);
+  return run_tool(app, argc, argv, [&] { return run(o); });
 }

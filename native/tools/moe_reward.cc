@@ -1,13 +1,15 @@
 // moe_reward: the built-in exact-match verifier, for running the loop without the
 // orchestrator (the campaign's TypeScript verifiers implement docs/tasks.md themselves).
 //
-//   moe_reward --rollouts F1,F2 [--out rewards.jsonl]
+//   moe_reward (--rollouts F1,F2 | --rollouts-file LIST) [--out rewards.jsonl]
 //
-// Writes one line per sample {"prompt_id":p,"sample_index":s,"reward":r} and prints
+// LIST: a text file with one rollout file path per line (blank lines ignored). Writes one
+// line per sample {"prompt_id":p,"sample_index":s,"reward":r} and prints
 // {"samples":n,"mean_reward":m,"accuracy":a} where accuracy is the fraction of rewards 1.
+// Exit 0 done (or --help), 2 bad input, 1 anything else.
 #include <algorithm>  // std::max
-#include <cstdio>   // std::printf
-#include <sstream>  // std::ostringstream
+#include <cstdio>     // std::printf
+#include <sstream>    // std::ostringstream
 
 #include "common/check.h"
 #include "io/json.h"
@@ -17,12 +19,13 @@
 namespace moerl::tools {
 namespace {
 
-int run(const Args& a) {
-  std::vector<std::string> files = a.list("rollouts");
-  std::string out = a.str("out", "");
-  a.check_all_used();
-  MOERL_CHECK_INPUT(!files.empty(), "missing required flag --rollouts (comma-separated files)");
-  std::vector<RolloutRecord> rollouts = read_rollouts(files);
+struct Options {
+  PathList rollouts;
+  std::string out;
+};
+
+int run(const Options& o) {
+  std::vector<RolloutRecord> rollouts = read_rollouts(o.rollouts.paths());
   std::ostringstream os;
   double sum = 0.0;
   int64_t correct = 0;
@@ -33,7 +36,7 @@ int run(const Args& a) {
     os << "{\"prompt_id\":" << r.prompt_id << ",\"sample_index\":" << r.sample_index
        << ",\"reward\":" << io::json_float(reward) << "}\n";
   }
-  if (!out.empty()) io::write_file_atomic(out, os.str());
+  if (!o.out.empty()) io::write_file_atomic(o.out, os.str());
   double n = std::max<double>(1.0, (double)rollouts.size());
   std::printf("{\"samples\":%zu,\"mean_reward\":%.6f,\"accuracy\":%.6f}\n", rollouts.size(), sum / n,
               correct / n);
@@ -45,5 +48,11 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   using namespace moerl::tools;
-  return run_tool("moe_reward", [&] { return run(Args(argc, argv, 1)); });
+  CLI::App app{"Scores rollout files with the built-in exact-match verifiers (docs/tasks.md).",
+               "moe_reward"};
+  app.option_defaults()->always_capture_default();  // --help shows each default
+  Options o;
+  add_path_list(&app, "rollouts", "rollout JSONL", o.rollouts);
+  app.add_option("--out", o.out, "rewards JSONL to write (one line per sample)");
+  return run_tool(app, argc, argv, [&] { return run(o); });
 }

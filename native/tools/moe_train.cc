@@ -1,14 +1,25 @@
 // moe_train: create, SFT-train and GRPO-train the MoE policy; one process per EP rank.
 //
-//   moe_train init  --out DIR [--seed S] [--dim 128 --layers 2 --heads 4 --experts 8
-//                   --top-k 2 --expert-dim 128 --max-seq-len 32]
-//   moe_train sft   --checkpoint DIR --out DIR --task add|--data FILE [--steps 200 ...]
-//   moe_train grpo  --checkpoint DIR --out DIR --rollouts F1,F2 --rewards R1,R2 [...]
-//   moe_train sgemm [--size 1024 --repeats 5]      (OpenBLAS sgemm GFLOP/s: median and best)
+//   moe_train init   --out DIR [--seed S] [--dim 128 --layers 2 --heads 4 --experts 8
+//                    --top-k 2 --expert-dim 128 --max-seq-len 32]
+//   moe_train sft    --checkpoint DIR --out DIR --task add|--data FILE [--steps 200 ...]
+//   moe_train grpo   --checkpoint DIR --out DIR (--rollouts-file LIST | --rollouts F1,F2)
+//                    (--rewards-file LIST | --rewards R1,R2) [...]
+//   moe_train sgemm  [--size 1024 --repeats 5]   (OpenBLAS sgemm GFLOP/s: median and best)
+//   moe_train sha256 --file F [--repeats 5]      (sha256 seconds and MB/s: median)
+// `moe_train <command> --help` lists every option with its default. LIST: a text file with
+// one path per line (blank lines ignored), for campaigns with more files than one argument
+// can hold.
 //
-// Rank contract: MOERL_RANK, MOERL_WORLD_SIZE, MOERL_COORDINATOR, MOERL_FI_PROVIDER.
-// Exit 0 done, 2 bad input (do not retry), anything else retryable. Metrics: one JSON
-// object per optimizer step on stdout (rank 0) and appended to --metrics if given.
+// Rank contract: MOERL_RANK, MOERL_WORLD_SIZE, MOERL_COORDINATOR, MOERL_FI_PROVIDER. Every
+// rank gets the same flags except that --checkpoint, --ref-checkpoint and --out may name a
+// rank-local directory (io/checkpoint.h). Exit 0 done (or --help), 2 bad input (do not
+// retry), anything else retryable. stdout of rank 0, one JSON object per line: the metrics
+// of each optimizer step (also appended to --metrics if given) and, during a long phase, at
+// most about once per second
+//   {"progress":true,"phase":"sft"|"grpo"|"ref_logprobs"|"read_rollouts",...}
+// with "step"/"steps" (optimizer steps; minibatches for ref_logprobs) and
+// "micro_batch"/"micro_batches" (this rank's, within the step), or "files"/"of".
 #include <cblas.h>  // cblas_sgemm for the sgemm benchmark
 
 #include <algorithm>  // std::min
@@ -56,75 +67,131 @@ void emit_metrics(model::ExpertComm& ep, const std::string& path, const std::str
   out << line << "\n";
 }
 
-rl::AdamWConfig adamw_from(const Args& a, double lr, int64_t decay_steps) {
-  rl::AdamWConfig c;
-  c.lr = (float)a.number("lr", lr);
-  c.weight_decay = (float)a.number("weight-decay", 0.0);
-  c.grad_clip = (float)a.number("grad-clip", 1.0);
-  c.warmup_steps = a.integer("warmup-steps", 0);
-  c.decay_steps = a.integer("decay-steps", decay_steps);
-  c.min_lr_ratio = (float)a.number("min-lr-ratio", 0.1);
-  c.beta2 = (float)a.number("beta2", 0.95);
-  return c;
+void add_adamw_options(CLI::App* cmd, rl::AdamWConfig& c) {
+  cmd->add_option("--lr", c.lr, "peak learning rate")->check(kNonNegative);
+  cmd->add_option("--weight-decay", c.weight_decay, "decoupled weight decay (matrices)");
+  cmd->add_option("--grad-clip", c.grad_clip, "global gradient norm limit, <= 0 disables");
+  cmd->add_option("--warmup-steps", c.warmup_steps, "linear warmup steps")->check(kNonNegative);
+  cmd->add_option("--min-lr-ratio", c.min_lr_ratio, "cosine decay floor, fraction of --lr");
+  cmd->add_option("--beta2", c.beta2, "AdamW second-moment decay");
 }
 
-rl::LossConfig loss_from(const Args& a, rl::Objective obj) {
-  rl::LossConfig c;
-  c.objective = obj;
-  c.clip_eps = (float)a.number("clip-eps", 0.2);
-  c.kl_coef = (float)a.number("kl-coef", 0.0);
-  c.entropy_coef = (float)a.number("entropy-coef", 0.0);
-  c.aux_coef = (float)a.number("aux-coef", 0.01);
-  c.z_coef = (float)a.number("z-coef", 0.001);
-  c.temperature = (float)a.number("temperature", 1.0);
-  c.micro_batch = (int)a.integer("micro-batch", 64);
-  MOERL_CHECK_INPUT(c.micro_batch > 0, "--micro-batch must be > 0");
-  MOERL_CHECK_INPUT(c.temperature > 0.0f, "--temperature must be > 0 for training");
-  return c;
+void add_progress_option(CLI::App* cmd, double& interval_s) {
+  cmd->add_option("--progress-interval", interval_s, "seconds between progress lines")
+      ->check(kNonNegative);
 }
 
-int cmd_init(const Args& a) {
+void add_loss_options(CLI::App* cmd, rl::LossConfig& c) {
+  cmd->add_option("--aux-coef", c.aux_coef, "sequence-wise load-balance loss weight");
+  cmd->add_option("--z-coef", c.z_coef, "router z-loss weight");
+  cmd->add_option("--micro-batch", c.micro_batch, "sequences per forward/backward on a rank")
+      ->check(kPositive);
+}
+
+// Rank 0 prints {"progress":true,"phase":...} lines during long phases.
+struct PhaseProgress {
+  Progress line;
+  bool is_root;
+  PhaseProgress(const transport::Config& rank, double interval_s)
+      : line(interval_s), is_root(rank.rank == 0) {}
+  void report(const std::string& phase, const std::string& fields) {
+    if (is_root) line.maybe_print([&] { return "{\"progress\":true,\"phase\":\"" + phase + "\"," + fields + "}"; });
+  }
+  // The callback train_step / fill_ref_logprobs call after each micro-batch.
+  rl::MicroBatchProgress step(const std::string& phase, int64_t step, int64_t steps) {
+    return [this, phase, step, steps](int done, int total) {
+      report(phase, "\"step\":" + std::to_string(step) + ",\"steps\":" + std::to_string(steps) +
+                        ",\"micro_batch\":" + std::to_string(done) +
+                        ",\"micro_batches\":" + std::to_string(total));
+    };
+  }
+};
+
+struct InitOptions {
   model::ModelConfig cfg;
-  cfg.vocab_size = (int)a.integer("vocab-size", tasks::kVocabSize);
-  cfg.max_seq_len = (int)a.integer("max-seq-len", 32);
-  cfg.dim = (int)a.integer("dim", 128);
-  cfg.num_layers = (int)a.integer("layers", 2);
-  cfg.num_heads = (int)a.integer("heads", 4);
-  cfg.num_experts = (int)a.integer("experts", 8);
-  cfg.top_k = (int)a.integer("top-k", 2);
-  cfg.expert_dim = (int)a.integer("expert-dim", 128);
-  uint64_t seed = (uint64_t)a.integer("seed", 0);
-  std::string out = a.required("out");
-  a.check_all_used();
+  uint64_t seed = 0;
+  std::string out;
+};
+
+void add_init_options(CLI::App* cmd, InitOptions& o) {
+  o.cfg.vocab_size = tasks::kVocabSize;
+  o.cfg.max_seq_len = 32;
+  o.cfg.dim = 128;
+  o.cfg.num_layers = 2;
+  o.cfg.num_heads = 4;
+  o.cfg.num_experts = 8;
+  o.cfg.top_k = 2;
+  o.cfg.expert_dim = 128;
+  cmd->add_option("--out", o.out, "checkpoint directory to write")->required();
+  cmd->add_option("--seed", o.seed, "initialisation seed");
+  cmd->add_option("--vocab-size", o.cfg.vocab_size, "V");
+  cmd->add_option("--max-seq-len", o.cfg.max_seq_len, "T_max, positions");
+  cmd->add_option("--dim", o.cfg.dim, "C, model width");
+  cmd->add_option("--layers", o.cfg.num_layers, "L");
+  cmd->add_option("--heads", o.cfg.num_heads, "H, must divide --dim");
+  cmd->add_option("--experts", o.cfg.num_experts, "E");
+  cmd->add_option("--top-k", o.cfg.top_k, "K, experts per token");
+  cmd->add_option("--expert-dim", o.cfg.expert_dim, "F, expert width");
+}
+
+int cmd_init(const InitOptions& o) {
+  const model::ModelConfig& cfg = o.cfg;
   model::validate(cfg);
   Rank rank(transport::Config::from_env(), cfg.num_experts);
   auto ps = make_store(cfg, rank.ep);
-  ps->init_random(seed);
+  ps->init_random(o.seed);
   io::OptimizerState opt;
   opt.reset(ps->layout);
-  io::save_checkpoint(out, *ps, opt, rank.ep, "{\"kind\":\"init\",\"seed\":" + std::to_string(seed) + "}");
+  io::save_checkpoint(o.out, *ps, opt, rank.ep,
+                      "{\"kind\":\"init\",\"seed\":" + std::to_string(o.seed) + "}");
   size_t params = ps->layout.dense_numel + ps->layout.expert_numel * rank.ep.world_size();
   if (rank.ep.rank() == 0)
     std::printf("{\"done\":true,\"out\":%s,\"parameters\":%zu,\"config\":%s}\n",
-                io::json_quote(out).c_str(), params, model::config_to_json(cfg).c_str());
+                io::json_quote(o.out).c_str(), params, model::config_to_json(cfg).c_str());
   return 0;
 }
 
-int cmd_sft(const Args& a) {
-  std::string in = a.required("checkpoint"), out = a.required("out");
-  std::string task = a.str("task", ""), data = a.str("data", "");
-  MOERL_CHECK_INPUT(task.empty() != data.empty(), "give exactly one of --task (built-in) and --data "
-                    "(JSONL of {\"prompt\":..,\"answer\":..})");
-  if (!task.empty()) tasks::check_task(task);
-  int64_t steps = a.integer("steps", 200), batch_size = a.integer("batch-size", 64);
-  uint64_t seed = (uint64_t)a.integer("seed", 0);
-  int64_t first_prompt = a.integer("first-prompt", 0);
-  std::string metrics = a.str("metrics", "");
-  rl::LossConfig lc = loss_from(a, rl::Objective::Sft);
-  rl::AdamWConfig ac = adamw_from(a, 3e-3, steps);
-  a.check_all_used();
-  MOERL_CHECK_INPUT(steps > 0 && batch_size > 0, "--steps and --batch-size must be > 0");
+struct SftOptions {
+  std::string in, out, task, data, metrics;
+  int64_t steps = 200, batch_size = 64, first_prompt = 0;
+  uint64_t seed = 0;
+  double progress_interval = 1.0;
+  rl::LossConfig lc;
+  rl::AdamWConfig ac;
+  CLI::Option* decay_steps = nullptr;  // default --steps when not given
+};
 
+void add_sft_options(CLI::App* cmd, SftOptions& o) {
+  o.lc.objective = rl::Objective::Sft;
+  o.lc.micro_batch = 64;
+  o.ac.lr = 3e-3f;
+  cmd->add_option("--checkpoint", o.in, "checkpoint to start from")->required();
+  cmd->add_option("--out", o.out, "checkpoint directory to write")->required();
+  CLI::Option* task = cmd->add_option("--task", o.task, "built-in task: add, sort or reverse");
+  cmd->add_option("--data", o.data, "JSONL of {\"prompt\":..,\"answer\":..} instead of --task")
+      ->excludes(task);
+  cmd->add_option("--steps", o.steps, "optimizer steps")->check(kPositive);
+  cmd->add_option("--batch-size", o.batch_size, "sequences per step")->check(kPositive);
+  cmd->add_option("--seed", o.seed, "prompt seed of --task");
+  cmd->add_option("--first-prompt", o.first_prompt, "first prompt id (or --data line)")
+      ->check(kNonNegative);
+  cmd->add_option("--metrics", o.metrics, "JSONL file to append step metrics to");
+  add_progress_option(cmd, o.progress_interval);
+  add_loss_options(cmd, o.lc);
+  add_adamw_options(cmd, o.ac);
+  o.decay_steps = cmd->add_option("--decay-steps", o.ac.decay_steps,
+                                  "cosine decay steps, 0 = constant [default: --steps]")
+                      ->check(kNonNegative)
+                      ->default_str("");
+}
+
+int cmd_sft(SftOptions& o) {
+  MOERL_CHECK_INPUT(o.task.empty() != o.data.empty(), "give exactly one of --task (built-in) and "
+                    "--data (JSONL of {\"prompt\":..,\"answer\":..})");
+  if (!o.task.empty()) tasks::check_task(o.task);
+  const std::string &task = o.task, &data = o.data;
+  const int64_t steps = o.steps, batch_size = o.batch_size, first_prompt = o.first_prompt;
+  const uint64_t seed = o.seed;
   std::vector<tasks::Prompt> examples;  // --data: cycled through in file order
   if (!data.empty()) {
     io::for_each_json_line(data, [&](const io::Json& j, const std::string& what) {
@@ -134,13 +201,15 @@ int cmd_sft(const Args& a) {
     MOERL_CHECK_INPUT(!examples.empty(), data, " holds no examples");
   }
 
-  model::ModelConfig cfg = io::read_checkpoint_config(in);
-  Rank rank(transport::Config::from_env(), cfg.num_experts);
+  model::ModelConfig cfg = io::read_checkpoint_config(o.in);
+  transport::Config tc = transport::Config::from_env();
+  Rank rank(tc, cfg.num_experts);
   auto ps = make_store(cfg, rank.ep);
   io::OptimizerState opt;
-  io::load_checkpoint(in, *ps, opt);
-  ac.decay_steps = a.integer("decay-steps", steps);
-  ac.schedule_start = opt.step;
+  io::load_checkpoint(o.in, *ps, opt);
+  if (o.decay_steps->count() == 0) o.ac.decay_steps = steps;
+  o.ac.schedule_start = opt.step;
+  PhaseProgress progress(tc, o.progress_interval);
   for (int64_t s = 0; s < steps; s++) {
     std::vector<rl::TrainSequence> batch;
     for (int64_t i = 0; i < batch_size; i++) {
@@ -154,39 +223,74 @@ int cmd_sft(const Args& a) {
       seq.tokens.push_back(tasks::kEos);
       batch.push_back(std::move(seq));
     }
-    rl::StepMetrics m = rl::train_step(*ps, opt, rank.ep, batch, lc, ac);
-    emit_metrics(rank.ep, metrics, m.to_json(s));
+    rl::StepMetrics m = rl::train_step(*ps, opt, rank.ep, batch, o.lc, o.ac,
+                                       progress.step("sft", s, steps));
+    emit_metrics(rank.ep, o.metrics, m.to_json(s));
   }
-  io::save_checkpoint(out, *ps, opt, rank.ep,
+  io::save_checkpoint(o.out, *ps, opt, rank.ep,
                       "{\"kind\":\"sft\",\"task\":" + io::json_quote(task.empty() ? data : task) + "}");
   return 0;
 }
 
-int cmd_grpo(const Args& a) {
-  std::string in = a.required("checkpoint"), out = a.required("out");
-  std::vector<std::string> rollout_files = a.list("rollouts"), reward_files = a.list("rewards");
-  MOERL_CHECK_INPUT(!rollout_files.empty(), "missing required flag --rollouts (comma-separated files)");
-  MOERL_CHECK_INPUT(!reward_files.empty(), "missing required flag --rewards (comma-separated files)");
-  std::string ref = a.str("ref-checkpoint", "");
-  std::string metrics = a.str("metrics", "");
-  int64_t iteration = a.integer("iteration", 0);
-  int64_t minibatches = a.integer("minibatches", 1), epochs = a.integer("epochs", 1);
-  rl::LossConfig lc = loss_from(a, rl::Objective::Grpo);
-  rl::AdamWConfig ac = adamw_from(a, 1e-3, 0);
-  a.check_all_used();
-  MOERL_CHECK_INPUT(minibatches > 0 && epochs > 0, "--minibatches and --epochs must be > 0");
+struct GrpoOptions {
+  std::string in, out, ref, metrics;
+  PathList rollouts, rewards;
+  int64_t iteration = 0, minibatches = 1, epochs = 1;
+  double progress_interval = 1.0;
+  rl::LossConfig lc;
+  rl::AdamWConfig ac;
+};
+
+void add_grpo_options(CLI::App* cmd, GrpoOptions& o) {
+  o.lc.objective = rl::Objective::Grpo;
+  o.lc.micro_batch = 64;
+  o.ac.lr = 1e-3f;
+  cmd->add_option("--checkpoint", o.in, "checkpoint the rollouts were sampled from")->required();
+  cmd->add_option("--out", o.out, "checkpoint directory to write")->required();
+  add_path_list(cmd, "rollouts", "rollout JSONL", o.rollouts);
+  add_path_list(cmd, "rewards", "rewards JSONL", o.rewards);
+  cmd->add_option("--iteration", o.iteration, "campaign iteration (copied into metrics)");
+  cmd->add_option("--ref-checkpoint", o.ref, "reference policy of the KL term");
+  cmd->add_option("--kl-coef", o.lc.kl_coef, "k3 KL weight (needs --ref-checkpoint)");
+  cmd->add_option("--entropy-coef", o.lc.entropy_coef, "entropy bonus weight");
+  cmd->add_option("--clip-eps", o.lc.clip_eps, "ratio clip epsilon");
+  cmd->add_option("--temperature", o.lc.temperature, "sampling temperature of the rollouts")
+      ->check(kPositive);
+  cmd->add_option("--minibatches", o.minibatches, "optimizer steps per epoch")
+      ->check(kPositive);
+  cmd->add_option("--epochs", o.epochs, "passes over the rollouts")->check(kPositive);
+  cmd->add_option("--metrics", o.metrics, "JSONL file to append step metrics to");
+  add_progress_option(cmd, o.progress_interval);
+  add_loss_options(cmd, o.lc);
+  add_adamw_options(cmd, o.ac);
+  cmd->add_option("--decay-steps", o.ac.decay_steps, "cosine decay steps, 0 = constant")
+      ->check(kNonNegative);
+}
+
+int cmd_grpo(const GrpoOptions& o) {
+  const std::string &in = o.in, &out = o.out, &ref = o.ref, &metrics = o.metrics;
+  const int64_t iteration = o.iteration, minibatches = o.minibatches, epochs = o.epochs;
+  const rl::LossConfig& lc = o.lc;
+  const rl::AdamWConfig& ac = o.ac;
   MOERL_CHECK_INPUT(lc.kl_coef == 0.0f || !ref.empty(), "--kl-coef > 0 needs --ref-checkpoint");
+  const std::vector<std::string> rollout_files = o.rollouts.paths(), reward_files = o.rewards.paths();
+  transport::Config tc = transport::Config::from_env();
+  PhaseProgress progress(tc, o.progress_interval);
 
   // rewards: (prompt id, sample index) -> reward
   std::map<std::pair<int64_t, int64_t>, float> rewards;
   for (const std::string& path : reward_files) {
-    MOERL_CHECK_INPUT(std::ifstream(path).good(), "cannot open rewards file ", path);
     io::for_each_json_line(path, [&](const io::Json& j, const std::string& what) {
       rewards[{io::integer_field(j, "prompt_id", what), io::integer_field(j, "sample_index", what)}] =
           (float)io::number_field(j, "reward", what);
     });
   }
-  std::vector<RolloutRecord> rollouts = read_rollouts(rollout_files);
+  std::vector<RolloutRecord> rollouts;
+  for (size_t f = 0; f < rollout_files.size(); f++) {
+    for (RolloutRecord& r : read_rollouts({rollout_files[f]})) rollouts.push_back(std::move(r));
+    progress.report("read_rollouts", "\"files\":" + std::to_string(f + 1) + ",\"of\":" +
+                                         std::to_string(rollout_files.size()));
+  }
   std::sort(rollouts.begin(), rollouts.end(), [](const RolloutRecord& x, const RolloutRecord& y) {
     return std::make_pair(x.prompt_id, x.sample_index) < std::make_pair(y.prompt_id, y.sample_index);
   });
@@ -231,7 +335,7 @@ int cmd_grpo(const Args& a) {
   }
 
   model::ModelConfig cfg = io::read_checkpoint_config(in);
-  Rank rank(transport::Config::from_env(), cfg.num_experts);
+  Rank rank(tc, cfg.num_experts);
   auto ps = make_store(cfg, rank.ep);
   io::OptimizerState opt;
   io::load_checkpoint(in, *ps, opt);
@@ -243,9 +347,12 @@ int cmd_grpo(const Args& a) {
     io::OptimizerState ref_opt;
     io::load_checkpoint(ref, *ref_ps, ref_opt);
     // per minibatch, so each rank fills exactly the share train_step will give it
-    for (auto& mb : mbs)
-      if (!mb.empty()) rl::fill_ref_logprobs(*ref_ps, rank.ep, mb, lc);
+    for (int64_t m = 0; m < minibatches; m++)
+      if (!mbs[m].empty())
+        rl::fill_ref_logprobs(*ref_ps, rank.ep, mbs[m], lc, progress.step("ref_logprobs", m, minibatches));
   }
+  int64_t steps = 0;  // optimizer steps this run takes: the non-empty minibatches, per epoch
+  for (const auto& mb : mbs) steps += mb.empty() ? 0 : epochs;
   double mean_reward = rollouts.empty() ? 0.0 : reward_sum / rollouts.size();
   int64_t step = 0;
   if (seqs.empty()) {
@@ -257,7 +364,7 @@ int cmd_grpo(const Args& a) {
     for (int64_t m = 0; m < minibatches; m++) {
       const std::vector<rl::TrainSequence>& mb = mbs[m];
       if (mb.empty()) continue;
-      rl::StepMetrics sm = rl::train_step(*ps, opt, rank.ep, mb, lc, ac);
+      rl::StepMetrics sm = rl::train_step(*ps, opt, rank.ep, mb, lc, ac, progress.step("grpo", step, steps));
       std::string line = sm.to_json(step++);
       line.pop_back();
       line += ",\"iteration\":" + std::to_string(iteration) + ",\"mean_reward\":" +
@@ -271,10 +378,13 @@ int cmd_grpo(const Args& a) {
   return 0;
 }
 
-int cmd_sgemm(const Args& a) {
-  int n = (int)a.integer("size", 1024), repeats = (int)a.integer("repeats", 5);
-  a.check_all_used();
-  MOERL_CHECK_INPUT(n > 0 && repeats > 0, "--size and --repeats must be > 0");
+struct BenchOptions {
+  int size = 1024, repeats = 5;
+  std::string file;
+};
+
+int cmd_sgemm(const BenchOptions& o) {
+  const int n = o.size, repeats = o.repeats;
   std::vector<float> A((size_t)n * n, 0.5f), B((size_t)n * n, 0.25f), C((size_t)n * n);
   std::vector<double> gflops;
   for (int r = 0; r < repeats + 1; r++) {  // first run warms up
@@ -292,11 +402,9 @@ int cmd_sgemm(const Args& a) {
 
 // Hashes a file `repeats` times (after one warm-up read that brings it into the page cache):
 // the checkpoint save/load cost per byte.
-int cmd_sha256(const Args& a) {
-  std::string file = a.required("file");
-  int repeats = (int)a.integer("repeats", 5);
-  a.check_all_used();
-  MOERL_CHECK_INPUT(repeats > 0, "--repeats must be > 0");
+int cmd_sha256(const BenchOptions& o) {
+  const std::string& file = o.file;
+  const int repeats = o.repeats;
   uint64_t bytes = 0;
   std::string digest = io::sha256_file(file, &bytes);
   std::vector<double> seconds;
@@ -317,15 +425,32 @@ int cmd_sha256(const Args& a) {
 
 int main(int argc, char** argv) {
   using namespace moerl::tools;
-  return run_tool("moe_train", [&] {
-    MOERL_CHECK_INPUT(argc >= 2, "usage: moe_train init|sft|grpo|sgemm --flag value ...");
-    std::string cmd = argv[1];
-    Args a(argc, argv, 2);
-    if (cmd == "init") return cmd_init(a);
-    if (cmd == "sft") return cmd_sft(a);
-    if (cmd == "grpo") return cmd_grpo(a);
-    if (cmd == "sgemm") return cmd_sgemm(a);
-    if (cmd == "sha256") return cmd_sha256(a);
-    MOERL_FAIL(BadInput, "unknown command \"", cmd, "\"; use init, sft, grpo or sgemm");
+  CLI::App app{"Creates, SFT-trains and GRPO-trains the MoE policy; one process per EP rank.",
+               "moe_train"};
+  app.option_defaults()->always_capture_default();  // --help shows each default
+  InitOptions init;
+  SftOptions sft;
+  GrpoOptions grpo;
+  BenchOptions sgemm, sha;
+  CLI::App* init_cmd = app.add_subcommand("init", "write a randomly initialised checkpoint");
+  add_init_options(init_cmd, init);
+  CLI::App* sft_cmd = app.add_subcommand("sft", "supervised fine-tuning on a task or a JSONL file");
+  add_sft_options(sft_cmd, sft);
+  CLI::App* grpo_cmd = app.add_subcommand("grpo", "GRPO steps on scored rollouts");
+  add_grpo_options(grpo_cmd, grpo);
+  CLI::App* sgemm_cmd = app.add_subcommand("sgemm", "OpenBLAS sgemm GFLOP/s, median and best");
+  sgemm_cmd->add_option("--size", sgemm.size, "matrix size n (n x n times n x n)")
+      ->check(kPositive);
+  sgemm_cmd->add_option("--repeats", sgemm.repeats, "timed runs")->check(kPositive);
+  CLI::App* sha_cmd = app.add_subcommand("sha256", "sha256 of a file: median seconds and MB/s");
+  sha_cmd->add_option("--file", sha.file, "file to hash")->required();
+  sha_cmd->add_option("--repeats", sha.repeats, "timed runs")->check(kPositive);
+  return run_tool(app, argc, argv, [&] {
+    if (*init_cmd) return cmd_init(init);
+    if (*sft_cmd) return cmd_sft(sft);
+    if (*grpo_cmd) return cmd_grpo(grpo);
+    if (*sgemm_cmd) return cmd_sgemm(sgemm);
+    if (*sha_cmd) return cmd_sha256(sha);
+    MOERL_FAIL(BadInput, "give a command: init, sft, grpo, sgemm or sha256 (see moe_train --help)");
   });
 }
