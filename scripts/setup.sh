@@ -25,6 +25,7 @@ DEBIAN_PACKAGES=(
   g++ cmake ninja-build pkg-config
   libfabric-dev libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev
   nlohmann-json3-dev libssl-dev libcli11-dev  # JSON, sha256 (libcrypto), tool flags
+  python3  # the golden-reference test regenerates model_tiny.golden
 )
 ALL_STEPS=(packages npm tools ts native native-asan)
 

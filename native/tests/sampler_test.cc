@@ -1,6 +1,10 @@
-// Sampler: bit-identical regeneration, independence from batch composition, KV cache
-// equal to recomputing the prefix.
+// Sampler: bit-identical regeneration (same requests, same batch), tokens independent of
+// the batch's other samples and of the KV cache (log-probs there: equal up to rounding).
 #include <gtest/gtest.h>
+
+#include <algorithm>  // std::max
+#include <cmath>      // std::fabs
+#include <cstdio>     // std::printf
 
 #include "model/sampler.h"
 #include "tasks/tokenizer.h"
@@ -30,6 +34,10 @@ std::vector<SampleRequest> requests(int n, int first_prompt) {
   }
   return r;
 }
+
+// Log-probs that must agree up to float rounding. The scaled init below gives large logits,
+// so rounding reaches ~1e-4 here; the demo policy's differ by ~5e-7 (docs/native-model.md).
+constexpr double kRoundingTolerance = 2e-4;
 
 struct SamplerTest : ::testing::Test {
   ModelConfig cfg = small_config();
@@ -68,8 +76,17 @@ TEST_F(SamplerTest, SampleDoesNotDependOnItsBatchNeighbours) {
   sp.max_new_tokens = 10;
   std::vector<SampleResult> full, tail;
   generate(ps, comm, requests(8, 0), sp, full);
-  generate(ps, comm, requests(3, 5), sp, tail);  // samples 5..7 alone, as a resumed chunk would
-  for (int i = 0; i < 3; i++) EXPECT_EQ(full[5 + i].tokens, tail[i].tokens) << "sample " << 5 + i;
+  generate(ps, comm, requests(3, 5), sp, tail);  // samples 5..7 alone, in a smaller batch
+  // Tokens are equal; log-probs only up to summation order, because the GEMMs' row count and
+  // the rows grouped per expert change with the batch (docs/native-model.md, "Sampler").
+  double max_diff = 0.0;
+  for (int i = 0; i < 3; i++) {
+    EXPECT_EQ(full[5 + i].tokens, tail[i].tokens) << "sample " << 5 + i;
+    for (size_t j = 0; j < tail[i].logprobs.size(); j++)
+      max_diff = std::max(max_diff, std::fabs((double)full[5 + i].logprobs[j] - tail[i].logprobs[j]));
+  }
+  std::printf("batch neighbours: max |log-prob difference| %.3g\n", max_diff);
+  EXPECT_LT(max_diff, kRoundingTolerance);
 }
 
 TEST_F(SamplerTest, KvCacheMatchesRecomputation) {
@@ -80,11 +97,14 @@ TEST_F(SamplerTest, KvCacheMatchesRecomputation) {
   generate(ps, comm, requests(5, 0), sp, cached);
   sp.use_kv_cache = false;
   generate(ps, comm, requests(5, 0), sp, recomputed);
+  double max_diff = 0.0;
   for (size_t i = 0; i < cached.size(); i++) {
     EXPECT_EQ(cached[i].tokens, recomputed[i].tokens);
     for (size_t j = 0; j < cached[i].logprobs.size(); j++)
-      EXPECT_NEAR(cached[i].logprobs[j], recomputed[i].logprobs[j], 1e-4);
+      max_diff = std::max(max_diff, std::fabs((double)cached[i].logprobs[j] - recomputed[i].logprobs[j]));
   }
+  std::printf("KV cache vs recompute: max |log-prob difference| %.3g\n", max_diff);
+  EXPECT_LT(max_diff, kRoundingTolerance);
 }
 
 TEST_F(SamplerTest, TopKOneAndTinyTopPAreGreedy) {
