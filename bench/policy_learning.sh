@@ -72,10 +72,13 @@ for ((i = 1; i <= GRPO_ITERS; i++)); do
   "$BIN/moe_generate" --checkpoint "$prev" --task "$TASK" --split train --seed "$SEED" \
     --iteration "$i" --first-prompt $((i * PROMPTS)) --num-prompts "$PROMPTS" \
     --samples "$SAMPLES" --chunk-size "$PROMPTS" --temperature 1 --out-dir "rollouts/$i" > /dev/null
-  train_reward=$("$BIN/moe_reward" --rollouts "rollouts/$i/chunk-0.jsonl" \
+  # list files (one path per line), as a campaign with thousands of chunks passes them
+  ls "rollouts/$i"/chunk-*.jsonl > "rollouts/$i.txt"
+  echo "rewards/$i.jsonl" > "rewards/$i.txt"
+  train_reward=$("$BIN/moe_reward" --rollouts-file "rollouts/$i.txt" \
     --out "rewards/$i.jsonl" | json mean_reward)
   "$BIN/moe_train" grpo --checkpoint "$prev" --out "ckpt/grpo-$i" --iteration "$i" \
-    --rollouts "rollouts/$i/chunk-0.jsonl" --rewards "rewards/$i.jsonl" \
+    --rollouts-file "rollouts/$i.txt" --rewards-file "rewards/$i.txt" \
     --lr "$GRPO_LR" --clip-eps 0.2 --minibatches "$MINIBATCHES" --epochs "$EPOCHS" --entropy-coef "$ENTROPY_COEF" --metrics metrics/grpo.jsonl > /dev/null
   acc=$(evaluate "ckpt/grpo-$i" "grpo-$i")
   curve="$curve,$acc"

@@ -32,7 +32,7 @@ struct LossConfig {
   float kl_coef = 0.0f;       // k3 KL to the reference policy
   float entropy_coef = 0.0f;  // bonus: loss -= entropy_coef * mean entropy
   float aux_coef = 0.01f;     // sequence-wise balance loss, mean over sequences and layers
-  float z_coef = 0.001f;      // router z-loss, mean over completion tokens, summed over layers
+  float z_coef = 0.001f;      // router z-loss, mean over all tokens (prompt too) and layers
   float temperature = 1.0f;   // log-probs of softmax(logits / temperature), as the sampler
   int micro_batch = 32;       // sequences per forward/backward on one rank
 };
