@@ -1,21 +1,44 @@
 #!/usr/bin/env bash
-# Resolves the external server binaries moerl runs (Temporal CLI dev server, versitygw S3
-# gateway) and prints the absolute path of a usable one on stdout. Diagnostics go to stderr.
+# Resolves the external binaries moerl runs and prints the absolute path of a usable one on
+# stdout (for cni-plugins: a folder of CNI plugin binaries). Diagnostics go to stderr.
 #
-#   scripts/tools.sh temporal     scripts/tools.sh versitygw
+#   scripts/tools.sh <name>
 #
-# Order: the override variable (TEMPORAL_CLI_PATH / VERSITYGW_PATH), then a binary on PATH,
-# then the tools cache, which is filled by building the pinned Go module when it is missing.
-# The cache lives outside the repository so clones and `git clean` keep it:
-#   ${MOERL_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/moerl/tools}/<name>-<version>/<name>
+#   temporal versitygw                      Temporal CLI dev server, S3 gateway
+#   kube-apiserver kube-controller-manager  a Kubernetes control plane and node ...
+#   kube-scheduler kubelet kubectl          ... (one build: all five)
+#   etcd kwok                               its store; fake nodes for the control-plane tests
+#   containerd ctr cni-plugins coredns      a real node's runtime (one build: containerd, ctr and
+#                                           containerd-shim-runc-v2), pod network plugins
+#                                           (bridge loopback host-local portmap), cluster DNS
+#
+# Order: the override variable (the name upper-cased with - as _, plus _PATH: KUBELET_PATH,
+# KUBE_APISERVER_PATH, ...; but TEMPORAL_CLI_PATH, and CNI_PLUGINS_DIR for the folder), then
+# for temporal and versitygw a binary on PATH, then the tools cache, which is filled by
+# building the pinned Go modules when missing. The Kubernetes and node tools skip PATH: the
+# kubectl, etcd or containerd found there (a cloud SDK's, a distribution's) is usually another
+# version than the one the tests and the other components are pinned to. The cache lives outside the
+# repository so clones and `git clean` keep it:
+#   ${MOERL_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/moerl/tools}/<build>-<version>/<name>
 set -euo pipefail
 
 # Pinned versions: the only place they are written down. temporal v1.5.1 is the newest CLI
 # tag without replace directives in its go.mod, i.e. the newest one `go install` accepts.
 TEMPORAL_VERSION=v1.5.1
-TEMPORAL_MODULE=github.com/temporalio/cli/cmd/temporal
 VERSITYGW_VERSION=v1.7.0
-VERSITYGW_MODULE=github.com/versity/versitygw/cmd/versitygw
+KWOK_VERSION=v0.8.0
+CONTAINERD_VERSION=v2.4.2
+CNI_PLUGINS_VERSION=v1.10.0
+COREDNS_VERSION=v1.15.0
+# Kubernetes and etcd replace their own sub-modules with local paths, so `go install` refuses
+# them; they are built from wrapper modules whose go.mod (with go.sum) pins them instead:
+# k8s.io/kubernetes in scripts/kube-tools/kubernetes/go.mod, which also replaces each staging
+# module (k8s.io/api, ...) by its published v0.<minor>.<patch>; go.etcd.io/etcd/server/v3 in
+# scripts/kube-tools/etcd/go.mod.
+KUBE_TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)/kube-tools"
+
+KUBERNETES_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+CNI_PLUGINS=(main/bridge main/loopback ipam/host-local meta/portmap)
 
 log() { echo "tools.sh: $*" >&2; }
 die() {
@@ -24,8 +47,100 @@ die() {
 }
 
 usage() {
-  echo "usage: scripts/tools.sh <temporal|versitygw>" >&2
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//' >&2
   exit 2
+}
+
+# The build (a cache folder) that provides a tool, and the files that build must produce.
+build_of() {
+  case "$1" in
+    temporal | versitygw | kwok | etcd | coredns) echo "$1" ;;
+    kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl) echo kubernetes ;;
+    containerd | ctr) echo containerd ;;
+    cni-plugins) echo cni-plugins ;;
+    *) usage ;;
+  esac
+}
+
+build_outputs() {
+  case "$1" in
+    kubernetes) echo "${KUBERNETES_COMMANDS[*]}" ;;
+    containerd) echo containerd ctr containerd-shim-runc-v2 ;;
+    cni-plugins) basename -a "${CNI_PLUGINS[@]}" | tr '\n' ' ' ;;
+    *) echo "$1" ;;
+  esac
+}
+
+override_var() {
+  case "$1" in
+    temporal) echo TEMPORAL_CLI_PATH ;;
+    cni-plugins) echo CNI_PLUGINS_DIR ;;
+    *) echo "$1" | tr 'a-z-' 'A-Z_' | sed 's/$/_PATH/' ;;
+  esac
+}
+
+# The version a wrapper module requires of <module> (read from its go.mod, the one place it is
+# pinned), so that finding a cached build needs neither Go nor the network.
+wrapper_version() {
+  local dir="$KUBE_TOOLS_DIR/$1" module="$2" version
+  version="$(awk -v m="$module" '$1 == m && $2 ~ /^v/ { print $2; exit }
+    $1 == "require" && $2 == m { print $3; exit }' "$dir/go.mod" 2>/dev/null)"
+  [[ -n "$version" ]] || die "$dir/go.mod does not require $module."
+  echo "$version"
+}
+
+build_version() {
+  case "$1" in
+    temporal) echo "$TEMPORAL_VERSION" ;;
+    versitygw) echo "$VERSITYGW_VERSION" ;;
+    kwok) echo "$KWOK_VERSION" ;;
+    containerd) echo "$CONTAINERD_VERSION" ;;
+    cni-plugins) echo "$CNI_PLUGINS_VERSION" ;;
+    coredns) echo "$COREDNS_VERSION" ;;
+    kubernetes) wrapper_version kubernetes k8s.io/kubernetes ;;
+    etcd) wrapper_version etcd go.etcd.io/etcd/server/v3 ;;
+  esac
+}
+
+# go_command <build> <version> <output dir>: the go command line that writes the build's
+# binaries into <output dir>, one per line (so that paths with spaces survive).
+go_command() {
+  local build="$1" version="$2" out="$3" pkgs=() p
+  case "$build" in
+    temporal) printf '%s\n' install "github.com/temporalio/cli/cmd/temporal@$version" ;;
+    versitygw) printf '%s\n' install "github.com/versity/versitygw/cmd/versitygw@$version" ;;
+    kwok) printf '%s\n' install -trimpath '-ldflags=-s -w' "sigs.k8s.io/kwok/cmd/kwok@$version" ;;
+    coredns) printf '%s\n' install -trimpath '-ldflags=-s -w' "github.com/coredns/coredns@$version" ;;
+    containerd)
+      # Without cgo the btrfs, devmapper and zfs snapshotters cannot work; the tags leave
+      # them out (overlayfs and native remain), and the CLI's man-page generator with them.
+      # The runc shim is what containerd starts per pod; runc itself needs cgo (Debian: runc).
+      for p in containerd ctr containerd-shim-runc-v2; do
+        pkgs+=("github.com/containerd/containerd/v2/cmd/$p@$version")
+      done
+      printf '%s\n' install -trimpath -tags=no_btrfs,no_devmapper,no_zfs,urfave_cli_no_docs \
+        "-ldflags=-s -w -X github.com/containerd/containerd/v2/version.Version=$version" "${pkgs[@]}"
+      ;;
+    cni-plugins)
+      for p in "${CNI_PLUGINS[@]}"; do pkgs+=("github.com/containernetworking/plugins/plugins/$p@$version"); done
+      printf '%s\n' install -trimpath \
+        "-ldflags=-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$version" \
+        "${pkgs[@]}"
+      ;;
+    kubernetes)
+      # The version variables the release build sets (hack/lib/version.sh): the apiserver's
+      # /version, kubectl's skew check and the kubelet's node status report them. The commit
+      # is not known from the module, so it is left empty rather than a placeholder.
+      local minor="${version#v1.}" ldflags="-s -w" v
+      minor="${minor%%.*}"
+      for v in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $v.gitVersion=$version -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitCommit= -X $v.gitTreeState=clean"
+      done
+      for p in "${KUBERNETES_COMMANDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$p"); done
+      printf '%s\n' build -trimpath "-ldflags=$ldflags" -o "$out/" "${pkgs[@]}"
+      ;;
+    etcd) printf '%s\n' build -trimpath '-ldflags=-s -w' -o "$out/etcd" go.etcd.io/etcd/server/v3 ;;
+  esac
 }
 
 tools_dir() {
@@ -41,81 +156,88 @@ absolute_executable() {
   echo "$(cd "$(dirname "$path")" && pwd -P)/$(basename "$path")"
 }
 
-# build_with_go <name> <module> <version> <final dir>: installs into a temporary directory
-# beside the final one and renames it into place, so an interrupted build never leaves a
-# half-written binary where the next run would pick it up.
+build_complete() {
+  local dir="$1" out
+  for out in $(build_outputs "$2"); do [[ -x "$dir/$out" ]] || return 1; done
+}
+
+# build_with_go <tool> <build> <version> <final dir> <override variable>: builds into a
+# temporary directory beside the final one and renames it into place, so an interrupted build
+# never leaves a half-written binary where the next run would pick it up.
 build_with_go() {
-  local name="$1" module="$2" version="$3" final_dir="$4"
-  local override_var="$5"
+  local name="$1" build="$2" version="$3" final_dir="$4" override_var="$5"
   if ! command -v go >/dev/null 2>&1; then
     die "no $name binary found and Go is not installed to build one.
-  Either install Go (https://go.dev/dl/, 1.25 or newer) and run this again,
+  Either install Go (https://go.dev/dl/, 1.26 or newer) and run this again,
   or put a $name binary on PATH, or set $override_var=/path/to/$name."
   fi
-  local parent tmp started go_pid
+  local parent tmp started go_pid workdir=. args=()
   parent="$(dirname "$final_dir")"
   # Leftovers of builds killed with SIGKILL a day or more ago.
-  find "$parent" -maxdepth 1 -name ".build-$name-*" -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
-  tmp="$(mktemp -d "$parent/.build-$name-XXXXXX")"
+  find "$parent" -maxdepth 1 -name ".build-$build-*" -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
+  tmp="$(mktemp -d "$parent/.build-$build-XXXXXX")"
   chmod 755 "$tmp"
+  mapfile -t args < <(go_command "$build" "$version" "$tmp")
+  [[ "$build" == kubernetes || "$build" == etcd ]] && workdir="$KUBE_TOOLS_DIR/$build"
   started=$SECONDS
-  log "building $name $version from Go modules into $final_dir (takes a few minutes once)"
+  log "building $build $version from Go modules into $final_dir (takes a few minutes once)"
   # go runs in its own process group so that an interrupted build stops go and the compiler
   # and linker under it; otherwise they would finish and recreate the temporary folder.
-  if command -v setsid >/dev/null 2>&1; then
-    CGO_ENABLED=0 GOBIN="$tmp" setsid go install "$module@$version" >&2 &
-  else
-    CGO_ENABLED=0 GOBIN="$tmp" go install "$module@$version" >&2 &
-  fi
+  # GOWORK=off: a go.work above the wrapper modules must not change what they build.
+  local setsid=()
+  command -v setsid >/dev/null 2>&1 && setsid=(setsid)
+  (cd "$workdir" && CGO_ENABLED=0 GOWORK=off GOBIN="$tmp" exec "${setsid[@]}" go "${args[@]}") >&2 &
   go_pid=$!
   # shellcheck disable=SC2064 # expand now: the traps act on this build's process and folder
   trap "kill -TERM -- -$go_pid $go_pid 2>/dev/null; wait $go_pid; rm -rf '$tmp'; exit 143" TERM INT HUP
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp'" EXIT
   if ! wait "$go_pid"; then
-    die "building $name $version failed (see the go output above)."
+    die "building $build $version failed (see the go output above)."
   fi
   trap - TERM INT HUP
-  [[ -x "$tmp/$name" ]] || die "go install finished but produced no $tmp/$name."
-  # Another process may have finished the same build meanwhile; its binary is as good.
-  if [[ ! -x "$final_dir/$name" ]]; then
+  build_complete "$tmp" "$build" || die "go finished but did not produce all of: $(build_outputs "$build") (in $tmp)."
+  # Another process may have finished the same build meanwhile; its binaries are as good.
+  if ! build_complete "$final_dir" "$build"; then
     rm -rf "$final_dir"
-    mv "$tmp" "$final_dir" || [[ -x "$final_dir/$name" ]] || die "could not move the build into $final_dir."
+    mv "$tmp" "$final_dir" || build_complete "$final_dir" "$build" || die "could not move the build into $final_dir."
   fi
   rm -rf "$tmp"
   trap - EXIT
-  log "built $name $version in $((SECONDS - started))s"
+  log "built $build $version in $((SECONDS - started))s"
 }
 
 resolve() {
-  local name="$1" version module override_var
-  case "$name" in
-    temporal)
-      version=$TEMPORAL_VERSION module=$TEMPORAL_MODULE override_var=TEMPORAL_CLI_PATH
-      ;;
-    versitygw)
-      version=$VERSITYGW_VERSION module=$VERSITYGW_MODULE override_var=VERSITYGW_PATH
-      ;;
-    *) usage ;;
-  esac
+  local name="$1" build version override_var
+  build="$(build_of "$name")"
+  override_var="$(override_var "$name")"
 
   local override="${!override_var:-}"
   if [[ -n "$override" ]]; then
-    absolute_executable "$override" || die "$override_var=$override is not an executable file."
+    if [[ "$name" == cni-plugins ]]; then
+      [[ -d "$override" ]] || die "$override_var=$override is not a folder."
+      (cd "$override" && pwd -P)
+    else
+      absolute_executable "$override" || die "$override_var=$override is not an executable file."
+    fi
     return
   fi
 
   local on_path
-  if on_path="$(command -v "$name" 2>/dev/null)" && [[ -n "$on_path" ]]; then
+  if [[ "$name" == temporal || "$name" == versitygw ]] && on_path="$(command -v "$name" 2>/dev/null)" &&
+    [[ -n "$on_path" ]]; then
     absolute_executable "$on_path" && return
   fi
 
   local final_dir
-  final_dir="$(tools_dir)/$name-$version"
-  if [[ ! -x "$final_dir/$name" ]]; then
-    build_with_go "$name" "$module" "$version" "$final_dir" "$override_var"
+  version="$(build_version "$build")"
+  final_dir="$(tools_dir)/$build-$version"
+  build_complete "$final_dir" "$build" || build_with_go "$name" "$build" "$version" "$final_dir" "$override_var"
+  if [[ "$name" == cni-plugins ]]; then
+    echo "$final_dir"
+  else
+    absolute_executable "$final_dir/$name"
   fi
-  absolute_executable "$final_dir/$name"
 }
 
 [[ $# -eq 1 ]] || usage
