@@ -79,7 +79,7 @@ describe('a real Kubernetes node', { skip }, () => {
     });
     const pod = await podPhase('tool', ['Succeeded', 'Failed']);
     console.log(`# pod start to completion: ${Date.now() - started} ms`);
-    const logs = await core.readNamespacedPodLog({ namespace, name: 'tool' });
+    const logs = node.containerLog(namespace, 'tool');
     assert.equal(pod.status?.phase, 'Succeeded', `pod failed; logs:\n${logs}`);
     assert.match(logs, /usage: ep_bench/);
 
@@ -91,7 +91,7 @@ describe('a real Kubernetes node', { skip }, () => {
       },
     });
     await podPhase('whoami', ['Succeeded', 'Failed']);
-    assert.equal((await core.readNamespacedPodLog({ namespace, name: 'whoami' })).trim(), '65532');
+    assert.equal(node.containerLog(namespace, 'whoami').trim(), '65532');
   });
 
   it('two ranks of an Indexed Job find rank 0 by DNS and exchange tokens over libfabric tcp', async () => {
@@ -158,12 +158,10 @@ describe('a real Kubernetes node', { skip }, () => {
       namespace,
       labelSelector: `batch.kubernetes.io/job-name=${job}`,
     });
-    const logs = await Promise.all(
-      pods.items.map(async (pod) => {
-        const name = pod.metadata!.name!;
-        return { name, phase: pod.status?.phase, log: await core.readNamespacedPodLog({ namespace, name }) };
-      }),
-    );
+    const logs = pods.items.map((pod) => {
+      const name = pod.metadata!.name!;
+      return { name, phase: pod.status?.phase, log: node.containerLog(namespace, name) };
+    });
     for (const l of logs) assert.equal(l.phase, 'Succeeded', `${l.name} ${l.phase}:\n${l.log}`);
     const rank0 = logs.find((l) => l.name.startsWith(`${job}-0-`));
     assert.ok(rank0, `no pod of index 0 among ${logs.map((l) => l.name).join(', ')}`);
@@ -196,7 +194,7 @@ describe('a real Kubernetes node', { skip }, () => {
     });
     await podPhase(name, ['Running']);
     await waitFor(`pod ${name} to install its handler`, 30_000, async () =>
-      (await core.readNamespacedPodLog({ namespace, name })).includes('waiting') ? true : 'no output yet',
+      node.containerLog(namespace, name).includes('waiting') ? true : 'no output yet',
     );
     // The final state arrives with the DELETED event: the kubelet removes the pod only after
     // it has reported every container terminated.
@@ -244,7 +242,9 @@ describe('a real Kubernetes node', { skip }, () => {
         }
       });
     assert.deepEqual(shims, [], 'processes still referring to the node folder');
-    for (const hierarchy of ['memory', 'cpu', 'pids'])
-      assert.equal(existsSync(`/sys/fs/cgroup/${hierarchy}/moerl-${name}`), false);
+    for (const hierarchy of ['memory', 'cpu', 'pids', 'systemd']) {
+      const left = readdirSync(`/sys/fs/cgroup/${hierarchy}`).filter((entry) => entry.includes(name));
+      assert.deepEqual(left, [], `cgroups left in ${hierarchy}`);
+    }
   });
 });
