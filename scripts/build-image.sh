@@ -7,7 +7,8 @@
 #
 #   pause   a static pause program (scripts/image/pause.c), the pods' sandbox image
 #   moerl   the runtime image: node, dist/, production node_modules, native/build/bin/*, the
-#           shared libraries they load, CA certificates, /tmp, user moerl (uid 65532)
+#           shared libraries they load, CA certificates, /tmp, user moerl (uid 65532); the same
+#           paths, user, environment and entrypoint as the Dockerfile's runtime stage
 #
 # Each image is written to DIR/<name>.tar (default DIR: .moerl/images) with its reference in
 # DIR/<name>.ref, and "<reference> <archive>" is printed on stdout. References are tagged by
@@ -206,7 +207,7 @@ library_closure() {
 # under /usr and found by both the path ldd printed and the loader's default directories.
 populate_base() {
   local root="$1" lib dest
-  mkdir -p "$root"/usr/{bin,lib,lib64,local/bin} "$root"/etc/ssl/certs "$root/tmp" "$root/home/moerl"
+  mkdir -p "$root"/usr/{bin,lib,lib64,local/bin} "$root"/etc/ssl/certs "$root/tmp" "$root/var/cache/moerl"
   ln -s usr/bin "$root/bin" && ln -s usr/lib "$root/lib" && ln -s usr/lib64 "$root/lib64"
   chmod 1777 "$root/tmp"
   while read -r lib; do
@@ -218,7 +219,7 @@ populate_base() {
   cp -L "$(command -v dash)" "$root/usr/bin/dash"
   ln -s dash "$root/usr/bin/sh"
   cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
-  printf 'root:x:0:0:root:/root:/usr/sbin/nologin\nmoerl:x:%s:%s:moerl:/home/moerl:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' \
+  printf 'root:x:0:0:root:/root:/usr/sbin/nologin\nmoerl:x:%s:%s:moerl:/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' \
     "$APP_UID" "$APP_UID" >"$root/etc/passwd"
   printf 'root:x:0:\nmoerl:x:%s:\nnogroup:x:65534:\n' "$APP_UID" >"$root/etc/group"
   printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"
@@ -250,14 +251,14 @@ build_moerl() {
   # The base layer changes only when a binary or library it holds changes.
   key="$( (elf_inputs | xargs -r stat -L -c '%n %s %Y' && library_closure | xargs -r stat -L -c '%n %s %Y' &&
     stat -L -c '%n %s %Y' /etc/ssl/certs/ca-certificates.crt && declare -f populate_base) | key_of)"
-  OWNED_BY_APP=(home/moerl)
+  OWNED_BY_APP=(var/cache/moerl)
   base_tar="$(layer base "$key" populate_base)"
   OWNED_BY_APP=()
   key="$( (find dist bin native/build/bin package.json -path dist/test -prune -o -type f -print0 |
     xargs -0 stat -c '%n %s %Y' && declare -f populate_app) | key_of)"
   app_tar="$(layer app "$key" populate_app)"
   write_image moerl "$version" \
-    "{\"User\":\"$APP_UID:$APP_UID\",\"WorkingDir\":\"/app\",\"Env\":[\"PATH=/usr/local/bin:/usr/bin:/bin\",\"HOME=/home/moerl\",\"NODE_ENV=production\",\"MOERL_NATIVE_BIN=/app/native/build/bin/\"],\"Entrypoint\":[\"/usr/local/bin/node\",\"/app/bin/moerl.js\"]}" \
+    "{\"User\":\"$APP_UID:$APP_UID\",\"WorkingDir\":\"/app\",\"Env\":[\"PATH=/usr/local/bin:/usr/bin:/bin\",\"NODE_ENV=production\",\"MOERL_NATIVE_BIN=/app/native/build/bin/\",\"MOERL_CACHE_DIR=/var/cache/moerl\"],\"Entrypoint\":[\"/usr/local/bin/node\",\"dist/workers/main.js\"]}" \
     "$base_tar" "$NODE_MODULES_TAR" "$app_tar"
 }
 
