@@ -63,6 +63,7 @@ async function commit(deps: ActivityDeps, input: CheckpointInput): Promise<Check
     keepLast: input.spec.retention.keepLast,
     keepBest: input.spec.retention.keepBest,
     keepIteration: input.referenceIteration,
+    protectIterations: input.protectIterations ?? [],
     now: new Date(),
   });
   return { ...out, attempt: Context.current().info.attempt };

@@ -111,6 +111,11 @@ export interface CheckpointInput {
   meanReward: number | null;
   /** Iteration of the campaign's first checkpoint, which retention always keeps. */
   referenceIteration: number;
+  /**
+   * Iterations of the checkpoints that in-flight or carried rollout phases sample from, which
+   * retention keeps too. Absent (workflow code from before this field): none.
+   */
+  protectIterations?: number[];
 }
 export interface CheckpointOutput extends ActivityOutcome {
   checkpoint: CheckpointRef;

@@ -1,0 +1,162 @@
+// Committed checkpoints from the store into local directories, every file verified on the way:
+// whole (the cache and fetchCheckpoint) or only the files one trainer rank reads.
+import { randomUUID } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import { mkdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import * as keys from '../layout.js';
+import { StoreNotFoundError } from '../store/errors.js';
+import { writeFileAtomically } from '../store/local-file.js';
+import type { ObjectStore } from '../store/types.js';
+import type { CheckpointManifest, CheckpointRef } from '../types.js';
+import { badInput, isSha256, parseManifest, sha256Hex, sha256OfStream } from './manifest.js';
+
+type ManifestFile = CheckpointManifest['files'][number];
+
+/** The manifest a ref names, checked to be the one that was committed. */
+async function readRefManifest(store: ObjectStore, ref: CheckpointRef) {
+  if (!isSha256(ref.manifestSha256))
+    throw badInput(
+      `checkpoint ref ${ref.key}: manifestSha256 ${JSON.stringify(ref.manifestSha256)} is not a sha256`,
+    );
+  const manifestKey = `${ref.key}/${keys.manifestName}`;
+  const text = await store.get(manifestKey).then(
+    (b) => b.toString('utf8'),
+    (err: unknown) => {
+      if (!(err instanceof StoreNotFoundError)) throw err;
+      throw badInput(
+        `checkpoint ${ref.key} has no manifest in ${store.describe()}: it was never committed, or retention removed it`,
+      );
+    },
+  );
+  if (sha256Hex(text) !== ref.manifestSha256)
+    throw badInput(
+      `${manifestKey} changed after it was committed (sha256 ${sha256Hex(text)}, expected ${ref.manifestSha256})`,
+    );
+  return { text, manifest: parseManifest(text, manifestKey) };
+}
+
+async function matchesManifest(local: string, file: ManifestFile): Promise<boolean> {
+  if ((await stat(local).catch(() => null))?.size !== file.bytes) return false;
+  return (await sha256OfStream(createReadStream(local))).sha256 === file.sha256;
+}
+
+/** Downloads one checkpoint file to `local` and checks its size and sha256 against the manifest. */
+async function downloadVerified(store: ObjectStore, ref: CheckpointRef, file: ManifestFile, local: string) {
+  await store.getFile(`${ref.key}/${file.name}`, local).catch((err: unknown) => {
+    if (!(err instanceof StoreNotFoundError)) throw err;
+    throw badInput(
+      `checkpoint file ${ref.key}/${file.name} is missing: the manifest lists it (${file.bytes} bytes), ${store.describe()} has no such object`,
+    );
+  });
+  const got = await sha256OfStream(createReadStream(local));
+  if (got.sha256 !== file.sha256 || got.bytes !== file.bytes)
+    throw badInput(
+      `checkpoint file ${ref.key}/${file.name} is corrupt: ${got.bytes} bytes, sha256 ${got.sha256}; the manifest says ${file.bytes} bytes, sha256 ${file.sha256}`,
+    );
+}
+
+/** Name part of a cache directory being filled (`<sha>.partial-<pid>-<random>`). */
+export const partialDirMarker = '.partial-';
+
+/**
+ * Makes `dir` a complete, verified copy of the checkpoint unless it already is one (a directory
+ * is complete exactly when it has its manifest.json): the files go into a sibling directory
+ * that is renamed into place when all of them verify.
+ */
+export async function installCheckpoint(store: ObjectStore, ref: CheckpointRef, dir: string): Promise<void> {
+  if (await stat(join(dir, keys.manifestName)).catch(() => null)) return;
+  const { text, manifest } = await readRefManifest(store, ref);
+  const tmp = `${dir}${partialDirMarker}${process.pid}-${randomUUID().slice(0, 8)}`;
+  await mkdir(tmp, { recursive: true });
+  try {
+    for (const file of manifest.files) await downloadVerified(store, ref, file, join(tmp, file.name));
+    await writeFile(join(tmp, keys.manifestName), text);
+    await rename(tmp, dir).catch(async (err: NodeJS.ErrnoException) => {
+      // Another process cached the same checkpoint first: use theirs.
+      if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
+      await rm(tmp, { recursive: true, force: true });
+    });
+  } catch (err) {
+    await rm(tmp, { recursive: true, force: true });
+    throw err;
+  }
+}
+
+/**
+ * Makes a committed checkpoint available as a local directory the native tools can read, in
+ * `<cacheDir>/checkpoints/<manifestSha256>`, never evicted. Superseded by acquireCheckpoint
+ * (cache.ts), which bounds the cache; kept until every caller has moved to it.
+ */
+export async function fetchCheckpoint(
+  store: ObjectStore,
+  ref: CheckpointRef,
+  cacheDir: string,
+): Promise<string> {
+  if (!isSha256(ref.manifestSha256))
+    throw badInput(
+      `checkpoint ref ${ref.key}: manifestSha256 ${JSON.stringify(ref.manifestSha256)} is not a sha256`,
+    );
+  const dir = join(cacheDir, 'checkpoints', ref.manifestSha256);
+  await installCheckpoint(store, ref, dir);
+  return dir;
+}
+
+/** The files trainer rank `rank` of `worldSize` reads: dense, and the expert files holding its experts. */
+export function rankFiles(
+  manifest: CheckpointManifest,
+  where: string,
+  rank: number,
+  worldSize: number,
+): string[] {
+  if (!Number.isSafeInteger(worldSize) || worldSize < 1)
+    throw badInput(`world size ${worldSize} is not a positive integer`);
+  if (!Number.isSafeInteger(rank) || rank < 0 || rank >= worldSize)
+    throw badInput(`rank ${rank} is not in [0, ${worldSize})`);
+  const experts = (manifest.config as { num_experts?: unknown } | undefined)?.num_experts;
+  const saved = manifest.world_size;
+  if (typeof experts !== 'number' || !Number.isSafeInteger(experts) || experts < 1)
+    throw badInput(`${where}: config.num_experts ${JSON.stringify(experts)} is not a positive integer`);
+  if (!Number.isSafeInteger(saved) || saved < 1 || experts % saved !== 0)
+    throw badInput(`${where}: world_size ${JSON.stringify(saved)} does not divide num_experts ${experts}`);
+  if (experts % worldSize !== 0)
+    throw badInput(`${where}: ${experts} experts cannot be split evenly over ${worldSize} ranks`);
+  // Saved rank s holds experts [s·E/saved, (s+1)·E/saved); rank r needs [r·E/R, (r+1)·E/R).
+  const perSaved = experts / saved;
+  const first = (rank * experts) / worldSize;
+  const last = ((rank + 1) * experts) / worldSize - 1;
+  const names = ['dense.safetensors'];
+  for (let s = Math.floor(first / perSaved); s <= Math.floor(last / perSaved); s++)
+    names.push(`experts-rank${s}.safetensors`);
+  return names;
+}
+
+/**
+ * Fetches what trainer rank `rank` of `worldSize` needs of a committed checkpoint into `dir`
+ * (a pod's own filesystem): dense.safetensors and the expert files covering its experts, each
+ * checked against the manifest (files already there and matching are kept), then manifest.json
+ * last, so the directory never looks complete before it is.
+ */
+export async function fetchCheckpointForRank(
+  store: ObjectStore,
+  ref: CheckpointRef,
+  dir: string,
+  opts: { rank: number; worldSize: number },
+): Promise<void> {
+  const { text, manifest } = await readRefManifest(store, ref);
+  const where = `${ref.key}/${keys.manifestName}`;
+  const files = rankFiles(manifest, where, opts.rank, opts.worldSize).map((name) => {
+    const file = manifest.files.find((f) => f.name === name);
+    if (!file)
+      throw badInput(`${where} does not list ${name}, which rank ${opts.rank} of ${opts.worldSize} reads`);
+    return file;
+  });
+  await mkdir(dir, { recursive: true });
+  // A manifest left from an earlier fetch must not vouch for files about to be replaced.
+  await rm(join(dir, keys.manifestName), { force: true });
+  for (const file of files) {
+    const local = join(dir, file.name);
+    if (!(await matchesManifest(local, file))) await downloadVerified(store, ref, file, local);
+  }
+  await writeFileAtomically(join(dir, keys.manifestName), Buffer.from(text));
+}
