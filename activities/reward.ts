@@ -1,7 +1,10 @@
-// The reward activity: scores every sample of an iteration with the task's verifier and writes
-// one rewards file per shard (the format `moe_train grpo --rewards` reads).
+// The reward activity: scores every sample of an iteration with the task's verifier or the spec's
+// HTTP reward model and writes one rewards file per shard (the format `moe_train grpo --rewards`
+// reads). Its failures reach the workflow through toFailure (activities/index.ts), with their
+// retryability: a reward model that breaks the protocol pauses the campaign instead of looping.
 import { ApplicationFailure, Context } from '@temporalio/activity';
 import * as keys from './layout.js';
+import { rewardAuthHeaders } from './rewards/auth.js';
 import { httpRewardModel, verifierReward } from './rewards/reward-model.js';
 import type { RewardFunction } from './rewards/reward-model.js';
 import { formatRewardsJsonl, rewardStats, scoreRollouts } from './rewards/score.js';
@@ -11,8 +14,15 @@ import type { CampaignSpec } from '../workflows/spec.js';
 import { badInputErrorType } from './types.js';
 import type { RewardInput, RewardOutput } from './types.js';
 
-/** The spec's reward: the builtin task's verifier, or an HTTP reward model. */
-function rewardFunction(spec: CampaignSpec, signal: AbortSignal): RewardFunction {
+/**
+ * The spec's reward: the builtin task's verifier, or an HTTP reward model whose credential is
+ * read from this worker's environment (or a file), never from the spec.
+ */
+export function rewardFunction(
+  spec: CampaignSpec,
+  signal: AbortSignal,
+  env: NodeJS.ProcessEnv = process.env,
+): RewardFunction {
   const r = spec.reward;
   if (r.kind === 'http')
     return httpRewardModel({
@@ -20,6 +30,8 @@ function rewardFunction(spec: CampaignSpec, signal: AbortSignal): RewardFunction
       timeoutMs: r.timeoutMs,
       maxRetries: r.maxRetries,
       batchSize: r.batchSize,
+      maxResponseBytes: r.maxResponseBytes,
+      headers: rewardAuthHeaders(r.auth, env),
       kind: r.rewardKind,
       signal,
     });

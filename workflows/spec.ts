@@ -92,6 +92,34 @@ const rewardSchema = z.discriminatedUnion('kind', [
     maxRetries: z.number().int().min(0).max(20).default(3),
     batchSize: positiveInt(100_000).default(64),
     rewardKind: z.enum(['binary', 'continuous']).default('continuous'),
+    maxResponseBytes: positiveInt(1024 ** 3)
+      .default(16 * 1024 * 1024)
+      .describe('largest response body read; a larger one fails the reward stage'),
+    auth: z
+      .strictObject({
+        header: z
+          .string()
+          .regex(/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/, 'must be an HTTP header name, e.g. authorization')
+          .refine(
+            (h) => !['accept', 'content-type', 'content-length', 'host'].includes(h.toLowerCase()),
+            'is a header the client sets itself',
+          ),
+        scheme: z
+          .string()
+          .regex(/^[A-Za-z0-9!#$%&'*+.^_`|~-]+$/, 'must be one word, e.g. Bearer')
+          .optional(),
+        secretEnv: z
+          .string()
+          .regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name')
+          .optional(),
+        secretFile: z.string().min(1).optional(),
+      })
+      .refine(
+        (a) => (a.secretEnv === undefined) !== (a.secretFile === undefined),
+        'needs exactly one of secretEnv and secretFile (the secret itself never goes in the spec)',
+      )
+      .optional()
+      .describe("a header sent with every request, its secret read from the worker's environment or a file"),
   }),
 ]);
 

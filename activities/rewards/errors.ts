@@ -45,8 +45,15 @@ export class BadRolloutError extends BadInputError {
 export const rewardModelErrorType = 'RewardModelError';
 
 /**
- * The HTTP reward model failed. `nonRetryable` (type BadInput) when the server rejected the
- * request with a 4xx: the same request will be rejected again.
+ * Type of a reward model that answered against the protocol (a 2xx with a malformed body, a
+ * redirect, a body over the size limit): not retried, so the campaign pauses with the reason.
+ */
+export const rewardModelProtocolErrorType = 'RewardModelProtocol';
+
+/**
+ * The HTTP reward model failed. Non-retryable when the server rejected the request with a 4xx
+ * (type BadInput: the same request will be rejected again) or broke the protocol (type
+ * RewardModelProtocol: the server needs fixing); retryable (type RewardModelError) otherwise.
  */
 export class RewardModelError extends Error {
   override name = 'RewardModelError';
@@ -54,11 +61,15 @@ export class RewardModelError extends Error {
   readonly nonRetryable: boolean;
   constructor(
     message: string,
-    readonly details: { status?: number; attempts: number; nonRetryable: boolean },
+    readonly details: { status?: number; attempts: number; nonRetryable: boolean; protocol?: boolean },
   ) {
     super(message);
-    this.nonRetryable = details.nonRetryable;
-    this.type = details.nonRetryable ? badInputErrorType : rewardModelErrorType;
+    this.nonRetryable = details.nonRetryable || details.protocol === true;
+    this.type = details.protocol
+      ? rewardModelProtocolErrorType
+      : details.nonRetryable
+        ? badInputErrorType
+        : rewardModelErrorType;
   }
 }
 

@@ -2,6 +2,8 @@
 // the exact-match verifiers of the built-in tasks, and a client of an HTTP reward model
 // (protocol in docs/rewards.md) with batching, a per-request timeout, and retries with
 // exponential backoff and jitter for failures that may pass (5xx, 408, 429, network, timeout).
+// Its error messages end up in workflow history, so what they quote of the server's answer is
+// short, one line, free of control characters and of the configured header values.
 import { BadInputError, BadRolloutError, RewardModelError } from './errors.js';
 import type { RolloutRecord } from './rollout-record.js';
 import { isTaskName, taskNames, verify } from './verifiers.js';
@@ -57,7 +59,7 @@ export function verifierReward(task: string): RewardFunction {
 }
 
 export interface HttpRewardModelOptions {
-  /** Endpoint that takes POST requests (http or https). */
+  /** Endpoint that takes POST requests (http or https). Redirects are not followed. */
   url: string;
   /** Limit per request, from sending to the last byte of the response. */
   timeoutMs: number;
@@ -65,8 +67,10 @@ export interface HttpRewardModelOptions {
   maxRetries: number;
   /** Samples per request at most. */
   batchSize: number;
-  /** Sent with every request (e.g. authorization); never logged or put in error messages. */
+  /** Sent with every request (e.g. authorization); never logged, and redacted from quoted answers. */
   headers?: Record<string, string>;
+  /** Largest response body read, in bytes (after decompression); default 16 MiB. */
+  maxResponseBytes?: number;
   /** How to read the model's rewards for the pass rate; default "continuous". */
   kind?: RewardKind;
   /** Backoff before retry n (1-based) is uniform in [d/2, d], d = min(max, initial * 2^(n-1)). */
@@ -75,6 +79,8 @@ export interface HttpRewardModelOptions {
   /** Aborts the current request and any wait (e.g. the activity's cancellation signal). */
   signal?: AbortSignal;
 }
+
+export const defaultMaxResponseBytes = 16 * 1024 * 1024;
 
 /** One sample as sent to the reward model. */
 export interface RewardModelSample {
@@ -108,16 +114,23 @@ function checkOptions(o: HttpRewardModelOptions): URL {
   positiveInt('timeoutMs', o.timeoutMs, 1);
   positiveInt('maxRetries', o.maxRetries, 0);
   positiveInt('batchSize', o.batchSize, 1);
+  positiveInt('maxResponseBytes', o.maxResponseBytes ?? 1, 1);
   positiveInt('initialBackoffMs', o.initialBackoffMs ?? 0, 0);
   positiveInt('maxBackoffMs', o.maxBackoffMs ?? 0, 0);
   return url;
 }
 
-/** A failure of one attempt; `retryable` says whether another attempt may succeed. */
+/**
+ * Why an attempt failed: "unavailable" may pass (retried), "rejected" is a 4xx answer to this
+ * request, "protocol" a server that answered against docs/rewards.md (a 2xx with a bad body, a
+ * redirect, a body over the size limit); asking again would get the same answer.
+ */
+type FailureKind = 'unavailable' | 'rejected' | 'protocol';
+
 class AttemptError extends Error {
   constructor(
     message: string,
-    readonly retryable: boolean,
+    readonly kind: FailureKind,
     readonly status?: number,
   ) {
     super(message);
@@ -139,10 +152,69 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-function excerpt(text: string): string {
-  const oneLine = text.replace(/\s+/g, ' ').trim();
-  return oneLine.length > 200 ? `${oneLine.slice(0, 200)}...` : oneLine;
+/** Characters of the server's answer quoted in a message at most. */
+export const excerptChars = 200;
+
+/**
+ * Server text fit for an error message (and so for workflow history): `secrets` replaced by
+ * "[redacted]", control and invisible formatting characters (terminal escapes, bidi overrides)
+ * and runs of whitespace turned into one space, at most `excerptChars` characters.
+ */
+export function excerpt(text: string, secrets: readonly string[] = []): string {
+  let redacted = text;
+  for (const secret of secrets) redacted = redacted.split(secret).join('[redacted]');
+  const clean = redacted.replace(/[\s\p{Cc}\p{Cf}]+/gu, ' ').trim();
+  const chars = Array.from(clean);
+  return chars.length > excerptChars ? `${chars.slice(0, excerptChars).join('')}...` : clean;
 }
+
+/**
+ * The header values to redact from quoted answers: each value, and its credential without the
+ * scheme ("Bearer t0ken" → also "t0ken"). Short values are left alone: redacting "1" would
+ * mangle every number.
+ */
+function secretsOf(headers: Record<string, string>): string[] {
+  const values = Object.values(headers).flatMap((v) => [v, v.replace(/^\S+\s+/, '')]);
+  return [...new Set(values.map((v) => v.trim()))].filter((v) => v.length >= 4);
+}
+
+/**
+ * Reads at most `limit` bytes of the body. Past it the stream is cancelled and the answer is
+ * either "too large" (`fail`) or the bytes read so far (for an error status, quoted only).
+ */
+async function readBody(response: Response, limit: number, onExceed: 'fail' | 'truncate'): Promise<string> {
+  const tooLarge = (bytes: string) =>
+    new AttemptError(
+      `response body of ${bytes} bytes exceeds the limit of ${limit} bytes (maxResponseBytes)`,
+      'protocol',
+      response.status,
+    );
+  const declared = Number(response.headers.get('content-length') ?? NaN);
+  if (onExceed === 'fail' && declared > limit) {
+    await response.body?.cancel();
+    throw tooLarge(String(declared));
+  }
+  if (!response.body) return '';
+  const reader = response.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (total + value.byteLength > limit) {
+      await reader.cancel();
+      if (onExceed === 'fail') throw tooLarge(`more than ${limit}`);
+      chunks.push(value.subarray(0, limit - total));
+      break;
+    }
+    chunks.push(value);
+    total += value.byteLength;
+  }
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+/** Bytes of an error answer read for its excerpt. */
+const errorBodyBytes = 4096;
 
 /**
  * A client of an HTTP reward model: POST `{ samples: [...] }` → `{ rewards: [...] }`, at most
@@ -150,65 +222,106 @@ function excerpt(text: string): string {
  */
 export function httpRewardModel(options: HttpRewardModelOptions): RewardFunction {
   const url = checkOptions(options);
-  // Credentials may sit in the URL's user info or query; messages show origin and path only.
+  // Credentials may sit in the URL's query; messages show origin and path only.
   const shownUrl = `${url.origin}${url.pathname}`;
   const initialBackoffMs = options.initialBackoffMs ?? 200;
   const maxBackoffMs = options.maxBackoffMs ?? 5000;
+  const maxResponseBytes = options.maxResponseBytes ?? defaultMaxResponseBytes;
   const headers = { 'content-type': 'application/json', accept: 'application/json', ...options.headers };
+  const secrets = secretsOf(options.headers ?? {});
+  const quote = (text: string) => excerpt(text, secrets);
+
+  /** Where a redirect pointed, as origin and path (a query may carry a token). */
+  function redirectTarget(location: string | null): string {
+    if (location === null) return 'without a Location header';
+    try {
+      const target = new URL(location, url);
+      return `to ${quote(`${target.origin}${target.pathname}`)}`;
+    } catch {
+      return `to an invalid Location ${JSON.stringify(quote(location))}`;
+    }
+  }
+
+  /** Sends one request; the body of a 2xx answer, or an AttemptError for any other answer. */
+  async function request(
+    samples: RewardModelSample[],
+    signal: AbortSignal,
+  ): Promise<{ status: number; body: string }> {
+    const response = await fetch(url, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ samples }),
+      signal,
+      // A redirect would send the samples and the credentials to wherever the server says.
+      redirect: 'manual',
+    });
+    const status = response.status;
+    if (status >= 300 && status <= 399) {
+      await response.body?.cancel();
+      throw new AttemptError(
+        `HTTP ${status} redirect ${redirectTarget(response.headers.get('location'))} not followed; ` +
+          'set url to the endpoint itself',
+        'protocol',
+        status,
+      );
+    }
+    if (status < 200 || status > 299) {
+      const body = await readBody(response, errorBodyBytes, 'truncate');
+      const retryable = status >= 500 || status === 408 || status === 429;
+      throw new AttemptError(
+        `HTTP ${status}: ${quote(body) || quote(response.statusText)}`,
+        retryable ? 'unavailable' : 'rejected',
+        status,
+      );
+    }
+    return { status, body: await readBody(response, maxResponseBytes, 'fail') };
+  }
 
   async function attempt(samples: RewardModelSample[]): Promise<number[]> {
     const timeout = new AbortController();
     const timer = setTimeout(() => timeout.abort(), options.timeoutMs);
     const signal = options.signal ? AbortSignal.any([timeout.signal, options.signal]) : timeout.signal;
+    let answer: { status: number; body: string };
     try {
-      let response: Response;
-      let body: string;
-      try {
-        response = await fetch(url, { method: 'POST', headers, body: JSON.stringify({ samples }), signal });
-        body = await response.text();
-      } catch (err) {
-        if (options.signal?.aborted) throw err;
-        if (timeout.signal.aborted)
-          throw new AttemptError(`no response within ${options.timeoutMs} ms`, true);
-        const cause = (err as Error).cause as Error | undefined;
-        throw new AttemptError(`request failed: ${cause?.message ?? (err as Error).message}`, true);
-      }
-      const status = response.status;
-      if (status < 200 || status > 299) {
-        const retryable = status >= 500 || status === 408 || status === 429;
-        throw new AttemptError(`HTTP ${status}: ${excerpt(body) || response.statusText}`, retryable, status);
-      }
-      // A 2xx answer that breaks the protocol is a server bug: asking again would not fix it.
-      let parsed: unknown;
-      try {
-        parsed = JSON.parse(body);
-      } catch {
-        throw new AttemptError(`response is not JSON: ${excerpt(body)}`, false, status);
-      }
-      const rewards = (parsed as { rewards?: unknown } | null)?.rewards;
-      if (!Array.isArray(rewards)) {
-        throw new AttemptError(`response has no "rewards" array: ${excerpt(body)}`, false, status);
-      }
-      if (rewards.length !== samples.length) {
-        throw new AttemptError(
-          `response has ${rewards.length} rewards for ${samples.length} samples`,
-          false,
-          status,
-        );
-      }
-      const bad = rewards.findIndex((r) => typeof r !== 'number' || !Number.isFinite(r));
-      if (bad >= 0) {
-        throw new AttemptError(
-          `reward ${bad} is ${JSON.stringify(rewards[bad])}, not a finite number`,
-          false,
-          status,
-        );
-      }
-      return rewards as number[];
+      answer = await request(samples, signal);
+    } catch (err) {
+      if (err instanceof AttemptError || options.signal?.aborted) throw err;
+      if (timeout.signal.aborted)
+        throw new AttemptError(`no response within ${options.timeoutMs} ms`, 'unavailable');
+      const cause = (err as Error).cause as Error | undefined;
+      throw new AttemptError(
+        `request failed: ${quote(cause?.message ?? (err as Error).message)}`,
+        'unavailable',
+      );
     } finally {
       clearTimeout(timer);
     }
+    // A 2xx answer that breaks the protocol is a server bug: asking again would not fix it.
+    const { status, body } = answer;
+    const broken = (message: string) => new AttemptError(message, 'protocol', status);
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(body);
+    } catch {
+      throw broken(`response is not JSON: ${quote(body)}`);
+    }
+    const rewards = (parsed as { rewards?: unknown } | null)?.rewards;
+    if (!Array.isArray(rewards)) throw broken(`response has no "rewards" array: ${quote(body)}`);
+    if (rewards.length !== samples.length)
+      throw broken(`response has ${rewards.length} rewards for ${samples.length} samples`);
+    const bad = rewards.findIndex((r) => typeof r !== 'number' || !Number.isFinite(r));
+    if (bad >= 0)
+      throw broken(
+        `reward ${bad} is ${quote(JSON.stringify(rewards[bad]) ?? 'undefined')}, not a finite number`,
+      );
+    return rewards as number[];
   }
+
+  const notRetried: Record<FailureKind, string> = {
+    unavailable: '',
+    rejected: '; the server rejected the request, not retried',
+    protocol: '; the server broke the reward-model protocol, not retried',
+  };
 
   async function scoreBatch(samples: RewardModelSample[], label: string): Promise<number[]> {
     for (let n = 0; ; n++) {
@@ -217,15 +330,16 @@ export function httpRewardModel(options: HttpRewardModelOptions): RewardFunction
       } catch (err) {
         if (!(err instanceof AttemptError)) throw err;
         const attempts = n + 1;
-        const last = !err.retryable || n >= options.maxRetries;
-        if (last) {
-          const nonRetryable =
-            err.status !== undefined && err.status >= 400 && err.status <= 499 && !err.retryable;
+        if (err.kind !== 'unavailable' || n >= options.maxRetries) {
           const tries = attempts === 1 ? '1 attempt' : `${attempts} attempts`;
           throw new RewardModelError(
-            `reward model ${shownUrl}: ${label}: ${err.message} (${tries}` +
-              `${nonRetryable ? '; the server rejected the request, not retried' : ''})`,
-            { ...(err.status === undefined ? {} : { status: err.status }), attempts, nonRetryable },
+            `reward model ${shownUrl}: ${label}: ${err.message} (${tries}${notRetried[err.kind]})`,
+            {
+              ...(err.status === undefined ? {} : { status: err.status }),
+              attempts,
+              nonRetryable: err.kind !== 'unavailable',
+              protocol: err.kind === 'protocol',
+            },
           );
         }
         const cap = Math.min(maxBackoffMs, initialBackoffMs * 2 ** n);

@@ -1,18 +1,26 @@
 // The HTTP reward-model client against a real node:http server on 127.0.0.1: batching,
 // per-request timeout, retries with backoff on 5xx / 429 / network errors, no retry on 4xx,
-// and responses that break the protocol (docs/rewards.md).
+// responses that break the protocol (docs/rewards.md), and what its messages may quote.
 import assert from 'node:assert/strict';
 import { createServer, type IncomingHttpHeaders, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, beforeEach, describe, it } from 'node:test';
 import { badInputErrorType } from '../../activities/types.js';
-import { BadInputError, RewardModelError, toApplicationFailure } from '../../activities/rewards/errors.js';
 import {
+  BadInputError,
+  RewardModelError,
+  rewardModelProtocolErrorType,
+  toApplicationFailure,
+} from '../../activities/rewards/errors.js';
+import { rewardFunction } from '../../activities/reward.js';
+import {
+  excerptChars,
   httpRewardModel,
   type HttpRewardModelOptions,
   type RewardModelSample,
 } from '../../activities/rewards/reward-model.js';
 import type { RolloutRecord } from '../../activities/rewards/rollout-record.js';
+import { parseCampaignSpec } from '../../workflows/spec.js';
 
 interface SeenRequest {
   method: string;
@@ -196,31 +204,137 @@ describe('httpRewardModel', () => {
     assert.equal(seen.length, 1);
   });
 
-  it('rejects a response with the wrong number of rewards without retrying', async () => {
-    handler = (_req, res) => reply(res, 200, { rewards: [1, 0] });
-    await assert.rejects(
-      httpRewardModel(options()).score([record(1, 0), record(1, 1), record(1, 2)]),
-      /batch 1 of 1: response has 2 rewards for 3 samples \(1 attempt\)/,
-    );
-    assert.equal(seen.length, 1);
-  });
-
-  it('rejects rewards that are not finite numbers, and bodies that break the protocol', async () => {
+  it('item 4: a 2xx with a malformed body is a non-retryable protocol failure, asked once', async () => {
     const cases: [unknown, RegExp][] = [
       [{ rewards: [1, null] }, /reward 1 is null, not a finite number/],
       [{ rewards: [1, '0.5'] }, /reward 1 is "0.5", not a finite number/],
+      [{ rewards: [1] }, /batch 1 of 1: response has 1 rewards for 2 samples/],
       [{ scores: [1, 1] }, /response has no "rewards" array/],
       ['<html>oops</html>', /response is not JSON: <html>oops<\/html>/],
     ];
     for (const [body, pattern] of cases) {
+      seen = [];
       handler = (_req, res) => reply(res, 200, body);
       await assert.rejects(httpRewardModel(options()).score([record(1, 0), record(1, 1)]), (err: unknown) => {
         assert.ok(err instanceof RewardModelError);
-        assert.equal(err.nonRetryable, false);
+        assert.equal(err.nonRetryable, true);
+        assert.equal(err.type, rewardModelProtocolErrorType);
+        assert.equal(err.details.status, 200);
         assert.match(err.message, pattern);
+        assert.match(err.message, /\(1 attempt; the server broke the reward-model protocol, not retried\)$/);
+        const failure = toApplicationFailure(err) as { type: string; nonRetryable: boolean };
+        assert.equal(failure.type, rewardModelProtocolErrorType);
+        assert.equal(failure.nonRetryable, true, 'the activity must not retry it either');
         return true;
       });
+      assert.equal(seen.length, 1, `${JSON.stringify(body)} was asked once`);
     }
+  });
+
+  it('item 10: a response over maxResponseBytes is cut off and fails clearly, declared or streamed', async () => {
+    const big = JSON.stringify({ rewards: [1, 1], padding: 'x'.repeat(5000) });
+    const streamed: Handler = (_req, res) => {
+      // No content-length: chunked, so only counting the bytes read can notice.
+      res.writeHead(200, { 'content-type': 'application/json' });
+      for (let i = 0; i < big.length; i += 1000) res.write(big.slice(i, i + 1000));
+      res.end();
+    };
+    const declared: Handler = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(big) });
+      res.end(big);
+    };
+    for (const [how, h, pattern] of [
+      ['streamed', streamed, /response body of more than 4096 bytes exceeds the limit of 4096 bytes/],
+      ['declared', declared, new RegExp(`response body of ${big.length} bytes exceeds the limit of 4096`)],
+    ] as const) {
+      seen = [];
+      handler = h;
+      const model = httpRewardModel(options({ maxResponseBytes: 4096 }));
+      await assert.rejects(model.score([record(1, 0), record(1, 1)]), (err: unknown) => {
+        assert.ok(err instanceof RewardModelError, how);
+        assert.equal(err.nonRetryable, true, how);
+        assert.equal(err.type, rewardModelProtocolErrorType, how);
+        assert.match(err.message, pattern, how);
+        assert.match(err.message, /\(maxResponseBytes\)/, how);
+        return true;
+      });
+      assert.equal(seen.length, 1, how);
+    }
+    handler = (req, res) => reply(res, 200, { rewards: req.samples.map(() => 1), padding: 'x'.repeat(4000) });
+    assert.deepEqual(await httpRewardModel(options({ maxResponseBytes: 4096 })).score([record(1, 0)]), [1]);
+  });
+
+  it('item 10: a redirect is not followed; the error names the status and the Location', async () => {
+    handler = (req, res, n) => {
+      if (req.url !== '/score') return scoreAll(req, res, n);
+      res.writeHead(307, { location: `${base}/elsewhere?token=s3cret` });
+      res.end();
+    };
+    const model = httpRewardModel(options({ headers: { authorization: 'Bearer t0ken-abc' } }));
+    await assert.rejects(model.score([record(1, 0)]), (err: unknown) => {
+      assert.ok(err instanceof RewardModelError);
+      assert.equal(err.nonRetryable, true);
+      assert.equal(err.details.status, 307);
+      assert.equal(err.details.attempts, 1);
+      assert.match(err.message, new RegExp(`HTTP 307 redirect to ${base}/elsewhere not followed`));
+      assert.ok(!err.message.includes('s3cret'), "the Location's query is not shown");
+      return true;
+    });
+    assert.deepEqual(
+      seen.map((r) => r.url),
+      ['/score'],
+      'the samples and the credential went nowhere else',
+    );
+  });
+
+  it('item 10: quoted answers are short, one line, free of control characters and of the request headers', async () => {
+    const secret = 't0ken-Zq81';
+    handler = (req, res) =>
+      reply(
+        res,
+        403,
+        `denied\n\u001b[31mred\u001b[0m\r\u202eevil\u0000 you sent authorization: ${String(req.headers.authorization)}` +
+          ` (key ${secret}) ${'y'.repeat(3000)}`,
+      );
+    const model = httpRewardModel(options({ headers: { authorization: `Bearer ${secret}` } }));
+    await assert.rejects(model.score([record(1, 0)]), (err: unknown) => {
+      assert.ok(err instanceof RewardModelError);
+      const quoted = /HTTP 403: (.*) \(1 attempt;/.exec(err.message)?.[1] ?? '';
+      assert.ok(quoted.startsWith('denied [31mred [0m evil you sent authorization: [redacted]'), quoted);
+      assert.ok(!err.message.includes(secret), 'the secret is redacted, with or without its scheme');
+      assert.ok(!/[\p{Cc}\p{Cf}]/u.test(err.message), 'no control or formatting characters');
+      assert.ok(quoted.length <= excerptChars + 3, `quoted ${quoted.length} characters`);
+      assert.ok(quoted.endsWith('...'));
+      return true;
+    });
+  });
+
+  it("item 10: the spec's auth header carries a secret from the worker environment, never the spec", async () => {
+    const spec = parseCampaignSpec({
+      name: 'auth',
+      task: { builtin: 'reverse' },
+      model: { layers: 1, hidden: 16, heads: 2, experts: 4, topK: 2 },
+      iterations: 1,
+      promptsPerIteration: 2,
+      groupSize: 2,
+      rolloutShards: 1,
+      chunkSize: 2,
+      epWorldSize: 1,
+      seed: 1,
+      reward: {
+        kind: 'http',
+        url: `${base}/score`,
+        auth: { header: 'authorization', scheme: 'Bearer', secretEnv: 'MOERL_REWARD_TOKEN' },
+      },
+    });
+    assert.ok(!JSON.stringify(spec).includes('env-t0ken'));
+    const reward = rewardFunction(spec, new AbortController().signal, { MOERL_REWARD_TOKEN: 'env-t0ken' });
+    assert.deepEqual(await reward.score([record(3, 1)]), [31]);
+    assert.equal(seen[0]?.headers.authorization, 'Bearer env-t0ken');
+    assert.throws(
+      () => rewardFunction(spec, new AbortController().signal, {}),
+      /reward model auth: environment variable MOERL_REWARD_TOKEN is not set on this worker/,
+    );
   });
 
   it('retries network errors (nothing listening), then fails retryably', async () => {
@@ -262,6 +376,7 @@ describe('httpRewardModel', () => {
     );
     assert.throws(() => httpRewardModel(options({ timeoutMs: 1.5 })), /timeoutMs 1.5 is invalid/);
     assert.throws(() => httpRewardModel(options({ maxRetries: -1 })), /maxRetries -1 is invalid/);
+    assert.throws(() => httpRewardModel(options({ maxResponseBytes: 0 })), /maxResponseBytes 0 is invalid/);
     assert.throws(() => httpRewardModel(options({ url: 'ftp://host/x' })), /url "ftp:\/\/host" is invalid/);
     assert.throws(() => httpRewardModel(options({ url: 'not a url' })), /url "not a url" is invalid/);
     assert.throws(

@@ -1,0 +1,132 @@
+// Item 10 of the long-campaign correctness work: the reward model's credential comes from the
+// worker's environment or a file the spec names, never from the spec; the spec section that
+// names it, and the response-size limit, are validated with the field named.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, it } from 'node:test';
+import { rewardAuthHeaders } from '../../activities/rewards/auth.js';
+import { BadInputError } from '../../activities/rewards/errors.js';
+import { defaultMaxResponseBytes } from '../../activities/rewards/reward-model.js';
+import { parseCampaignSpec, SpecError } from '../../workflows/spec.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'moerl-rewards-auth-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+const specWith = (reward: unknown) =>
+  parseCampaignSpec({
+    name: 'auth',
+    task: { builtin: 'add' },
+    model: { layers: 1, hidden: 16, heads: 2, experts: 4, topK: 2 },
+    iterations: 1,
+    promptsPerIteration: 2,
+    groupSize: 2,
+    rolloutShards: 1,
+    chunkSize: 2,
+    epWorldSize: 1,
+    seed: 1,
+    reward,
+  });
+
+const problems = (reward: unknown): string => {
+  try {
+    specWith(reward);
+  } catch (err) {
+    if (err instanceof SpecError) return err.message;
+    throw err;
+  }
+  assert.fail('the spec was accepted');
+};
+
+describe('item 10: reward model auth', () => {
+  it('reads the secret from the named environment variable, with the scheme', () => {
+    const auth = { header: 'authorization', scheme: 'Bearer', secretEnv: 'MOERL_REWARD_TOKEN' };
+    assert.deepEqual(rewardAuthHeaders(auth, { MOERL_REWARD_TOKEN: 'tok-1' }), {
+      authorization: 'Bearer tok-1',
+    });
+    assert.deepEqual(rewardAuthHeaders({ header: 'x-api-key', secretEnv: 'K' }, { K: 'k2' }), {
+      'x-api-key': 'k2',
+    });
+    assert.deepEqual(rewardAuthHeaders(undefined, {}), {});
+  });
+
+  it('reads the secret from the named file, without its trailing line break', () => {
+    const file = join(dir, 'token');
+    writeFileSync(file, 'file-t0ken\n');
+    assert.deepEqual(rewardAuthHeaders({ header: 'authorization', scheme: 'Bearer', secretFile: file }), {
+      authorization: 'Bearer file-t0ken',
+    });
+  });
+
+  it('fails as bad input naming the variable or file, never the secret', () => {
+    const empty = join(dir, 'empty');
+    writeFileSync(empty, '');
+    const twoLines = join(dir, 'two-lines');
+    writeFileSync(twoLines, 'line-one-s3cret\nline-two\n');
+    const cases: [Parameters<typeof rewardAuthHeaders>, RegExp][] = [
+      [[{ header: 'authorization', secretEnv: 'RM_TOKEN' }, {}], /environment variable RM_TOKEN is not set/],
+      [[{ header: 'authorization', secretEnv: 'RM_TOKEN' }, { RM_TOKEN: '' }], /RM_TOKEN is not set/],
+      [
+        [{ header: 'authorization', secretFile: join(dir, 'missing') }, {}],
+        /cannot read secret file .*missing.*ENOENT/,
+      ],
+      [[{ header: 'authorization', secretFile: empty }, {}], /secret file .*empty is empty/],
+      [
+        [{ header: 'authorization', secretFile: twoLines }, {}],
+        /holds a line break or another control character/,
+      ],
+      [[{ header: 'authorization', secretEnv: 'T' }, { T: 'ab\r\nx-evil: 1' }], /T holds a line break/],
+    ];
+    for (const [args, pattern] of cases) {
+      assert.throws(
+        () => rewardAuthHeaders(...args),
+        (err: unknown) => {
+          assert.ok(err instanceof BadInputError);
+          assert.equal(err.nonRetryable, true);
+          assert.match(err.message, /^reward model auth: /);
+          assert.match(err.message, pattern);
+          assert.ok(!/s3cret|evil/.test(err.message), err.message);
+          return true;
+        },
+      );
+    }
+  });
+
+  it('the spec names the variable or the file, exactly one, and has no place for the secret', () => {
+    const http = { kind: 'http', url: 'https://rm.example/score' };
+    const spec = specWith({ ...http, auth: { header: 'authorization', scheme: 'Bearer', secretEnv: 'RM' } });
+    assert.equal(spec.reward.kind, 'http');
+    if (spec.reward.kind === 'http') {
+      assert.deepEqual(spec.reward.auth, { header: 'authorization', scheme: 'Bearer', secretEnv: 'RM' });
+      assert.equal(spec.reward.maxResponseBytes, defaultMaxResponseBytes);
+    }
+    const exactlyOne = /reward\.auth: .*needs exactly one of secretEnv and secretFile/;
+    assert.match(problems({ ...http, auth: { header: 'authorization' } }), exactlyOne);
+    assert.match(
+      problems({ ...http, auth: { header: 'a', secretEnv: 'A', secretFile: '/run/a' } }),
+      exactlyOne,
+    );
+    assert.match(
+      problems({ ...http, auth: { header: 'authorization', secret: 'tok', secretEnv: 'A' } }),
+      /reward\.auth: unknown field\(s\) "secret"/,
+    );
+    assert.match(
+      problems({ ...http, auth: { header: 'bad header:', secretEnv: 'A' } }),
+      /reward\.auth\.header: .*must be an HTTP header name/,
+    );
+    assert.match(
+      problems({ ...http, auth: { header: 'Content-Type', secretEnv: 'A' } }),
+      /reward\.auth\.header: .*is a header the client sets itself/,
+    );
+    assert.match(
+      problems({ ...http, auth: { header: 'authorization', scheme: 'Bearer x', secretEnv: 'A' } }),
+      /reward\.auth\.scheme: .*must be one word/,
+    );
+    assert.match(
+      problems({ ...http, auth: { header: 'authorization', secretEnv: 'MY-TOKEN' } }),
+      /reward\.auth\.secretEnv: .*must be an environment variable name/,
+    );
+    assert.match(problems({ ...http, maxResponseBytes: 0 }), /reward\.maxResponseBytes: got 0/);
+  });
+});
