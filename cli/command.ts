@@ -3,7 +3,12 @@
 // --json (a single JSON document) or prints readable text.
 import type { ParseArgsConfig } from 'node:util';
 import type { Client, Connection } from '@temporalio/client';
-import { connectClient, temporalOptionsFrom, type TemporalOptions } from '../workers/temporal-options.js';
+import {
+  apiKeyFlagWarning,
+  connectClient,
+  temporalOptionsFrom,
+  type TemporalOptions,
+} from '../workers/temporal-options.js';
 import { CliError } from './errors.js';
 
 export interface CliIo {
@@ -41,6 +46,7 @@ export const connectTimeoutMs = 5_000;
 export class CommandContext {
   private connected?: Promise<{ client: Client; connection: Connection }>;
   private temporalOptions?: TemporalOptions;
+  private warnedApiKey = false;
 
   constructor(
     readonly command: Command,
@@ -64,11 +70,17 @@ export class CommandContext {
   }
 
   temporal(): TemporalOptions {
-    this.temporalOptions ??= temporalOptionsFrom(
+    if (this.temporalOptions) return this.temporalOptions;
+    if (this.string('api-key') !== undefined && !this.warnedApiKey) {
+      this.warnedApiKey = true;
+      this.note(`moerl: ${apiKeyFlagWarning}`);
+    }
+    this.temporalOptions = temporalOptionsFrom(
       {
         address: this.string('address'),
         namespace: this.string('namespace'),
         apiKey: this.string('api-key'),
+        apiKeyFile: this.string('api-key-file'),
         tlsCert: this.string('tls-cert'),
         tlsKey: this.string('tls-key'),
         tlsCa: this.string('tls-ca'),

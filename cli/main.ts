@@ -37,6 +37,7 @@ const globalOptions: OptionsConfig = {
   address: { type: 'string' },
   namespace: { type: 'string' },
   'api-key': { type: 'string' },
+  'api-key-file': { type: 'string' },
   tls: { type: 'boolean' },
   'tls-cert': { type: 'string' },
   'tls-key': { type: 'string' },
@@ -49,7 +50,8 @@ const globalOptions: OptionsConfig = {
 const globalHelp = `global options (before or after the command):
   --address HOST:PORT    Temporal frontend (env TEMPORAL_ADDRESS; default 127.0.0.1:7233)
   --namespace NS         Temporal namespace (env TEMPORAL_NAMESPACE; default "default")
-  --api-key KEY          API key, implies TLS (env TEMPORAL_API_KEY)
+  --api-key-file FILE    API key read from FILE, implies TLS (env TEMPORAL_API_KEY_FILE,
+                         or the key itself in TEMPORAL_API_KEY; --api-key KEY shows it in ps)
   --tls                  TLS with the system's root certificates (env TEMPORAL_TLS=true)
   --tls-cert FILE        client certificate for mTLS, with --tls-key (env TEMPORAL_TLS_CERT)
   --tls-key FILE         client key for mTLS (env TEMPORAL_TLS_KEY)

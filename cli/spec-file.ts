@@ -21,6 +21,18 @@ export interface SpecOverride {
 }
 
 /**
+ * Names no spec field has that would reach an object's prototype machinery if used as a key:
+ * `--set __proto__.x=1` must not change every object of the process.
+ */
+const forbiddenKeys: ReadonlySet<string> = new Set(['__proto__', 'constructor', 'prototype']);
+
+/** Throws a UsageError when `key` is one of the forbidden names. */
+export function checkFieldName(key: string, context: string): void {
+  if (forbiddenKeys.has(key))
+    throw new UsageError(`${context}: "${key}" is not allowed as a field name (no spec field has it)`);
+}
+
+/**
  * Parses `key=value`. Values `true`/`false` become booleans, numerals numbers, text starting
  * with `{`, `[` or `"` is read as JSON; anything else stays a string.
  */
@@ -32,7 +44,8 @@ export function parseOverride(arg: string): SpecOverride {
   if (path.some((part) => part === '' || !/^[A-Za-z0-9_-]+$/.test(part))) {
     throw new UsageError(`--set ${arg}: "${key}" is not a dotted field path (e.g. hyperparameters.lr)`);
   }
-  return { path, value: parseScalar(arg.slice(eq + 1).trim(), arg), text: arg };
+  for (const part of path) checkFieldName(part, `--set ${arg}`);
+  return { path, value: parseScalar(arg.slice(eq + 1).trim(), `--set ${arg}`), text: arg };
 }
 
 export function parseScalar(raw: string, context: string): unknown {
@@ -40,29 +53,44 @@ export function parseScalar(raw: string, context: string): unknown {
   if (raw === 'false') return false;
   if (/^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$/.test(raw)) return Number(raw);
   if (/^[[{"]/.test(raw)) {
+    let value: unknown;
     try {
-      return JSON.parse(raw) as unknown;
+      value = JSON.parse(raw) as unknown;
     } catch {
       throw new UsageError(`${context}: "${raw}" is not valid JSON`);
     }
+    // JSON.parse makes "__proto__" an own key, but code that copies the value by assignment
+    // (a schema's record parser) would set a prototype with it.
+    JSON.parse(raw, (key: string, v: unknown) => {
+      if (key === '__proto__') checkFieldName(key, context);
+      return v;
+    });
+    return value;
   }
   return raw;
 }
 
-/** Returns a copy of `doc` with every override applied in order; sections are created as needed. */
+/**
+ * Returns a copy of `doc` with every override applied in order; sections are created as needed.
+ * Only own properties are read and written (defineProperty, never `node[key] =`), so no key can
+ * reach a prototype.
+ */
 export function applyOverrides(doc: unknown, overrides: readonly SpecOverride[]): unknown {
   const root: Record<string, unknown> = isPlainObject(doc) ? structuredClone(doc) : {};
+  const set = (node: Record<string, unknown>, key: string, value: unknown) =>
+    Object.defineProperty(node, key, { value, enumerable: true, writable: true, configurable: true });
   for (const { path, value, text } of overrides) {
+    for (const key of path) checkFieldName(key, `--set ${text}`);
     let node = root;
     for (const [i, key] of path.slice(0, -1).entries()) {
-      const next = node[key];
-      if (next === undefined) node[key] = {};
+      const next = Object.hasOwn(node, key) ? node[key] : undefined;
+      if (next === undefined) set(node, key, {});
       else if (!isPlainObject(next)) {
         throw new UsageError(`--set ${text}: ${path.slice(0, i + 1).join('.')} is a value, not a section`);
       }
       node = node[key] as Record<string, unknown>;
     }
-    node[path[path.length - 1] as string] = value;
+    set(node, path[path.length - 1] as string, value);
   }
   return root;
 }

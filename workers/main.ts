@@ -5,15 +5,21 @@ import { parseArgs } from 'node:util';
 import { Runtime } from '@temporalio/worker';
 import { createActivities } from '../activities/index.js';
 import { workerActivityDeps } from '../activities/deps.js';
-import { connectWorkerConnection, taskQueuesFrom, temporalOptionsFrom } from './temporal-options.js';
+import {
+  apiKeyFlagWarning,
+  connectWorkerConnection,
+  taskQueuesFrom,
+  temporalOptionsFrom,
+} from './temporal-options.js';
 import { roles, runWorkers } from './worker.js';
 import type { Role } from './worker.js';
 
 const usage = `usage: moerl-worker [--role control|rollout|train|all]... [--shutdown-grace-seconds N]
-                    [--address host:port] [--namespace NS] [--api-key KEY]
+                    [--address host:port] [--namespace NS] [--api-key-file FILE]
                     [--tls-cert FILE --tls-key FILE] [--tls-ca FILE] [--tls-server-name NAME]
 env: MOERL_WORKER_ROLES (comma list), MOERL_SHUTDOWN_GRACE_SECONDS, MOERL_TASK_QUEUE_PREFIX,
-     TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS_*`;
+     TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_API_KEY_FILE, TEMPORAL_TLS_*
+(--api-key KEY works too, but shows the key in the process list)`;
 
 export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process.env) {
   const { values } = parseArgs({
@@ -24,6 +30,7 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
       address: { type: 'string' },
       namespace: { type: 'string' },
       'api-key': { type: 'string' },
+      'api-key-file': { type: 'string' },
       'tls-cert': { type: 'string' },
       'tls-key': { type: 'string' },
       'tls-ca': { type: 'string' },
@@ -43,11 +50,14 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
     help: values.help ?? false,
     roles: requested as Role[],
     shutdownGraceMs: graceSeconds * 1000,
+    /** Lines for stderr before the worker starts. */
+    warnings: values['api-key'] === undefined ? [] : [apiKeyFlagWarning],
     temporal: temporalOptionsFrom(
       {
         address: values.address,
         namespace: values.namespace,
         apiKey: values['api-key'],
+        apiKeyFile: values['api-key-file'],
         tlsCert: values['tls-cert'],
         tlsKey: values['tls-key'],
         tlsCa: values['tls-ca'],
@@ -64,6 +74,7 @@ async function main(): Promise<void> {
     console.log(usage);
     return;
   }
+  for (const warning of args.warnings) console.error(`moerl-worker: ${warning}`);
   // The process owns its signals: the SDK must not shut down on its own.
   Runtime.install({ shutdownSignals: [] });
   const stop = new AbortController();

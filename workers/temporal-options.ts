@@ -1,5 +1,6 @@
 // How every moerl process reaches Temporal: address, namespace, TLS and API key from flags or
 // the environment (the same variable names the Temporal CLI uses), and the task queue names.
+// The API key is best given by file or environment: a flag's value is visible in `ps`.
 import { readFileSync } from 'node:fs';
 import { Client, Connection } from '@temporalio/client';
 import type { ConnectionOptions } from '@temporalio/client';
@@ -21,7 +22,10 @@ export interface TemporalOptions {
 export interface TemporalFlags {
   address?: string;
   namespace?: string;
+  /** Visible to every user of the machine in the process list: callers warn (apiKeyFlagWarning). */
   apiKey?: string;
+  /** File holding the API key (one trailing line break ignored). */
+  apiKeyFile?: string;
   tlsCert?: string;
   tlsKey?: string;
   tlsCa?: string;
@@ -32,7 +36,12 @@ export interface TemporalFlags {
 
 export const defaultAddress = '127.0.0.1:7233';
 
-/** Flags win over the environment; files named by TLS options are read here, once. */
+/** What a process given `--api-key` prints on stderr. */
+export const apiKeyFlagWarning =
+  'warning: --api-key shows the key to every user of this machine (ps, /proc); ' +
+  'use TEMPORAL_API_KEY, --api-key-file FILE or TEMPORAL_API_KEY_FILE instead';
+
+/** Flags win over the environment; files named by TLS and API key options are read here, once. */
 export function temporalOptionsFrom(
   flags: TemporalFlags = {},
   env: NodeJS.ProcessEnv = process.env,
@@ -42,7 +51,6 @@ export function temporalOptionsFrom(
   const key = pick(flags.tlsKey, 'TEMPORAL_TLS_KEY');
   const ca = pick(flags.tlsCa, 'TEMPORAL_TLS_CA');
   const serverName = pick(flags.tlsServerName, 'TEMPORAL_TLS_SERVER_NAME');
-  const apiKey = pick(flags.apiKey, 'TEMPORAL_API_KEY');
   if ((cert === undefined) !== (key === undefined))
     throw new Error('TLS needs both a client certificate and its key (--tls-cert and --tls-key)');
   const read = (what: string, path: string) => {
@@ -52,6 +60,24 @@ export function temporalOptionsFrom(
       throw new Error(`cannot read ${what} ${path}: ${(err as Error).message}`);
     }
   };
+  if (flags.apiKey !== undefined && flags.apiKeyFile !== undefined)
+    throw new Error('give the API key once: --api-key or --api-key-file, not both');
+  const readKey = (path: string) => {
+    const text = read('API key file', path)
+      .toString('utf8')
+      .replace(/\r?\n$/, '');
+    // The message never quotes the file: it holds a secret.
+    if (text === '' || /[\p{Cc}]/u.test(text))
+      throw new Error(`API key file ${path} is empty or holds more than one line`);
+    return text;
+  };
+  // Flags before the environment, a key before a key file; a file is read only when it is used.
+  const envKeyFile = env.TEMPORAL_API_KEY_FILE || undefined;
+  const apiKey =
+    flags.apiKey ??
+    (flags.apiKeyFile === undefined ? undefined : readKey(flags.apiKeyFile)) ??
+    (env.TEMPORAL_API_KEY || undefined) ??
+    (envKeyFile === undefined ? undefined : readKey(envKeyFile));
   const useTls = flags.tls || env.TEMPORAL_TLS === 'true' || cert || ca || serverName || apiKey;
   return {
     address: pick(flags.address, 'TEMPORAL_ADDRESS') ?? defaultAddress,

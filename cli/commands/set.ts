@@ -6,7 +6,7 @@ import { describeCampaign, executionStatus, isRunning } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { CliError, UsageError } from '../errors.js';
 import { keyValues, oneLine } from '../format.js';
-import { parseScalar } from '../spec-file.js';
+import { checkFieldName, parseScalar } from '../spec-file.js';
 
 /** `lr=1e-4` or `hyperparameters.lr=1e-4` → { lr: 0.0001 }; the campaign validates names and ranges. */
 export function parseHyperparameterArgs(args: readonly string[]): Partial<Hyperparameters> {
@@ -18,6 +18,7 @@ export function parseHyperparameterArgs(args: readonly string[]): Partial<Hyperp
       .slice(0, eq)
       .trim()
       .replace(/^hyperparameters\./, '');
+    checkFieldName(key, arg);
     changes[key] = parseScalar(arg.slice(eq + 1).trim(), arg);
   }
   return changes as Partial<Hyperparameters>;

@@ -12,7 +12,9 @@ export function statusText(state: CampaignState, description: WorkflowExecutionD
   const lines: [string, string][] = [];
   lines.push(['campaign', `${state.campaignId} (${state.name})`]);
   const statusLine = execution === 'running' ? state.status : `${state.status} (workflow ${execution})`;
-  lines.push(['status', state.pauseReason ? `${statusLine}: ${state.pauseReason}` : statusLine]);
+  // A pause asked for during the last stage stays in the state of a finished campaign: not news.
+  const pausing = state.status === 'paused' || state.status === 'pausing';
+  lines.push(['status', pausing && state.pauseReason ? `${statusLine}: ${state.pauseReason}` : statusLine]);
   const committed = state.committedIteration < 0 ? 'none yet' : String(state.committedIteration);
   lines.push([
     'iterations',

@@ -1,8 +1,11 @@
 // Worker entrypoint options and the Temporal connection options shared with the CLI.
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { parseWorkerArgs } from '../../workers/main.js';
-import { taskQueuesFrom, temporalOptionsFrom } from '../../workers/temporal-options.js';
+import { apiKeyFlagWarning, taskQueuesFrom, temporalOptionsFrom } from '../../workers/temporal-options.js';
 import { expandRoles } from '../../workers/worker.js';
 
 describe('worker options', () => {
@@ -45,6 +48,50 @@ describe('worker options', () => {
       () => temporalOptionsFrom({ tlsCa: 'no-such-ca.pem' }, {}),
       /cannot read TLS CA certificate no-such-ca.pem/,
     );
+  });
+
+  test('item 11b: the API key comes from --api-key-file or TEMPORAL_API_KEY_FILE; --api-key warns', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'moerl-api-key-'));
+    try {
+      const file = join(dir, 'key');
+      writeFileSync(file, 'file-key\n');
+      const fromFile = parseWorkerArgs(['--api-key-file', file], {});
+      assert.equal(fromFile.temporal.apiKey, 'file-key');
+      assert.ok(fromFile.temporal.tls, 'an API key implies TLS');
+      assert.deepEqual(fromFile.warnings, []);
+      assert.equal(parseWorkerArgs([], { TEMPORAL_API_KEY_FILE: file }).temporal.apiKey, 'file-key');
+      // Flags before the environment, the key itself before a key file.
+      assert.equal(
+        temporalOptionsFrom({}, { TEMPORAL_API_KEY: 'env', TEMPORAL_API_KEY_FILE: file }).apiKey,
+        'env',
+      );
+      assert.equal(temporalOptionsFrom({ apiKeyFile: file }, { TEMPORAL_API_KEY: 'env' }).apiKey, 'file-key');
+
+      const flag = parseWorkerArgs(['--api-key', 'visible'], {});
+      assert.equal(flag.temporal.apiKey, 'visible');
+      assert.deepEqual(flag.warnings, [apiKeyFlagWarning]);
+      assert.match(
+        apiKeyFlagWarning,
+        /--api-key shows the key .*\(ps, \/proc\); use TEMPORAL_API_KEY, --api-key-file FILE/,
+      );
+
+      assert.throws(
+        () => parseWorkerArgs(['--api-key', 'a', '--api-key-file', file], {}),
+        /--api-key or --api-key-file, not both/,
+      );
+      assert.throws(
+        () => temporalOptionsFrom({ apiKeyFile: join(dir, 'missing') }, {}),
+        /cannot read API key file .*missing/,
+      );
+      writeFileSync(file, 'two\nlines\n');
+      assert.throws(
+        () => temporalOptionsFrom({ apiKeyFile: file }, {}),
+        (err: unknown) =>
+          /is empty or holds more than one line/.test(String(err)) && !String(err).includes('two'),
+      );
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   test('task queues take the deployment prefix', () => {
