@@ -7,15 +7,21 @@ import { promisify } from 'node:util';
 import { nativeBinDir } from '../../activities/native.js';
 import type { NativeTool } from '../../activities/native.js';
 
+/** How a skip for missing native tools starts; scripts/test.sh matches these exact words. */
+export const nativeSkipReason = 'native tools not built';
+
 export function nativeTools(needed: NativeTool[]) {
   const bin = (name: NativeTool) => join(nativeBinDir(), name);
   const missing = needed.filter((t) => !existsSync(bin(t)));
   return {
     bin,
-    /** For describe(..., { skip }): false when every needed tool is built. */
+    /**
+     * For describe(..., { skip }): false when every needed tool is built. scripts/test.sh finds
+     * this reason by its first words and, with CI=true, counts the skip as a failure.
+     */
     skip:
       missing.length > 0
-        ? `native tools not built (ninja -C native/build): missing ${missing.join(', ')}`
+        ? `${nativeSkipReason} (bash scripts/setup.sh native): missing ${missing.join(', ')}`
         : (false as const),
     run: promisify(execFile),
     // One BLAS thread: small and reproducible, and polite to other work on the machine.
