@@ -198,8 +198,11 @@ async function startOnce(
       '--profiling=false',
     ]);
     await waitUntil(apiserver, deadline, async () => {
-      const answer = await httpsGet(`${server}/readyz`, tls);
-      return answer.status === 200 ? true : `HTTP ${answer.status} ${answer.body.slice(-500)}`;
+      const answer = await httpsGet(`${server}/readyz?verbose`, tls);
+      if (answer.status === 200) return true;
+      // The checks that fail, e.g. "[-]poststarthook/rbac/bootstrap-roles failed: reason withheld".
+      const failing = answer.body.split('\n').filter((line) => line.startsWith('[-]'));
+      return `HTTP ${answer.status} ${failing.join('; ') || answer.body.slice(-300)}`;
     });
 
     const servingTls = [
