@@ -2,12 +2,14 @@
 // control plane, running the moerl image built by scripts/build-image.sh: the native tools run
 // in pods, two ranks of an Indexed Job find rank 0 through the headless Service's DNS name and
 // run the EP benchmark over libfabric tcp between their pods, a graceful delete reaches the
-// container as SIGTERM, and stop() leaves nothing on the host.
+// container as SIGTERM, and neither stop() nor the clean-up after a killed test process leaves
+// anything on the host.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import {
   BatchV1Api,
@@ -20,6 +22,7 @@ import {
 import { repoRoot } from '../../cli/temporal-tools.js';
 import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
 import { nodeUnsupportedReason, startKubeNode, type KubeNode } from '../support/kube-node.js';
+import { reapStaleNodes } from '../support/kube-node-host.js';
 
 const run = promisify(execFile);
 const skip = nodeUnsupportedReason();
@@ -223,28 +226,89 @@ describe('a real Kubernetes node', { skip }, () => {
   });
 
   it('stop() removes the containers, mounts, network namespaces, bridge and cgroups', async () => {
-    const { dir, name, bridge } = node;
     await node.stop();
-    const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
-      .split('\n')
-      .filter((l) => l.includes(dir));
-    assert.deepEqual(mounts, []);
-    assert.equal(existsSync(dir), false);
-    const links = (await run('ip', ['-o', 'link', 'show'])).stdout;
-    assert.equal(links.includes(`${bridge}:`), false, `bridge ${bridge} still there`);
-    const shims = readdirSync('/proc')
-      .filter((pid) => /^\d+$/.test(pid))
-      .filter((pid) => {
-        try {
-          return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(dir);
-        } catch {
-          return false;
-        }
+    await assertNodeGone(node);
+  });
+
+  it('a node whose test process was killed is torn down by the next start', async () => {
+    const child = spawn(
+      process.execPath,
+      [fileURLToPath(new URL('../support/kube-node-child.js', import.meta.url))],
+      {
+        env: {
+          ...process.env,
+          MOERL_TEST_CLUSTER: JSON.stringify({
+            server: cluster.server,
+            kubeconfig: cluster.kubeconfig,
+            ca: cluster.ca,
+          }),
+        },
+        stdio: ['ignore', 'pipe', 'inherit'],
+      },
+    );
+    const exited = new Promise((done) => child.once('exit', done));
+    const orphan = await new Promise<{ name: string; dir: string; bridge: string }>((done, fail) => {
+      let out = '';
+      child.stdout.setEncoding('utf8').on('data', (chunk: string) => {
+        out += chunk;
+        if (out.includes('\n'))
+          done(JSON.parse(out.split('\n')[0]!) as { name: string; dir: string; bridge: string });
       });
-    assert.deepEqual(shims, [], 'processes still referring to the node folder');
-    for (const hierarchy of ['memory', 'cpu', 'pids', 'systemd']) {
-      const left = readdirSync(`/sys/fs/cgroup/${hierarchy}`).filter((entry) => entry.includes(name));
-      assert.deepEqual(left, [], `cgroups left in ${hierarchy}`);
+      void exited.then(() => fail(new Error('the node process exited before its node was Ready')));
+    });
+    try {
+      const pod = 'orphan';
+      // The child's node has the pause image only (startKubeNode imports it on every node).
+      const pause = readFileSync(join(repoRoot(), '.moerl', 'images', 'moerl-pause.ref'), 'utf8').trim();
+      const spec = podSpec(['/pause']);
+      spec.containers[0]!.image = pause;
+      await core.createNamespacedPod({
+        namespace,
+        body: { metadata: { name: pod }, spec: { ...spec, nodeName: orphan.name } },
+      });
+      await podPhase(pod, ['Running'], 60_000);
+    } catch (err) {
+      child.kill('SIGKILL');
+      await exited;
+      await reapStaleNodes();
+      throw err;
     }
+    // SIGKILL: no clean-up runs. The kubelet, CoreDNS and containerd get their parent-death
+    // signal; the shims and the pod's processes live on, as after a crashed test process.
+    child.kill('SIGKILL');
+    await exited;
+    assert.notDeepEqual(processesReferring(orphan.dir), [], 'the pod outlived its node process, as it would');
+    const started = Date.now();
+    await reapStaleNodes();
+    console.log(`# stale node torn down in ${Date.now() - started} ms`);
+    await assertNodeGone(orphan);
   });
 });
+
+async function assertNodeGone(node: { dir: string; name: string; bridge: string }): Promise<void> {
+  const mounts = readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .filter((l) => l.includes(node.dir));
+  assert.deepEqual(mounts, []);
+  assert.equal(existsSync(node.dir), false);
+  const links = (await run('ip', ['-o', 'link', 'show'])).stdout;
+  assert.equal(links.includes(`${node.bridge}:`), false, `bridge ${node.bridge} still there`);
+  assert.deepEqual(processesReferring(node.dir), [], 'processes still referring to the node folder');
+  for (const hierarchy of ['memory', 'cpu', 'pids', 'systemd']) {
+    const left = readdirSync(`/sys/fs/cgroup/${hierarchy}`).filter((entry) => entry.includes(node.name));
+    assert.deepEqual(left, [], `cgroups left in ${hierarchy}`);
+  }
+}
+
+// Shims name the node's containerd socket; pod processes live in its cgroups (checked above).
+function processesReferring(dir: string): string[] {
+  return readdirSync('/proc')
+    .filter((pid) => /^\d+$/.test(pid))
+    .filter((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(dir);
+      } catch {
+        return false;
+      }
+    });
+}
