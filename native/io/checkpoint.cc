@@ -2,7 +2,8 @@
 #include "io/checkpoint.h"
 
 #include <cstdio>   // std::remove
-#include <cstring>  // std::memcpy
+#include <cstring>  // std::memcpy, std::memcmp
+#include <fstream>  // std::ifstream: does a file exist
 #include <map>
 #include <sstream>  // std::ostringstream
 
@@ -105,10 +106,8 @@ SafetensorsFile open_verified(const std::string& dir, const Manifest& m, const s
   std::string path = dir + "/" + name;
   // A rank's directory needs only the manifest, dense.safetensors and the experts files of
   // its own experts (the files may have been fetched per rank).
-  std::FILE* probe = std::fopen(path.c_str(), "rb");
-  MOERL_CHECK_INPUT(probe != nullptr, path, " is missing: the manifest lists it and this rank ",
-                    "needs it (", what, "); fetch it into ", dir, " next to manifest.json");
-  std::fclose(probe);
+  MOERL_CHECK_INPUT(std::ifstream(path).good(), path, " is missing: the manifest lists it and this ",
+                    "rank needs it (", what, "); fetch it into ", dir, " next to manifest.json");
   uint64_t bytes = 0;
   std::string digest = sha256_file(path, &bytes);
   MOERL_CHECK_INPUT(bytes == it->second.first, path, ": size ", bytes, " bytes, manifest says ",
@@ -156,6 +155,7 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
   // orders the manifest after every rank's write).
   std::vector<FileRecord> experts(self == 0 ? R : 0);
   comm.communicator().gather(&mine.back(), sizeof(FileRecord), experts.data(), 0);
+  std::string manifest;
   if (self == 0) {
     std::ostringstream os;
     os << "{\"format\":\"" << kFormat << "\",\"version\":" << kVersion
@@ -169,9 +169,40 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
          << ",\"sha256\":\"" << std::string(f.sha256, sizeof f.sha256) << "\"}";
     }
     os << "]}\n";
-    write_file_atomic(dir + "/manifest.json", os.str());
+    manifest = os.str();
+    write_file_atomic(dir + "/manifest.json", manifest);
   }
-  comm.barrier();  // no rank returns before the checkpoint is committed
+  if (R == 1) return;
+  // Every rank gets the manifest and rank 0's dense record, so that a rank whose directory is
+  // not rank 0's can make it a checkpoint it can load itself (a later step of the same job).
+  struct {
+    FileRecord dense;
+    uint64_t manifest_bytes = 0;
+  } head;
+  if (self == 0) {
+    head.dense = mine.front();
+    head.manifest_bytes = manifest.size();
+  }
+  comm.communicator().broadcast(&head, sizeof head, 0);
+  manifest.resize(head.manifest_bytes);
+  comm.communicator().broadcast(manifest.data(), manifest.size(), 0);
+  comm.barrier();  // rank 0's manifest is in place
+  if (self != 0) {
+    // Rank 0's directory (shared): complete. Otherwise the dense file from this rank's replica
+    // (bitwise rank 0's, the dense update being identical on every rank), then the manifest.
+    const std::string path = dir + "/manifest.json";
+    if (!std::ifstream(path).good() || read_file(path) != manifest) {
+      write_safetensors(dir + "/dense.safetensors",
+                        arena_tensors(l.dense, ps.dense.data(), opt.m_dense.data(), opt.v_dense.data()));
+      FileRecord d = file_record(dir, "dense.safetensors");
+      MOERL_CHECK(d.bytes == head.dense.bytes && std::memcmp(d.sha256, head.dense.sha256, sizeof d.sha256) == 0,
+                  "rank ", self, "'s dense tensors differ from rank 0's (", dir,
+                  "/dense.safetensors sha256 ", std::string(d.sha256, sizeof d.sha256), " vs ",
+                  std::string(head.dense.sha256, sizeof head.dense.sha256), "): the replicas diverged");
+      write_file_atomic(dir + "/manifest.json", manifest);
+    }
+  }
+  comm.barrier();  // no rank returns before the checkpoint is committed everywhere
 }
 
 model::ModelConfig read_checkpoint_config(const std::string& dir) { return read_manifest(dir).cfg; }

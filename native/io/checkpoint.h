@@ -24,11 +24,14 @@ struct OptimizerState {
 };
 
 // Collective over comm's ranks. Each rank writes into its own `dir`, one directory shared by
-// all ranks or a rank-local one (pods with separate filesystems): rank 0 dense.safetensors,
-// rank r experts-rank<r>.safetensors; each rank hashes its own files, rank 0 gathers the
-// (name, bytes, sha256) records and writes manifest.json last. The union of the rank
-// directories is byte for byte the checkpoint a shared directory gets. meta_json: a JSON
-// object stored as "meta" in the manifest (e.g. {"iteration":3}); "{}" if none.
+// all ranks or one private to the rank (pods with separate filesystems): rank 0
+// dense.safetensors, rank r experts-rank<r>.safetensors; each rank hashes its own files,
+// rank 0 gathers the (name, bytes, sha256) records and writes manifest.json last. A rank
+// whose `dir` does not hold rank 0's manifest then adds its own copies of dense.safetensors
+// (from its replica, checked against rank 0's digest) and manifest.json, so it can load the
+// checkpoint from its own directory. Every file of every directory is byte for byte the
+// file of that name a shared directory gets. meta_json: a JSON object stored as "meta" in
+// the manifest (e.g. {"iteration":3}); "{}" if none.
 void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
                      const OptimizerState& opt, model::ExpertComm& comm,
                      const std::string& meta_json = "{}");
