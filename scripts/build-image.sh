@@ -66,6 +66,7 @@ key_of() { sha256sum | cut -c1-16; }
 # the paths in $OWNED_BY_APP (relative to the root), which belong to the app user.
 tar_root() {
   local root="$1" dest="$2"
+  # shellcheck disable=SC2054 # the commas belong to --pax-option's value
   local common=(--sort=name --mtime=@0 --numeric-owner --format=posix
     --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime)
   tar "${common[@]}" --owner=0 --group=0 -C "$root" -cf "$dest" \
@@ -127,7 +128,8 @@ write_image() {
     "{\"architecture\":\"amd64\",\"os\":\"linux\",\"config\":$config_body,\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[$diff_ids]}}")"
   manifest="$(blob application/vnd.oci.image.manifest.v1+json \
     "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"config\":$config,\"layers\":[$layers]}")"
-  manifest_digest="$(sed 's/.*"sha256:\([0-9a-f]*\)".*/\1/' <<<"$manifest")"
+  manifest_digest="${manifest#*\"sha256:}"
+  manifest_digest="${manifest_digest%%\"*}"
   ref="$REPOSITORY/$name:$prefix-${manifest_digest:0:12}"
   printf '{"imageLayoutVersion":"1.0.0"}' >"$layout/oci-layout"
   printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[%s]}' \
@@ -160,7 +162,7 @@ build_pause() {
 }
 
 # ---- moerl ----
-NODE_MODULES_STAGE=""
+NODE_MODULES_TAR="" # the production node_modules layer; elf_inputs reads its list of addons
 
 # Production dependencies only: a copy of node_modules pruned of dev dependencies, offline.
 populate_node_modules() {
@@ -243,7 +245,7 @@ build_moerl() {
   [[ -n "$(find native/build/bin -maxdepth 1 -type f -executable 2>/dev/null)" ]] ||
     die "native/build/bin has no tools: run bash scripts/setup.sh native"
   command -v dash >/dev/null || die "dash (the image's /bin/sh) is not installed: apt-get install dash"
-  local version key nm_tar base_tar app_tar
+  local version key base_tar app_tar
   version="$(node -p 'require("./package.json").version')"
   OWNED_BY_APP=()
   key="$( (cat package-lock.json && declare -f populate_node_modules) | key_of)"
