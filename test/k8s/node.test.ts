@@ -74,17 +74,17 @@ describe('a real Kubernetes node', { skip }, () => {
     return pod!;
   }
 
-  it('runs a native tool of the moerl image in a pod, as the image user', async () => {
+  it('runs the native trainer of the moerl image in a pod, as the image user', async () => {
     const started = Date.now();
     await core.createNamespacedPod({
       namespace,
-      body: { metadata: { name: 'tool' }, spec: podSpec(['/app/native/build/bin/ep_bench', '--help']) },
+      body: { metadata: { name: 'tool' }, spec: podSpec(['/app/native/build/bin/moe_train', '--help']) },
     });
     const pod = await podPhase('tool', ['Succeeded', 'Failed']);
     console.log(`# pod start to completion: ${Date.now() - started} ms`);
     const logs = node.containerLog(namespace, 'tool');
     assert.equal(pod.status?.phase, 'Succeeded', `pod failed; logs:\n${logs}`);
-    assert.match(logs, /usage: ep_bench/);
+    assert.match(logs, /Usage: moe_train/);
 
     await core.createNamespacedPod({
       namespace,
