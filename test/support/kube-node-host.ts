@@ -2,8 +2,8 @@
 // makes outside its own processes is recorded in <node dir>/node.json before it is made, so
 // that stop() and the clean-up of a node whose test process was killed run the same teardown:
 // runc containers, shims, processes left in the node's cgroups, mounts under the node's folder,
-// the pod bridge, the cgroups, the kubelet's log links and libcni's result cache, and the
-// kernel settings the kubelet changes.
+// the pod bridge, the cgroups, the kubelet's log links and libcni's result cache; and, once the
+// last node on the host is gone, the kernel settings and iptables chains the kubelet changes.
 import { execFile } from 'node:child_process';
 import {
   existsSync,
