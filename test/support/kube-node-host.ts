@@ -192,6 +192,7 @@ async function restoreHostWhenLastNode(): Promise<void> {
     '/var/lib/cni/results',
     '/var/lib/cni',
     '/var/log/containers',
+    claimsDir(),
   ]) {
     try {
       rmdirSync(folder);
