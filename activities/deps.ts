@@ -1,9 +1,11 @@
 // What the activities need from the process that runs them: where the store is, a local cache,
 // the native binaries, a launcher for trainer ranks, and the worker's shutdown signal.
-import { homedir } from 'node:os';
+import { randomUUID } from 'node:crypto';
+import { homedir, hostname } from 'node:os';
 import { join } from 'node:path';
-import { ApplicationFailure } from '@temporalio/common';
+import type { KubeConfig } from '@kubernetes/client-node';
 import type { CampaignSpec } from '../workflows/spec.js';
+import { KubernetesLauncher, kubeConfigFromEnvironment } from './launch/kubernetes.js';
 import { LocalLauncher } from './launch/local.js';
 import type { Launcher } from './launch/types.js';
 import { nativeBinDir } from './native.js';
@@ -22,12 +24,19 @@ export interface ActivityDeps {
   launcherFor(launcher: CampaignSpec['launcher']): Launcher;
   /** Aborted when the worker starts shutting down (SIGTERM): long activities stop at once. */
   shutdown: AbortSignal;
+  /** This worker process, unique over time: an attempt tells a lost worker from a live one by it. */
+  workerId: string;
+}
+
+export function newWorkerId(): string {
+  return `${hostname()}/${process.pid}/${randomUUID().slice(0, 8)}`;
 }
 
 /**
  * Dependencies for a worker process: stores opened from the spec with this process's
  * credentials, the cache under MOERL_CACHE_DIR (default: the user's cache directory), native
- * tools from MOERL_NATIVE_BIN (default: this checkout's build), local ranks.
+ * tools from MOERL_NATIVE_BIN (default: this checkout's build), local ranks, and Kubernetes
+ * ranks with the worker's kubeconfig (see kubeConfigFromEnvironment).
  */
 export function workerActivityDeps(
   shutdown: AbortSignal,
@@ -35,18 +44,27 @@ export function workerActivityDeps(
 ): ActivityDeps {
   const cacheDir =
     env.MOERL_CACHE_DIR ?? join(env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'moerl', 'work');
-  const local = new LocalLauncher(join(cacheDir, 'jobs'));
+  const binDir = nativeBinDir(env);
+  const local = new LocalLauncher(join(cacheDir, 'jobs'), { ...env, MOERL_NATIVE_BIN: binDir });
+  const kubernetes = new Map<string, KubernetesLauncher>();
+  let kubeConfig: KubeConfig | undefined;
   return {
     openStore: (location) => openStore(location),
     cacheDir,
-    binDir: nativeBinDir(env),
+    binDir,
+    workerId: newWorkerId(),
     launcherFor: (launcher) => {
       if (launcher.kind === 'local') return local;
-      throw ApplicationFailure.create({
-        type: 'NotBuilt',
-        nonRetryable: true,
-        message: 'the kubernetes launcher is not built yet; use launcher: { kind: local }',
-      });
+      // One per launcher section (its watches and clients are per namespace and pod settings),
+      // all with the worker's one set of credentials, read when first needed.
+      const key = JSON.stringify(launcher);
+      let found = kubernetes.get(key);
+      if (!found) {
+        kubeConfig ??= kubeConfigFromEnvironment(env);
+        found = new KubernetesLauncher(kubeConfig, launcher, { signal: shutdown });
+        kubernetes.set(key, found);
+      }
+      return found;
     },
     shutdown,
   };

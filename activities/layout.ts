@@ -28,3 +28,7 @@ export function checkpointIterationOf(key: string): number | null {
   const m = /\/checkpoints\/(\d{6})(?:\/|$)/.exec(key);
   return m ? Number(m[1]) : null;
 }
+
+/** A training job's exchange area: its input index objects and what rank 0 reports back. */
+export const jobPrefix = (campaignId: string, jobName: string) =>
+  `${campaignPrefix(campaignId)}/jobs/${jobName}`;

@@ -3,6 +3,7 @@
 // reads). Its failures reach the workflow through toFailure (activities/index.ts), with their
 // retryability: a reward model that breaks the protocol pauses the campaign instead of looping.
 import { ApplicationFailure, Context } from '@temporalio/activity';
+import { withHeartbeat } from './heartbeat.js';
 import * as keys from './layout.js';
 import { rewardAuthHeaders } from './rewards/auth.js';
 import { httpRewardModel, verifierReward } from './rewards/reward-model.js';
@@ -49,22 +50,27 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
   const store = deps.openStore(input.spec.store);
   const reward = rewardFunction(input.spec, ctx.cancellationSignal);
   const all: RewardRow[] = [];
-  const rewardKeys: string[] = [];
-  for (const shard of input.rollouts) {
-    const rows: RewardRow[] = [];
-    for (const chunkKey of shard.chunkKeys) {
-      const lines = (await store.get(chunkKey)).toString('utf8').split('\n');
-      rows.push(...(await scoreRollouts(lines, chunkKey, reward)).rows);
-      ctx.heartbeat();
-    }
-    const key = keys.rewardKey(input.campaignId, input.iteration, shard.shard);
-    await store.put(key, formatRewardsJsonl(rows), { contentType: 'application/x-ndjson' });
-    rewardKeys.push(key);
-    all.push(...rows);
-  }
+  const progress = { shard: 0, chunk: 0 };
+  // A reward model may take longer per batch than the heartbeat timeout: beat on a timer.
+  await withHeartbeat(
+    () => progress,
+    async () => {
+      for (const [shard, chunks] of input.chunksPerShard.entries()) {
+        const rows: RewardRow[] = [];
+        for (let chunk = 0; chunk < chunks; chunk++) {
+          Object.assign(progress, { shard, chunk });
+          const chunkKey = keys.rolloutChunkKey(input.campaignId, input.iteration, shard, chunk);
+          const lines = (await store.get(chunkKey)).toString('utf8').split('\n');
+          rows.push(...(await scoreRollouts(lines, chunkKey, reward)).rows);
+        }
+        const key = keys.rewardKey(input.campaignId, input.iteration, shard);
+        await store.put(key, formatRewardsJsonl(rows), { contentType: 'application/x-ndjson' });
+        all.push(...rows);
+      }
+    },
+  );
   const stats = rewardStats(all, reward.kind);
   return {
-    rewardKeys,
     meanReward: stats.meanReward,
     stdReward: stats.stdReward,
     passRate: stats.passRate,

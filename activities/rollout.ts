@@ -6,6 +6,7 @@ import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
 import { fetchCheckpoint } from './checkpoints.js';
+import { heartbeatUntilStopped } from './heartbeat.js';
 import * as keys from './layout.js';
 import { nativeToolPath, runTool, toolFailure } from './native.js';
 import { parseRolloutLine } from './rewards/rollout-record.js';
@@ -19,6 +20,12 @@ interface RolloutProgress {
   chunksStored: number;
   /** Chunks generated again so far because an earlier attempt did not store them. */
   chunksRedone: number;
+  /** The worker process of the attempt that sent these details. */
+  worker: string;
+  /** Attempts in a row that ended while their worker lived on (not a lost worker). */
+  failuresOnLiveWorker: number;
+  /** Within the chunk being generated: decode steps done of all, tokens so far. */
+  inChunk?: { chunk: number; step: number; steps: number; tokens: number };
 }
 
 export function chunkCount(input: RolloutShardInput): number {
@@ -59,99 +66,126 @@ export async function rolloutShard(
   const ctx = Context.current();
   const store = deps.openStore(input.spec.store);
   const total = chunkCount(input);
-  const previous = (ctx.info.heartbeatDetails as RolloutProgress | undefined) ?? null;
+  const previous = (ctx.info.heartbeatDetails as Partial<RolloutProgress> | undefined) ?? null;
+  // An earlier attempt that ended on this very worker process was not lost with its machine: it
+  // failed or timed out while the worker lived. A few of those in a row will not pass by
+  // retrying (a chunk too slow for the heartbeat, a tool that keeps crashing): stop and say so.
+  const failuresOnLiveWorker =
+    previous?.worker === deps.workerId ? (previous.failuresOnLiveWorker ?? 0) + 1 : 0;
+  const maxFailures = input.spec.orchestration.rolloutMaxFailuresOnLiveWorker;
+  if (failuresOnLiveWorker >= maxFailures)
+    throw ApplicationFailure.create({
+      type: 'RolloutFailingOnLiveWorker',
+      nonRetryable: true,
+      message: `rollout of iteration ${input.iteration} shard ${input.shard} failed ${failuresOnLiveWorker} attempts in a row on worker ${deps.workerId}, which stayed alive (attempt ${ctx.info.attempt}); a heartbeat timeout this often means a chunk takes longer than the worker can report (orchestration.rolloutHeartbeatSeconds ${input.spec.orchestration.rolloutHeartbeatSeconds} s, chunkSize ${input.spec.chunkSize}); look at the worker's log, then resume`,
+    });
 
-  let stored = 0;
-  while (stored < total && (await storedChunkIsWhole(store, input, stored))) stored++;
   const chunkKeys = Array.from({ length: total }, (_, k) =>
     keys.rolloutChunkKey(input.campaignId, input.iteration, input.shard, k),
   );
   const progress: RolloutProgress = {
-    chunksStored: stored,
+    chunksStored: 0,
     chunksRedone: previous?.chunksRedone ?? 0,
+    worker: deps.workerId,
+    failuresOnLiveWorker,
   };
-  // Work lost by earlier attempts: the generator runs without pause, so an attempt that died
-  // before finishing had the first chunk missing from the store in flight (heartbeats are
-  // throttled, so their details may lag behind the store); plus any chunk they reported stored
-  // that is not (whole) in the store now.
-  const startedBefore = new Set<number>();
-  if (previous !== null && stored < total) startedBefore.add(stored);
-  for (let k = stored; k < (previous?.chunksStored ?? 0); k++) startedBefore.add(k);
-
   let tokens = 0;
   let seconds = 0;
-  if (stored < total) {
-    const policyDir = await fetchCheckpoint(store, input.policy, deps.cacheDir);
-    const outDir = join(
-      deps.cacheDir,
-      'rollouts',
-      `${input.campaignId}-${input.iteration}-${input.shard}-${ctx.info.attempt}`,
-    );
-    await rm(outDir, { recursive: true, force: true });
-    await mkdir(outDir, { recursive: true });
-    const hp = input.hyperparameters;
-    const task = input.spec.task;
-    if (!('builtin' in task))
-      throw ApplicationFailure.create({
-        type: 'NotSupported',
-        nonRetryable: true,
-        message: 'dataset tasks are not supported by the rollout activity yet; use a builtin task',
-      });
-    const stop = new AbortController();
-    const onShutdown = () => stop.abort();
-    deps.shutdown.addEventListener('abort', onShutdown, { once: true });
-    ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
-    ctx.heartbeat(progress);
-    try {
-      // prettier-ignore
-      const run = await runTool(
-        nativeToolPath('moe_generate', deps.binDir),
-        [
-          '--checkpoint', policyDir,
-          '--task', task.builtin,
-          '--out-dir', outDir,
-          '--split', 'train',
-          '--seed', String(input.spec.seed),
-          '--iteration', String(input.iteration),
-          '--first-prompt', String(firstPromptId(input)),
-          '--num-prompts', String(input.promptCount),
-          '--samples', String(input.spec.groupSize),
-          '--chunk-size', String(input.spec.chunkSize),
-          '--start-chunk', String(stored),
-          '--temperature', String(hp.temperature),
-          '--top-p', String(hp.topP),
-          '--max-new-tokens', String(hp.maxNewTokens),
-        ],
-        {
-          env: { OPENBLAS_NUM_THREADS: '1' },
-          signal: stop.signal,
-          onRecord: async (rec) => {
-            if (typeof rec.chunk !== 'number' || rec.done !== true) return;
-            const k = rec.chunk;
-            await store.putFile(chunkKeys[k]!, join(outDir, `chunk-${k}.jsonl`));
-            if (startedBefore.has(k)) progress.chunksRedone++;
-            tokens += Number(rec.new_tokens ?? 0);
-            seconds += Number(rec.seconds ?? 0);
-            progress.chunksStored = k + 1;
-            ctx.heartbeat(progress);
-          },
-        },
-      );
-      if (stop.signal.aborted) {
-        ctx.heartbeat(progress);
-        const why = deps.shutdown.aborted ? 'the worker is shutting down' : 'the activity was cancelled';
+  // From here on every step may outlast the heartbeat timeout (checking thousands of stored
+  // chunks, fetching the checkpoint, generating one chunk, uploading it): beat on a timer.
+  const stopBeats = heartbeatUntilStopped(() => progress);
+  try {
+    while (progress.chunksStored < total && (await storedChunkIsWhole(store, input, progress.chunksStored)))
+      progress.chunksStored++;
+    const stored = progress.chunksStored;
+    // Work lost by earlier attempts: the generator runs without pause, so an attempt that died
+    // before finishing had the first chunk missing from the store in flight (heartbeats are
+    // throttled, so their details may lag behind the store); plus any chunk they reported stored
+    // that is not (whole) in the store now.
+    const startedBefore = new Set<number>();
+    if (previous !== null && stored < total) startedBefore.add(stored);
+    for (let k = stored; k < (previous?.chunksStored ?? 0); k++) startedBefore.add(k);
+    if (stored < total) {
+      const task = input.spec.task;
+      if (!('builtin' in task))
         throw ApplicationFailure.create({
-          type: 'RolloutInterrupted',
-          message: `rollout of iteration ${input.iteration} shard ${input.shard} stopped at chunk ${progress.chunksStored}/${total}: ${why}`,
+          type: 'NotSupported',
+          nonRetryable: true,
+          message: 'dataset tasks are not supported by the rollout activity yet; use a builtin task',
         });
-      }
-      if (run.code !== 0)
-        throw toolFailure(`moe_generate (iteration ${input.iteration}, shard ${input.shard})`, run);
-    } finally {
-      deps.shutdown.removeEventListener('abort', onShutdown);
-      ctx.cancellationSignal.removeEventListener('abort', onShutdown);
+      const policyDir = await fetchCheckpoint(store, input.policy, deps.cacheDir);
+      const outDir = join(
+        deps.cacheDir,
+        'rollouts',
+        `${input.campaignId}-${input.iteration}-${input.shard}-${ctx.info.attempt}`,
+      );
       await rm(outDir, { recursive: true, force: true });
+      await mkdir(outDir, { recursive: true });
+      const hp = input.hyperparameters;
+      const stop = new AbortController();
+      const onShutdown = () => stop.abort();
+      deps.shutdown.addEventListener('abort', onShutdown, { once: true });
+      ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
+      try {
+        // prettier-ignore
+        const run = await runTool(
+          nativeToolPath('moe_generate', deps.binDir),
+          [
+            '--checkpoint', policyDir,
+            '--task', task.builtin,
+            '--out-dir', outDir,
+            '--split', 'train',
+            '--seed', String(input.spec.seed),
+            '--iteration', String(input.iteration),
+            '--first-prompt', String(firstPromptId(input)),
+            '--num-prompts', String(input.promptCount),
+            '--samples', String(input.spec.groupSize),
+            '--chunk-size', String(input.spec.chunkSize),
+            '--start-chunk', String(stored),
+            '--temperature', String(hp.temperature),
+            '--top-p', String(hp.topP),
+            '--max-new-tokens', String(hp.maxNewTokens),
+          ],
+          {
+            env: { OPENBLAS_NUM_THREADS: '1' },
+            signal: stop.signal,
+            onRecord: async (rec) => {
+              if (typeof rec.chunk !== 'number') return;
+              const k = rec.chunk;
+              if (rec.progress === true) {
+                const n = (f: string) => Number(rec[f] ?? 0);
+                progress.inChunk = { chunk: k, step: n('step'), steps: n('steps'), tokens: n('tokens') };
+                return;
+              }
+              if (rec.done !== true) return;
+              await store.putFile(chunkKeys[k]!, join(outDir, `chunk-${k}.jsonl`));
+              if (startedBefore.has(k)) progress.chunksRedone++;
+              tokens += Number(rec.new_tokens ?? 0);
+              seconds += Number(rec.seconds ?? 0);
+              progress.chunksStored = k + 1;
+              delete progress.inChunk;
+            },
+          },
+        );
+        if (stop.signal.aborted) {
+          const why = deps.shutdown.aborted ? 'the worker is shutting down' : 'the activity was cancelled';
+          throw ApplicationFailure.create({
+            type: 'RolloutInterrupted',
+            message: `rollout of iteration ${input.iteration} shard ${input.shard} stopped at chunk ${progress.chunksStored}/${total}: ${why}`,
+          });
+        }
+        if (run.code !== 0)
+          throw toolFailure(`moe_generate (iteration ${input.iteration}, shard ${input.shard})`, run);
+      } finally {
+        deps.shutdown.removeEventListener('abort', onShutdown);
+        ctx.cancellationSignal.removeEventListener('abort', onShutdown);
+        await rm(outDir, { recursive: true, force: true });
+      }
     }
+  } finally {
+    // The last details go with the attempt's outcome: the next attempt starts from them.
+    ctx.heartbeat(progress);
+    stopBeats();
   }
   if (progress.chunksStored !== total)
     throw ApplicationFailure.create({
@@ -161,7 +195,7 @@ export async function rolloutShard(
   const samples = input.promptCount * input.spec.groupSize;
   return {
     shard: input.shard,
-    chunkKeys,
+    chunks: total,
     samples,
     tokens,
     tokensPerSecond: seconds > 0 ? tokens / seconds : 0,

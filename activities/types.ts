@@ -66,7 +66,8 @@ export interface RolloutShardInput {
 }
 export interface RolloutShardOutput extends ActivityOutcome {
   shard: number;
-  chunkKeys: string[];
+  /** Chunks stored, keyed `rolloutChunkKey(campaign, iteration, shard, 0..chunks-1)` (layout.ts). */
+  chunks: number;
   samples: number;
   tokens: number;
   tokensPerSecond: number;
@@ -74,14 +75,20 @@ export interface RolloutShardOutput extends ActivityOutcome {
   chunksRedone: number;
 }
 
+/**
+ * An iteration's stored rollout: shard s has `chunksPerShard[s]` chunks. The keys of its chunks
+ * and rewards files follow from layout.ts, so no payload carries one key per chunk.
+ */
+export type ChunksPerShard = number[];
+
 export interface RewardInput {
   campaignId: string;
   iteration: number;
   spec: CampaignSpec;
-  rollouts: Pick<RolloutShardOutput, 'shard' | 'chunkKeys'>[];
+  chunksPerShard: ChunksPerShard;
 }
+/** One rewards file per shard, at `rewardKey(campaign, iteration, shard)`. */
 export interface RewardOutput extends ActivityOutcome {
-  rewardKeys: string[];
   meanReward: number;
   stdReward: number;
   passRate: number;
@@ -94,8 +101,7 @@ export interface UpdateInput {
   policy: CheckpointRef;
   /** KL reference policy (the campaign's first checkpoint). */
   reference: CheckpointRef;
-  rolloutKeys: string[];
-  rewardKeys: string[];
+  chunksPerShard: ChunksPerShard;
   hyperparameters: Hyperparameters;
 }
 export interface UpdateOutput extends ActivityOutcome {

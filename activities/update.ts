@@ -1,27 +1,40 @@
-// Training activities: the policy update of an iteration (GRPO) and the campaign's first
-// policy (init + SFT warm start, or a forked checkpoint). Both run native moe_train on every
-// rank through the Launcher and stage the resulting checkpoint in the store; the checkpoint
-// activity commits it.
+// Training activities: the policy update of an iteration (GRPO) and the campaign's first policy
+// (init + SFT warm start, or a forked checkpoint). Training runs as a job of the rank program on
+// every EP rank through the Launcher; each rank fetches its own inputs from the store and stages
+// its own outputs there, so these activities only describe the job, submit it, follow it and
+// collect what rank 0 reports. The checkpoint activity commits the staged checkpoint.
 import { createHash } from 'node:crypto';
-import { mkdir, readFile, rm } from 'node:fs/promises';
-import { join } from 'node:path';
+import { isAbsolute, resolve } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
-import { fetchCheckpoint, stageCheckpoint } from './checkpoints.js';
+import {
+  committedCheckpoint,
+  fetchCheckpoint,
+  stageCheckpoint,
+  stagedCheckpointFromManifest,
+} from './checkpoints.js';
+import { heartbeatUntilStopped } from './heartbeat.js';
 import * as keys from './layout.js';
-import { nativeToolPath, runTool, toolFailure } from './native.js';
 import type { ActivityDeps } from './deps.js';
-import type { JobStatus } from './launch/types.js';
+import type { FabricProvider, JobStatus, RankJob, TrainJob } from './launch/types.js';
+import { StoreNotFoundError } from './store/errors.js';
 import type { ObjectStore } from './store/types.js';
 import { badInputErrorType } from './types.js';
 import type { CampaignSpec } from '../workflows/spec.js';
-import type { PrepareInput, PrepareOutput, UpdateInput, UpdateOutput } from './types.js';
+import type {
+  PrepareInput,
+  PrepareOutput,
+  StagedCheckpoint,
+  StoreLocation,
+  UpdateInput,
+  UpdateOutput,
+} from './types.js';
 
-const heartbeatEveryMs = 2000;
-const logUploadEveryBeats = 5;
+const logUploadEveryMs = 10_000;
 
 /**
  * The job name of this activity: the same on every retry of the same scheduled activity, so a
- * retry adopts a job that is still running; a stage re-run after `resume` gets a new one.
+ * retry on any worker adopts the job; a stage re-run after `resume` gets a new one. At most 52
+ * characters, so `<name>-<rank>` is a valid pod hostname (63) for thousands of ranks.
  */
 function jobName(campaignId: string, kind: string, iteration: number): string {
   const info = Context.current().info;
@@ -32,135 +45,217 @@ function jobName(campaignId: string, kind: string, iteration: number): string {
   const base = campaignId
     .toLowerCase()
     .replace(/[^a-z0-9-]/g, '-')
-    .slice(0, 40);
-  return `${base}-${kind}${iteration}-${group}`;
+    .replace(/^-+/, '')
+    .slice(0, 32)
+    .replace(/-+$/, '');
+  return `${base || 'c'}-${kind}${iteration}-${group}`;
 }
 
-function providerFor(spec: CampaignSpec) {
-  return spec.launcher.kind === 'kubernetes' && spec.launcher.efaPerRank > 0 ? 'efa' : 'shm';
+/** Ranks on one machine use shared memory; pods talk over the network (EFA when they have it). */
+function providerFor(spec: CampaignSpec): FabricProvider {
+  if (spec.launcher.kind === 'local') return 'shm';
+  return spec.launcher.efaPerRank > 0 ? 'efa' : 'tcp';
 }
 
-/** Runs moe_train on every rank, heartbeating the job's state; uploads rank logs; maps failure. */
-async function runTrainJob(
-  deps: ActivityDeps,
-  store: ObjectStore,
-  job: {
-    name: string;
-    campaignId: string;
-    iteration: number;
-    spec: CampaignSpec;
-    args: string[];
-    what: string;
-  },
-): Promise<void> {
+/** Ranks resolve nothing against the worker's working directory. */
+function absoluteStore(location: StoreLocation): StoreLocation {
+  return location.kind === 'fs' && !isAbsolute(location.path)
+    ? { ...location, path: resolve(location.path) }
+    : location;
+}
+
+interface TrainJobRequest {
+  name: string;
+  campaignId: string;
+  iteration: number;
+  spec: CampaignSpec;
+  job: RankJob;
+  what: string;
+}
+
+/**
+ * Submits (or adopts) the job, heartbeats its state for as long as it runs, keeps its rank logs
+ * in the store, and maps its failure. A worker that shuts down leaves the job running: the
+ * retry, on another worker, adopts it.
+ */
+async function runTrainJob(deps: ActivityDeps, store: ObjectStore, req: TrainJobRequest): Promise<void> {
   const ctx = Context.current();
-  const launched = await deps.launcherFor(job.spec.launcher).launch({
-    name: job.name,
-    worldSize: job.spec.epWorldSize,
-    command: [nativeToolPath('moe_train', deps.binDir), ...job.args],
-    env: { OPENBLAS_NUM_THREADS: '1' },
-    provider: providerFor(job.spec),
-  });
-  // Rank logs go to the store while the job runs (a long update can be followed from there) and
-  // once more, whole, when it ends.
-  const uploadLogs = async () => {
-    for (let rank = 0; rank < job.spec.epWorldSize; rank++) {
-      const log = await launched.readLog(rank).catch(() => null);
-      if (log) await store.put(keys.rankLogKey(job.campaignId, job.iteration, ctx.info.attempt, rank), log);
-    }
-  };
-  let uploading: Promise<void> | null = null;
-  let beats = 0;
-  const beat = () => {
+  let launched: TrainJob | null = null;
+  const stopBeats = heartbeatUntilStopped(() => {
+    if (!launched) return { job: req.name, state: 'submitting' };
     const s = launched.status();
-    ctx.heartbeat({
-      job: s.name,
-      state: s.state,
-      adopted: launched.adopted,
-      ranks: s.ranks.map((r) => r.state),
-    });
-    if (++beats % logUploadEveryBeats === 0 && uploading === null)
-      uploading = uploadLogs()
-        .catch(() => undefined)
-        .finally(() => (uploading = null));
-  };
-  beat();
-  const timer = setInterval(beat, heartbeatEveryMs);
-  const cancel = () => void launched.kill();
-  ctx.cancellationSignal.addEventListener('abort', cancel, { once: true });
-  let status: JobStatus;
+    return { job: s.name, state: s.state, adopted: launched.adopted, ranks: s.ranks.map((r) => r.state) };
+  });
   try {
-    status = await launched.wait();
+    const job = await deps.launcherFor(req.spec.launcher).launch({
+      name: req.name,
+      worldSize: req.spec.epWorldSize,
+      job: req.job,
+      env: {},
+      provider: providerFor(req.spec),
+      owner: { campaignId: req.campaignId, iteration: req.iteration, attempt: ctx.info.attempt },
+    });
+    launched = job;
+    const uploadLogs = async () => {
+      for (let rank = 0; rank < req.spec.epWorldSize; rank++) {
+        const log = await job.readLog(rank).catch(() => null);
+        if (log) await store.put(keys.rankLogKey(req.campaignId, req.iteration, ctx.info.attempt, rank), log);
+      }
+    };
+    // Rank logs go to the store while the job runs (a long update can be followed there) and
+    // once more, whole, when it ends.
+    let uploading: Promise<void> | null = null;
+    const tick = setInterval(() => {
+      if (uploading === null)
+        uploading = uploadLogs()
+          .catch(() => undefined)
+          .finally(() => (uploading = null));
+    }, logUploadEveryMs);
+    const interrupted = new AbortController();
+    const onCancel = () => void job.kill().finally(() => interrupted.abort());
+    const onShutdown = () => interrupted.abort();
+    ctx.cancellationSignal.addEventListener('abort', onCancel, { once: true });
+    deps.shutdown.addEventListener('abort', onShutdown, { once: true });
+    let status: JobStatus | null;
+    try {
+      status = await Promise.race([
+        job.wait(),
+        new Promise<null>((resolve) => interrupted.signal.addEventListener('abort', () => resolve(null))),
+      ]);
+    } finally {
+      clearInterval(tick);
+      ctx.cancellationSignal.removeEventListener('abort', onCancel);
+      deps.shutdown.removeEventListener('abort', onShutdown);
+    }
+    await uploading;
+    await uploadLogs().catch(() => undefined);
+    if (ctx.cancellationSignal.aborted) {
+      await job.cleanUp();
+      throw ctx.cancellationSignal.reason ?? new Error('cancelled');
+    }
+    if (status === null)
+      throw ApplicationFailure.create({
+        type: 'WorkerShuttingDown',
+        message: `${req.what}: the worker is shutting down; job ${req.name} keeps running and the retry adopts it`,
+      });
+    if (status.state !== 'succeeded') {
+      await job.cleanUp();
+      throw jobFailure(req, status);
+    }
+    await job.cleanUp();
   } finally {
-    clearInterval(timer);
-    ctx.cancellationSignal.removeEventListener('abort', cancel);
-  }
-  await uploading;
-  await uploadLogs();
-  if (ctx.cancellationSignal.aborted) throw ctx.cancellationSignal.reason ?? new Error('cancelled');
-  if (status.state !== 'succeeded') {
-    const f = status.failure;
-    const how = f
-      ? f.exitCode === null
-        ? `was killed by ${f.signal}`
-        : `exited with code ${f.exitCode}`
-      : 'failed';
-    const tail = f?.logTail ? `: ${f.logTail.split('\n').slice(-4).join(' | ')}` : '';
-    const message = `${job.what}: rank ${f?.rank ?? '?'} of ${job.spec.epWorldSize} ${how}${tail} (job ${job.name}, logs under ${keys.campaignPrefix(job.campaignId)}/logs/)`;
-    throw f?.exitCode === 2
-      ? ApplicationFailure.create({ type: badInputErrorType, nonRetryable: true, message })
-      : ApplicationFailure.create({ type: 'TrainerRankFailed', message });
+    stopBeats();
   }
 }
 
-/** Scalar metrics of the last optimizer step, plus the whole per-step log in the store. */
-async function collectMetrics(store: ObjectStore, file: string, campaignId: string, iteration: number) {
-  const text = await readFile(file, 'utf8').catch(() => '');
-  const steps = text
+function jobFailure(req: TrainJobRequest, status: JobStatus): ApplicationFailure {
+  const f = status.failure;
+  const how = !f
+    ? 'failed'
+    : f.exitCode !== null
+      ? `exited with code ${f.exitCode}`
+      : f.signal
+        ? `was killed by ${f.signal}`
+        : 'failed';
+  const who =
+    f?.rank === null || f?.rank === undefined ? 'the job' : `rank ${f.rank} of ${req.spec.epWorldSize}`;
+  const tail = f?.logTail ? `: ${f.logTail.split('\n').slice(-4).join(' | ')}` : '';
+  const message = `${req.what}: ${who} ${how}${tail} (job ${req.name}, logs under ${keys.campaignPrefix(req.campaignId)}/logs/)`;
+  return f?.permanent
+    ? ApplicationFailure.create({ type: badInputErrorType, nonRetryable: true, message })
+    : ApplicationFailure.create({ type: 'TrainerRankFailed', message });
+}
+
+/** What rank 0 reported: the checkpoint's manifest, and the per-step metrics (stored whole). */
+async function collectJobOutputs(
+  store: ObjectStore,
+  req: { campaignId: string; iteration: number; prefix: string },
+): Promise<{ staged: StagedCheckpoint; metrics: Record<string, number> }> {
+  const manifestKey = `${req.prefix}/out/${keys.manifestName}`;
+  const text = await store.get(manifestKey).catch((err: unknown) => {
+    if (!(err instanceof StoreNotFoundError)) throw err;
+    throw ApplicationFailure.create({
+      type: 'TrainerOutputMissing',
+      message: `the training job succeeded but rank 0 staged no ${manifestKey}`,
+    });
+  });
+  const staged = stagedCheckpointFromManifest(req.campaignId, req.iteration, text.toString('utf8'));
+  const metricsText = await store
+    .get(`${req.prefix}/metrics/metrics.jsonl`)
+    .then((b) => b.toString('utf8'))
+    .catch(() => '');
+  const steps = metricsText
     .split('\n')
     .filter(Boolean)
     .map((l) => JSON.parse(l) as Record<string, unknown>);
-  await store.put(keys.metricsKey(campaignId, iteration), JSON.stringify({ iteration, steps }), {
-    contentType: 'application/json',
-  });
+  await store.put(
+    keys.metricsKey(req.campaignId, req.iteration),
+    JSON.stringify({ iteration: req.iteration, steps }),
+    {
+      contentType: 'application/json',
+    },
+  );
   const last = steps.at(-1) ?? {};
-  return Object.fromEntries(Object.entries(last).filter(([, v]) => typeof v === 'number')) as Record<
+  const metrics = Object.fromEntries(Object.entries(last).filter(([, v]) => typeof v === 'number')) as Record<
     string,
     number
   >;
+  return { staged, metrics };
 }
 
-async function freshDir(dir: string): Promise<string> {
-  await rm(dir, { recursive: true, force: true });
-  await mkdir(dir, { recursive: true });
-  return dir;
+/** Outputs every training job stages: checkpoint files under the checkpoint's key; the manifest
+ * (the commit writes the real one) and the metrics where the activity reads them. */
+function trainOutputs(campaignId: string, iteration: number, prefix: string): RankJob['outputs'] {
+  return [
+    { dir: 'out', prefix: keys.checkpointKey(campaignId, iteration), exclude: [keys.manifestName] },
+    { dir: 'out', prefix: `${prefix}/out`, only: [keys.manifestName] },
+    { dir: 'metrics', prefix: `${prefix}/metrics` },
+  ];
+}
+
+/**
+ * The staged form of checkpoint `iteration` when it is already committed: a redo of a training
+ * activity whose commit landed but whose answer did not must not overwrite a committed
+ * checkpoint's files; committing it again is a no-op.
+ */
+async function alreadyCommitted(store: ObjectStore, campaignId: string, iteration: number) {
+  const done = await committedCheckpoint(store, campaignId, iteration);
+  return done && stagedCheckpointFromManifest(campaignId, iteration, JSON.stringify(done.manifest));
 }
 
 export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Promise<UpdateOutput> {
   const ctx = Context.current();
-  const store = deps.openStore(input.spec.store);
-  const name = jobName(input.campaignId, 'u', input.iteration);
-  const work = join(deps.cacheDir, 'jobs', name);
-  const inputs = await freshDir(join(work, `inputs-${ctx.info.attempt}`));
-  const policyDir = await fetchCheckpoint(store, input.policy, deps.cacheDir);
-  const local = async (key: string, i: number, kind: string) => {
-    const path = join(inputs, `${kind}-${i}.jsonl`);
-    await store.getFile(key, path);
-    return path;
-  };
-  const rollouts = await Promise.all(input.rolloutKeys.map((k, i) => local(k, i, 'rollout')));
-  const rewards = await Promise.all(input.rewardKeys.map((k, i) => local(k, i, 'rewards')));
+  const { campaignId, iteration, spec } = input;
+  const store = deps.openStore(spec.store);
+  // A redo of an update whose checkpoint is already committed (the commit landed, its answer
+  // did not): training again would overwrite a committed checkpoint's files.
+  const done = await alreadyCommitted(store, campaignId, iteration);
+  if (done) return { staged: done, metrics: {}, attempt: ctx.info.attempt };
+  const name = jobName(campaignId, 'u', iteration);
+  const prefix = keys.jobPrefix(campaignId, name);
+  const shards = [...input.chunksPerShard.entries()];
+  await store.put(
+    `${prefix}/rollouts.json`,
+    JSON.stringify({
+      keys: shards.flatMap(([s, n]) =>
+        Array.from({ length: n }, (_, k) => keys.rolloutChunkKey(campaignId, iteration, s, k)),
+      ),
+    }),
+  );
+  await store.put(
+    `${prefix}/rewards.json`,
+    JSON.stringify({ keys: shards.map(([s]) => keys.rewardKey(campaignId, iteration, s)) }),
+  );
   const hp = input.hyperparameters;
-  const outDir = join(work, 'out');
-  const metricsFile = join(work, 'metrics.jsonl');
+  const useReference = hp.klCoef > 0;
   // prettier-ignore
-  const args = [
+  const grpo = [
     'grpo',
-    '--checkpoint', policyDir,
-    '--out', outDir,
-    '--rollouts', rollouts.join(','),
-    '--rewards', rewards.join(','),
-    '--iteration', String(input.iteration),
+    '--checkpoint', '{work}/policy',
+    '--out', '{work}/out',
+    '--rollouts-file', '{work}/rollouts.txt',
+    '--rewards-file', '{work}/rewards.txt',
+    '--iteration', String(iteration),
     '--lr', String(hp.lr),
     '--clip-eps', String(hp.clipEps),
     '--temperature', String(hp.temperature),
@@ -168,48 +263,66 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
     '--aux-coef', String(hp.auxLossCoef),
     '--minibatches', String(hp.minibatches),
     '--epochs', String(hp.epochs),
-    '--metrics', metricsFile,
+    '--metrics', '{work}/metrics/metrics.jsonl',
+    ...(useReference ? ['--ref-checkpoint', '{work}/reference', '--kl-coef', String(hp.klCoef)] : []),
   ];
-  if (hp.klCoef > 0)
-    args.push(
-      '--ref-checkpoint',
-      await fetchCheckpoint(store, input.reference, deps.cacheDir),
-      '--kl-coef',
-      String(hp.klCoef),
-    );
-  await rm(metricsFile, { force: true });
   await runTrainJob(deps, store, {
     name,
-    campaignId: input.campaignId,
-    iteration: input.iteration,
-    spec: input.spec,
-    args,
-    what: `update of iteration ${input.iteration}`,
+    campaignId,
+    iteration,
+    spec,
+    what: `update of iteration ${iteration}`,
+    job: {
+      store: absoluteStore(spec.store),
+      checkpoints: [
+        { ref: input.policy, dir: 'policy' },
+        ...(useReference ? [{ ref: input.reference, dir: 'reference' }] : []),
+      ],
+      inputLists: [
+        { indexKey: `${prefix}/rollouts.json`, dir: 'rollouts', listFile: 'rollouts.txt' },
+        { indexKey: `${prefix}/rewards.json`, dir: 'rewards', listFile: 'rewards.txt' },
+      ],
+      steps: [grpo],
+      outputs: trainOutputs(campaignId, iteration, prefix),
+    },
   });
-  const staged = await stageCheckpoint(store, outDir, input.campaignId, input.iteration);
-  const metrics = await collectMetrics(store, metricsFile, input.campaignId, input.iteration);
-  await rm(work, { recursive: true, force: true });
-  return { staged, metrics, attempt: ctx.info.attempt };
+  const out = await collectJobOutputs(store, { campaignId, iteration, prefix });
+  await store.deletePrefix(`${prefix}/`);
+  return { ...out, attempt: ctx.info.attempt };
 }
 
 export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Promise<PrepareOutput> {
   const ctx = Context.current();
   const { spec, campaignId } = input;
   const store = deps.openStore(spec.store);
+  const iteration = input.source.kind === 'fork' ? input.source.checkpoint.iteration : 0;
+  const done = await alreadyCommitted(store, campaignId, iteration);
+  if (done) return { staged: done, metrics: {}, attempt: ctx.info.attempt };
   if (input.source.kind === 'fork') {
     const source = input.source.checkpoint;
-    const dir = await fetchCheckpoint(store, source, deps.cacheDir);
-    const staged = await stageCheckpoint(store, dir, campaignId, source.iteration);
-    return { staged, metrics: {}, attempt: ctx.info.attempt };
+    const stop = heartbeatUntilStopped(() => ({ fork: source.key }));
+    try {
+      const dir = await fetchCheckpoint(store, source, deps.cacheDir);
+      const staged = await stageCheckpoint(store, dir, campaignId, source.iteration);
+      return { staged, metrics: {}, attempt: ctx.info.attempt };
+    } finally {
+      stop();
+    }
   }
+  if (spec.sftWarmStartSteps > 0 && !('builtin' in spec.task))
+    throw ApplicationFailure.create({
+      type: 'NotSupported',
+      nonRetryable: true,
+      message: 'the SFT warm start needs a builtin task',
+    });
   const name = jobName(campaignId, 'p', 0);
-  const work = await freshDir(join(deps.cacheDir, 'jobs', name));
+  const prefix = keys.jobPrefix(campaignId, name);
   const m = spec.model;
-  const initDir = join(work, 'init');
+  const sft = spec.sftWarmStartSteps > 0 && 'builtin' in spec.task;
   // prettier-ignore
-  const init = await runTool(nativeToolPath('moe_train', deps.binDir), [
+  const init = [
     'init',
-    '--out', initDir,
+    '--out', sft ? '{work}/init' : '{work}/out',
     '--seed', String(spec.seed),
     '--dim', String(m.hidden),
     '--layers', String(m.layers),
@@ -218,42 +331,34 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
     '--top-k', String(m.topK),
     '--expert-dim', String(m.expertHidden ?? m.hidden),
     '--max-seq-len', String(m.contextLength),
-  ]);
-  if (init.code !== 0) throw toolFailure('moe_train init', init);
-  let policyDir = initDir;
-  let metrics: Record<string, number> = {};
-  if (spec.sftWarmStartSteps > 0) {
-    if (!('builtin' in spec.task))
-      throw ApplicationFailure.create({
-        type: 'NotSupported',
-        nonRetryable: true,
-        message: 'the SFT warm start needs a builtin task',
-      });
-    const sftDir = join(work, 'sft');
-    const metricsFile = join(work, 'sft-metrics.jsonl');
-    await runTrainJob(deps, store, {
-      name,
-      campaignId,
-      iteration: 0,
-      spec,
-      what: 'SFT warm start',
-      // prettier-ignore
-      args: [
-        'sft',
-        '--checkpoint', initDir,
-        '--out', sftDir,
-        '--task', spec.task.builtin,
-        '--steps', String(spec.sftWarmStartSteps),
-        '--seed', String(spec.seed),
-        '--lr', '3e-3',
-        '--warmup-steps', '10',
-        '--metrics', metricsFile,
-      ],
-    });
-    metrics = await collectMetrics(store, metricsFile, campaignId, 0);
-    policyDir = sftDir;
-  }
-  const staged = await stageCheckpoint(store, policyDir, campaignId, 0);
-  await rm(work, { recursive: true, force: true });
-  return { staged, metrics, attempt: ctx.info.attempt };
+  ];
+  // prettier-ignore
+  const warmStart = sft && 'builtin' in spec.task ? [[
+    'sft',
+    '--checkpoint', '{work}/init',
+    '--out', '{work}/out',
+    '--task', spec.task.builtin,
+    '--steps', String(spec.sftWarmStartSteps),
+    '--seed', String(spec.seed),
+    '--lr', '3e-3',
+    '--warmup-steps', '10',
+    '--metrics', '{work}/metrics/metrics.jsonl',
+  ]] : [];
+  await runTrainJob(deps, store, {
+    name,
+    campaignId,
+    iteration: 0,
+    spec,
+    what: sft ? 'SFT warm start' : 'policy initialisation',
+    job: {
+      store: absoluteStore(spec.store),
+      checkpoints: [],
+      inputLists: [],
+      steps: [init, ...warmStart],
+      outputs: trainOutputs(campaignId, 0, prefix),
+    },
+  });
+  const out = await collectJobOutputs(store, { campaignId, iteration: 0, prefix });
+  await store.deletePrefix(`${prefix}/`);
+  return { ...out, attempt: ctx.info.attempt };
 }

@@ -5,10 +5,13 @@
 #
 #   scripts/setup.sh [--sanitize] [STEP...]
 #
-# Steps, in order (default: all but native-asan; --sanitize adds native-asan):
+# Steps, in order (default: all but kube-tools and native-asan; --sanitize adds native-asan):
 #   packages     Debian packages the native core builds against (apt-get, as root or via sudo)
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
 #   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
+#   kube-tools   the test cluster's binaries: Kubernetes, etcd, kwok, containerd, CNI plugins,
+#                CoreDNS (scripts/tools.sh; built once, cached; not a default step: the demo
+#                does not need them, the tests do)
 #   ts           npm run build (tsc into dist/)
 #   native       cmake + ninja into native/build
 #   native-asan  the same with -DMOERL_SANITIZE=ON into native/build-asan
@@ -27,7 +30,7 @@ DEBIAN_PACKAGES=(
   nlohmann-json3-dev libssl-dev libcli11-dev  # JSON, sha256 (libcrypto), tool flags
   python3  # the golden-reference test regenerates model_tiny.golden
 )
-ALL_STEPS=(packages npm tools ts native native-asan)
+ALL_STEPS=(packages npm tools kube-tools ts native native-asan)
 
 LOG_DIR="$ROOT/.moerl/logs"
 
@@ -127,6 +130,16 @@ step_npm() {
 step_tools() {
   local tool path
   for tool in temporal versitygw; do
+    path="$(run_tool "$tool")" || return 1
+    say "tools: $tool $path"
+  done
+}
+
+# The test cluster: control plane (one build gives all five Kubernetes binaries), etcd, kwok,
+# and the real node's containerd, CNI plugins and CoreDNS. Built once into the tools cache.
+step_kube_tools() {
+  local tool path
+  for tool in kube-apiserver etcd kwok containerd cni-plugins coredns; do
     path="$(run_tool "$tool")" || return 1
     say "tools: $tool $path"
   done

@@ -105,11 +105,16 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     upsertSearchAttributes([{ key: campaignStatusKey, value: state.status }]);
   };
 
+  // Cancellation of the workflow as a whole: it must reach a wait at the pause boundary even
+  // inside a non-cancellable scope (a paused commit), or cancelling a paused campaign would hang
+  // until someone resumed it.
+  const workflowScope = CancellationScope.current();
+
   /** Waits here while a pause is requested: the boundary between stages. */
   async function boundary(): Promise<void> {
     st.refreshStatus(state);
     publishStatus();
-    await condition(() => !state.pauseRequested);
+    await Promise.race([condition(() => !state.pauseRequested), workflowScope.cancelRequested]);
     publishStatus();
   }
 
@@ -160,7 +165,11 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     }
   }
 
-  async function commit(staged: StagedCheckpoint, meanReward: number | null) {
+  /** Iteration of the checkpoint the rollout running ahead (staleness 1) samples from. */
+  let aheadPolicy: number | null = null;
+
+  /** `protect`: checkpoints that rollout phases not yet updated on still sample from. */
+  async function commit(staged: StagedCheckpoint, meanReward: number | null, protect: number[] = []) {
     // The commit is short and atomic (manifest last); let it finish even if the campaign is
     // being cancelled, so the store never holds debris of a commit cut in half.
     const out = await CancellationScope.nonCancellable(() =>
@@ -171,6 +180,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
           staged,
           meanReward,
           referenceIteration: state.referenceCheckpoint?.iteration ?? staged.iteration,
+          protectIterations: protect,
         }),
       ),
     );
@@ -229,12 +239,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     const rolloutSeconds = secondsSince(started);
     const rewardStarted = new Date();
     const reward = await attemptStage(iteration, 'reward', () =>
-      acts.rollout.computeRewards({
-        campaignId,
-        iteration,
-        spec,
-        rollouts: shards.map(({ shard, chunkKeys }) => ({ shard, chunkKeys })),
-      }),
+      acts.rollout.computeRewards({ campaignId, iteration, spec, chunksPerShard: st.chunksPerShard(shards) }),
     );
     if (!reward) return null;
     return {
@@ -262,15 +267,15 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
         spec,
         policy: state.latestCheckpoint!,
         reference: state.referenceCheckpoint!,
-        rolloutKeys: phase.shards.flatMap((s) => s.chunkKeys),
-        rewardKeys: phase.reward.rewardKeys,
+        chunksPerShard: st.chunksPerShard(phase.shards),
         hyperparameters: phase.hyperparameters,
       }),
     );
     if (!update) return false;
     const updateSeconds = secondsSince(started);
     const commitStarted = new Date();
-    const committed = await commit(update.staged, phase.reward.meanReward);
+    const protect = [phase.policy.iteration, ...(aheadPolicy === null ? [] : [aheadPolicy])];
+    const committed = await commit(update.staged, phase.reward.meanReward, protect);
     if (!committed) return false;
     const sum = (f: (s: RolloutPhaseResult['shards'][number]) => number) =>
       phase.shards.reduce((acc, s) => acc + f(s), 0);
@@ -312,8 +317,8 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       let phase: RolloutPhaseResult = carried ?? (await (ahead ?? rolloutPhase(i, state.latestCheckpoint!)));
       carried = null;
       // One-step off-policy: sample iteration i+1 from the checkpoint update i starts from.
-      ahead =
-        spec.staleness === 1 && i < spec.iterations ? rolloutPhase(i + 1, state.latestCheckpoint!) : null;
+      aheadPolicy = spec.staleness === 1 && i < spec.iterations ? state.latestCheckpoint!.iteration : null;
+      ahead = aheadPolicy === null ? null : rolloutPhase(i + 1, state.latestCheckpoint!);
       ahead?.catch(() => undefined); // its failure surfaces where it is awaited
       while (!(await updatePhase(phase))) phase = await rolloutPhase(i, phase.policy);
       iterationsThisRun++;

@@ -128,6 +128,11 @@ const orchestrationSchema = z.strictObject({
     .default(50)
     .describe('iterations per workflow run before continue-as-new'),
   rolloutHeartbeatSeconds: positiveInt(3600).default(30),
+  rolloutMaxFailuresOnLiveWorker: positiveInt(1000)
+    .default(5)
+    .describe(
+      'attempts of one rollout shard in a row that may fail on a worker that stays alive before the campaign pauses (lost workers do not count)',
+    ),
   updateHeartbeatSeconds: positiveInt(3600).default(120),
   updateMaxAttempts: positiveInt(100).default(4),
   stageTimeoutMinutes: positiveInt(7 * 24 * 60).default(240),

@@ -1,6 +1,6 @@
 // Pure transitions of the campaign state: no Temporal APIs here, so each rule is unit-testable
 // and the workflow file reads as orchestration only.
-import type { CheckpointOutput } from '../activities/types.js';
+import type { CheckpointOutput, ChunksPerShard, RolloutShardOutput } from '../activities/types.js';
 import type { SetHyperparametersInput } from './messages.js';
 import type { CampaignSpec, Hyperparameters } from './spec.js';
 import type {
@@ -128,4 +128,15 @@ export function shardRanges(
     start += count;
   }
   return ranges;
+}
+
+/**
+ * Chunks stored per shard, indexed by shard. Rollout results recorded before shards reported a
+ * count carry the list of their chunk keys instead (histories and carried state of older runs).
+ */
+export function chunksPerShard(shards: readonly RolloutShardOutput[]): ChunksPerShard {
+  const counts: number[] = [];
+  for (const s of shards)
+    counts[s.shard] = s.chunks ?? (s as { chunkKeys?: string[] }).chunkKeys?.length ?? 0;
+  return Array.from(counts, (n) => n ?? 0);
 }

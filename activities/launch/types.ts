@@ -1,21 +1,49 @@
-// A Launcher runs one training job: the same native command on every rank, with the rank
-// contract (docs/native-ep.md) in each rank's environment. Local processes or a Kubernetes
-// Indexed Job (one pod per rank) implement it.
+// A Launcher runs one training job: the rank program (workers/rank.ts) on every rank, with the
+// rank contract in each rank's environment and the job's description. Local processes
+// (local.ts) and a Kubernetes Indexed Job with one pod per rank (kubernetes.ts) implement it;
+// both run the same rank program, so a rank behaves the same wherever it runs.
+import type { CheckpointRef, StoreLocation } from '../types.js';
 
 export type FabricProvider = 'shm' | 'tcp' | 'efa';
 
+/**
+ * What one rank does, identical on every rank (each rank reads its own rank from the contract):
+ * fetch its inputs from the store into a scratch directory of its own, run the native steps,
+ * upload its outputs. A rank never reads the launching worker's files. Kept small (it travels
+ * in an environment variable): long lists of keys go in index objects in the store.
+ */
+export interface RankJob {
+  store: StoreLocation;
+  /** Committed checkpoints, each fetched (this rank's files only) into `{work}/<dir>`. */
+  checkpoints: { ref: CheckpointRef; dir: string }[];
+  /**
+   * Index objects (`{ "keys": [...] }`) naming input objects: each object is fetched into
+   * `{work}/<dir>/<n>.<ext>` and the local paths, one a line, are written to `{work}/<listFile>`.
+   */
+  inputLists: { indexKey: string; dir: string; listFile: string }[];
+  /** moe_train argument lists run one after the other; `{work}` is the rank's scratch directory. */
+  steps: string[][];
+  /**
+   * After every step succeeded: the files of `{work}/<dir>` (not recursive; those named in
+   * `only` if given, less those in `exclude`) uploaded under `prefix/`. A rank without the
+   * directory uploads nothing from it.
+   */
+  outputs: { dir: string; prefix: string; only?: string[]; exclude?: string[] }[];
+}
+
 export interface TrainJobSpec {
-  /** Deterministic per (campaign, iteration, attempt group): a retry finds and adopts its job. */
+  /** Deterministic per scheduled activity: a retry on any worker finds and adopts its job. */
   name: string;
   worldSize: number;
-  /** Executable and arguments, identical on every rank. */
-  command: string[];
+  job: RankJob;
   /** Extra environment for every rank (the rank contract variables are added by the launcher). */
   env: Record<string, string>;
   provider: FabricProvider;
+  /** What the job is for, as labels on everything the launcher creates. */
+  owner: { campaignId: string; iteration: number; attempt: number };
 }
 
-export type RankState = 'running' | 'succeeded' | 'failed';
+export type RankState = 'pending' | 'running' | 'succeeded' | 'failed';
 
 export interface RankStatus {
   rank: number;
@@ -24,28 +52,50 @@ export interface RankStatus {
   signal: string | null;
 }
 
+export interface JobFailure {
+  rank: number | null;
+  exitCode: number | null;
+  signal: string | null;
+  /** Tail of the failed rank's log, or the launcher's account of what went wrong. */
+  logTail: string;
+  /** Retrying cannot help (a rank exited 2: bad input; an image that cannot be pulled). */
+  permanent: boolean;
+}
+
 export interface JobStatus {
   name: string;
-  state: RankState;
+  state: 'running' | 'succeeded' | 'failed';
   ranks: RankStatus[];
-  /** The first rank that failed, and why (its exit and the tail of its log). */
-  failure: { rank: number; exitCode: number | null; signal: string | null; logTail: string } | null;
+  /** The first rank that failed, and why. */
+  failure: JobFailure | null;
 }
 
 export interface TrainJob {
   readonly name: string;
-  /** True when launch() found this job already running instead of starting it. */
+  /** True when launch() found this job already there instead of starting it. */
   readonly adopted: boolean;
   status(): JobStatus;
-  /** Resolves when every rank has exited (after a failure, the others are stopped first). */
+  /** Resolves when the job has finished (after a failure, the other ranks are stopped first). */
   wait(): Promise<JobStatus>;
-  /** Stops every rank. */
+  /** Stops every rank and removes what the launcher created for the job. */
   kill(): Promise<void>;
+  /** Releases what the launcher keeps for a finished job (its directory, its Job object). */
+  cleanUp(): Promise<void>;
   /** The rank's combined stdout and stderr so far. */
   readLog(rank: number): Promise<Buffer>;
 }
 
 export interface Launcher {
-  /** Starts the job, or adopts the running job of the same name. */
+  /** Starts the job, or adopts the job of the same name that is running or has succeeded. */
   launch(spec: TrainJobSpec): Promise<TrainJob>;
 }
+
+/** The rank contract's environment for one rank (pods set MOERL_RANK from their index). */
+export const rankEnv = {
+  rank: 'MOERL_RANK',
+  worldSize: 'MOERL_WORLD_SIZE',
+  coordinator: 'MOERL_COORDINATOR',
+  provider: 'MOERL_FI_PROVIDER',
+  job: 'MOERL_JOB',
+  workDir: 'MOERL_WORK_DIR',
+} as const;

@@ -280,7 +280,7 @@ describe('bad input: each failure pauses the campaign, commits nothing, and says
     const testCorruptingRolloutShard: CampaignActivities['rolloutShard'] = async (input) => {
       const out = await real.rolloutShard(input);
       if (corrupt && input.shard === 0) {
-        const key = out.chunkKeys[0]!;
+        const key = keys.rolloutChunkKey(input.campaignId, input.iteration, 0, 0);
         original = await store.get(key);
         await store.put(key, Buffer.concat([original, Buffer.from('{"prompt_id": 0, "text": \n')]));
       }
@@ -370,7 +370,7 @@ describe('bad input: each failure pauses the campaign, commits nothing, and says
     // Test wrapper around the real update: first it drops the last line of a rewards file.
     const testTruncatingUpdatePolicy: CampaignActivities['updatePolicy'] = async (input) => {
       if (truncate) {
-        const key = input.rewardKeys[0]!;
+        const key = keys.rewardKey(input.campaignId, input.iteration, 0);
         const original = await store.get(key);
         const lines = original.toString('utf8').split('\n').filter(Boolean);
         await store.put(key, lines.slice(0, -1).join('\n') + '\n');

@@ -105,9 +105,7 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
     rolloutShard: (input: RolloutShardInput): Promise<RolloutShardOutput> =>
       record('rolloutShard', input, input, () => ({
         shard: input.shard,
-        chunkKeys: [
-          `campaigns/${input.campaignId}/rollouts/${input.iteration}/shard-${input.shard}/chunk-0.jsonl`,
-        ],
+        chunks: Math.ceil(input.promptCount / input.spec.chunkSize),
         samples: input.promptCount * input.spec.groupSize,
         tokens: input.promptCount * input.spec.groupSize * 10,
         tokensPerSecond: 1000,
@@ -115,9 +113,6 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
       })),
     computeRewards: (input: RewardInput): Promise<RewardOutput> =>
       record('computeRewards', input, input, () => ({
-        rewardKeys: input.rollouts.map(
-          (r) => `campaigns/${input.campaignId}/rewards/${input.iteration}/shard-${r.shard}.jsonl`,
-        ),
         meanReward: rewardFor(input.iteration),
         stdReward: 0.1,
         passRate: rewardFor(input.iteration),

@@ -1,0 +1,138 @@
+// LocalLauncher with real rank programs running native moe_train: exactly one job per name on
+// the machine whichever worker process launches it, ranks in a process group that dies with
+// the job, adopted jobs' files untouched, ranks that see only what the rank contract gives.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { LocalLauncher, rankEnvironment } from '../../activities/launch/local.js';
+import type { TrainJobSpec } from '../../activities/launch/types.js';
+import { nativeTools } from '../support/native-tools.js';
+
+const tools = nativeTools(['moe_train']);
+const dir = mkdtempSync(join(tmpdir(), 'moerl-local-launcher-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+const env = {
+  ...process.env,
+  MOERL_NATIVE_BIN: join(tools.bin('moe_train'), '..'),
+  TEMPORAL_API_KEY: 'secret-key',
+};
+
+/** A job whose ranks run sgemm for a few seconds: long enough to be adopted while running. */
+function spec(name: string, repeats = 40): TrainJobSpec {
+  return {
+    name,
+    worldSize: 2,
+    job: {
+      store: { kind: 'fs', path: join(dir, 'store') },
+      checkpoints: [],
+      inputLists: [],
+      steps: [['sgemm', '--size', '256', '--repeats', String(repeats)]],
+      outputs: [],
+    },
+    env: {},
+    provider: 'shm',
+    owner: { campaignId: 'c', iteration: 1, attempt: 1 },
+  };
+}
+
+/** Pids of the processes whose command line names `needle`. */
+function processesNaming(needle: string): number[] {
+  return readdirSync('/proc')
+    .filter((p) => /^\d+$/.test(p))
+    .filter((p) => {
+      try {
+        return readFileSync(`/proc/${p}/cmdline`, 'utf8').includes(needle);
+      } catch {
+        return false;
+      }
+    })
+    .map(Number);
+}
+
+/** Launches `name` from a separate node process (another worker) and reports whether it adopted. */
+async function launchFromAnotherProcess(
+  work: string,
+  name: string,
+): Promise<{ adopted: boolean; state: string }> {
+  const local = fileURLToPath(new URL('../../activities/launch/local.js', import.meta.url));
+  const script = `
+    const { LocalLauncher } = await import(${JSON.stringify(local)});
+    const job = await new LocalLauncher(${JSON.stringify(work)}).launch(${JSON.stringify(spec(name))});
+    console.log(JSON.stringify({ adopted: job.adopted, state: (await job.wait()).state }));`;
+  const { stdout } = await promisify(execFile)(process.execPath, ['--input-type=module', '-e', script], {
+    env,
+  });
+  return JSON.parse(stdout.trim().split('\n').at(-1)!) as { adopted: boolean; state: string };
+}
+
+describe('LocalLauncher (real rank programs)', { skip: tools.skip }, () => {
+  test('exactly one job per name: a launch from another worker process adopts the running job', async () => {
+    const work = join(dir, 'jobs-adopt');
+    const job = await new LocalLauncher(work, env).launch(spec('adopt-me'));
+    assert.equal(job.adopted, false);
+    const sentinel = join(work, 'adopt-me', 'rank-0', 'kept.txt');
+    await new Promise((r) => setTimeout(r, 500));
+    writeFileSync(sentinel, 'the job wrote this');
+    const other = await launchFromAnotherProcess(work, 'adopt-me');
+    assert.deepEqual(other, { adopted: true, state: 'succeeded' });
+    assert.equal((await job.wait()).state, 'succeeded');
+    assert.equal(processesNaming(join(work, 'adopt-me')).length, 0, 'one job ran, and it is gone');
+    const log = readFileSync(join(work, 'adopt-me', 'rank-0.log'), 'utf8');
+    assert.equal(log.match(/"sgemm_size"/g)?.length ?? 0, 1, `one sgemm run on rank 0, not two:\n${log}`);
+    assert.ok(
+      existsSync(sentinel) || !existsSync(join(work, 'adopt-me', 'rank-0')),
+      'adoption touched no file',
+    );
+    await job.cleanUp();
+    assert.equal(existsSync(join(work, 'adopt-me')), false);
+  });
+
+  test('ranks live in the job’s process group: kill() leaves no process of the job', async () => {
+    const work = join(dir, 'jobs-kill');
+    const job = await new LocalLauncher(work, env).launch(spec('kill-me', 400));
+    await new Promise((r) => setTimeout(r, 800));
+    assert.ok(processesNaming(join(work, 'kill-me')).length >= 1, 'the job is running');
+    await job.kill();
+    const status = await job.wait();
+    assert.equal(status.state, 'failed');
+    await new Promise((r) => setTimeout(r, 200));
+    assert.deepEqual(processesNaming(join(work, 'kill-me')), [], 'no supervisor or rank is left');
+  });
+
+  test('a job whose supervisor died is killed as a group and started again by the next launch', async () => {
+    const work = join(dir, 'jobs-orphan');
+    const first = await new LocalLauncher(work, env).launch(spec('orphan', 400));
+    await new Promise((r) => setTimeout(r, 800));
+    const pid = Number(readFileSync(join(work, 'orphan', 'supervisor.pid'), 'utf8'));
+    process.kill(pid, 'SIGKILL'); // the supervisor alone: its ranks are orphaned in its group
+    const again = await new LocalLauncher(work, env).launch(spec('orphan', 1));
+    assert.equal(again.adopted, false, 'a job without its supervisor is not adopted');
+    assert.equal((await again.wait()).state, 'succeeded');
+    assert.equal((await first.wait()).state, 'failed');
+    assert.deepEqual(processesNaming(join(work, 'orphan')), [], 'the orphaned ranks were killed');
+  });
+
+  test('ranks see the rank contract and the store credentials, not the worker’s secrets', async () => {
+    const work = join(dir, 'jobs-env');
+    const job = await new LocalLauncher(work, { ...env, AWS_ACCESS_KEY_ID: 'store-key' }).launch(
+      spec('env', 400),
+    );
+    await new Promise((r) => setTimeout(r, 800));
+    const rankPids = processesNaming('rank.js');
+    const environ = readFileSync(`/proc/${rankPids[0]}/environ`, 'utf8').split('\0');
+    await job.kill();
+    assert.ok(environ.includes('MOERL_RANK=0') || environ.includes('MOERL_RANK=1'), environ.join(' '));
+    assert.ok(environ.includes('AWS_ACCESS_KEY_ID=store-key'));
+    assert.ok(!environ.some((e) => e.startsWith('TEMPORAL_API_KEY=')), 'no Temporal credentials');
+    assert.deepEqual(
+      Object.keys(rankEnvironment({ TEMPORAL_API_KEY: 'x', PATH: '/bin', FI_PROVIDER: 'tcp' })).sort(),
+      ['FI_PROVIDER', 'PATH'],
+    );
+  });
+});

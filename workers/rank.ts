@@ -1,0 +1,162 @@
+// The rank program: what every trainer rank runs, as a local process (LocalLauncher) or as the
+// command of a pod (KubernetesLauncher). It reads the rank contract from its environment,
+// fetches its own inputs from the store into its own scratch directory, runs the native steps,
+// and uploads its own outputs; it never reads the launching worker's files, so a rank behaves
+// the same on any node.
+//
+//   MOERL_RANK (or JOB_COMPLETION_INDEX in a pod)  MOERL_WORLD_SIZE  MOERL_COORDINATOR
+//   MOERL_FI_PROVIDER  MOERL_JOB (the RankJob as JSON)  MOERL_WORK_DIR (scratch; default a
+//   temporary directory)  MOERL_NATIVE_BIN (moe_train's directory; default this build's)
+//
+// Exit 0 = done; 2 = bad input (the job must not be retried); anything else = retryable.
+import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { mkdir, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { extname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { fetchCheckpointForRank } from '../activities/checkpoints.js';
+import { mapLimit } from '../activities/concurrency.js';
+import type { RankJob } from '../activities/launch/types.js';
+import { rankEnv } from '../activities/launch/types.js';
+import { nativeToolPath } from '../activities/native.js';
+import { openStore, StoreKeyError, StoreNotFoundError } from '../activities/store/index.js';
+import type { ObjectStore } from '../activities/store/index.js';
+import { badInputErrorType } from '../activities/types.js';
+
+/** Downloads and uploads in flight at once per rank. */
+const transferConcurrency = 16;
+
+class RankInputError extends Error {}
+
+interface RankContract {
+  rank: number;
+  worldSize: number;
+  job: RankJob;
+  work: string;
+}
+
+function readContract(env: NodeJS.ProcessEnv): RankContract {
+  const int = (name: string, value: string | undefined) => {
+    const n = Number(value);
+    if (value === undefined || value === '' || !Number.isInteger(n) || n < 0)
+      throw new RankInputError(`${name} must be a non-negative integer, got ${JSON.stringify(value)}`);
+    return n;
+  };
+  const rank = int(rankEnv.rank, env[rankEnv.rank] ?? env.JOB_COMPLETION_INDEX);
+  const worldSize = int(rankEnv.worldSize, env[rankEnv.worldSize]);
+  if (rank >= worldSize) throw new RankInputError(`rank ${rank} is not below the world size ${worldSize}`);
+  let job: RankJob;
+  try {
+    job = JSON.parse(env[rankEnv.job] ?? '') as RankJob;
+  } catch (err) {
+    throw new RankInputError(`${rankEnv.job} is not valid JSON: ${(err as Error).message}`);
+  }
+  for (const field of ['checkpoints', 'inputLists', 'steps', 'outputs'] as const)
+    if (!Array.isArray(job?.[field])) throw new RankInputError(`${rankEnv.job}.${field} must be an array`);
+  const work = env[rankEnv.workDir] || join(tmpdir(), `moerl-rank-${rank}`);
+  return { rank, worldSize, job, work };
+}
+
+async function fetchInputList(
+  store: ObjectStore,
+  work: string,
+  list: RankJob['inputLists'][number],
+): Promise<void> {
+  const index = JSON.parse((await store.get(list.indexKey)).toString('utf8')) as { keys?: unknown };
+  if (!Array.isArray(index.keys) || !index.keys.every((k) => typeof k === 'string'))
+    throw new RankInputError(`${list.indexKey} is not an index object ({"keys": [...]})`);
+  const dir = join(work, list.dir);
+  await mkdir(dir, { recursive: true });
+  const paths = await mapLimit(index.keys as string[], transferConcurrency, async (key, i) => {
+    const path = join(dir, `${i}${extname(key)}`);
+    await store.getFile(key, path);
+    return path;
+  });
+  await writeFile(join(work, list.listFile), paths.join('\n') + '\n');
+}
+
+async function uploadOutputs(store: ObjectStore, work: string, output: RankJob['outputs'][number]) {
+  const dir = join(work, output.dir);
+  const names = await readdir(dir).catch(() => [] as string[]); // a rank may have none
+  const files: string[] = [];
+  for (const name of names)
+    if (
+      (!output.only || output.only.includes(name)) &&
+      !output.exclude?.includes(name) &&
+      (await stat(join(dir, name))).isFile()
+    )
+      files.push(name);
+  await mapLimit(files, transferConcurrency, (name) =>
+    store.putFile(`${output.prefix}/${name}`, join(dir, name)),
+  );
+}
+
+/** The native step running now: SIGTERM goes to it, and the rank ends when it does. */
+let runningStep: ChildProcess | null = null;
+
+/** Runs a native step, its output passed straight through as this rank's log. */
+function runStep(tool: string, args: string[]): Promise<number | null> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(tool, args, {
+      stdio: ['ignore', 'inherit', 'inherit'],
+      env: { ...process.env, OPENBLAS_NUM_THREADS: process.env.OPENBLAS_NUM_THREADS ?? '1' },
+    });
+    runningStep = child;
+    child.on('error', reject);
+    child.on('exit', (code) => {
+      runningStep = null;
+      resolve(code);
+    });
+  });
+}
+
+async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
+  const { rank, worldSize, job, work } = readContract(env);
+  const store = openStore(job.store);
+  await rm(work, { recursive: true, force: true });
+  await mkdir(work, { recursive: true });
+  for (const c of job.checkpoints)
+    await fetchCheckpointForRank(store, c.ref, join(work, c.dir), { rank, worldSize });
+  for (const list of job.inputLists) await fetchInputList(store, work, list);
+  // The tools write into their output directories; they need not create them.
+  for (const output of job.outputs) await mkdir(join(work, output.dir), { recursive: true });
+  const moeTrain = nativeToolPath('moe_train');
+  for (const step of job.steps) {
+    const code = await runStep(
+      moeTrain,
+      step.map((a) => a.replaceAll('{work}', work)),
+    );
+    if (code !== 0) {
+      console.error(
+        `rank ${rank}: moe_train ${step[0]} ${code === null ? 'was killed' : `exited with code ${code}`}`,
+      );
+      return code === 2 ? 2 : 1;
+    }
+  }
+  for (const output of job.outputs) await uploadOutputs(store, work, output);
+  await rm(work, { recursive: true, force: true });
+  return 0;
+}
+
+const isBadInput = (err: unknown) =>
+  err instanceof RankInputError ||
+  err instanceof StoreNotFoundError ||
+  err instanceof StoreKeyError ||
+  (err as { type?: string } | null)?.type === badInputErrorType;
+
+export async function main(env: NodeJS.ProcessEnv = process.env): Promise<number> {
+  try {
+    return await runRank(env);
+  } catch (err) {
+    console.error(`rank program: ${(err as Error).message ?? String(err)}`);
+    return isBadInput(err) ? 2 : 1;
+  }
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  // Ranks are stopped with SIGTERM when a peer fails or the job is cancelled: during a native
+  // step the tool gets it and the rank fails when the tool exits; otherwise the rank ends now.
+  process.on('SIGTERM', () => (runningStep ? runningStep.kill('SIGTERM') : process.exit(143)));
+  process.exitCode = await main();
+}
