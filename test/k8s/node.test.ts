@@ -130,7 +130,8 @@ describe('a real Kubernetes node', { skip }, () => {
                 ...['--provider', 'tcp', '--tokens', '64', '--hidden', '64', '--experts', '4', '--topk', '2'],
                 ...['--dtype', 'bf16', '--warmup', '1', '--iters', '2', '--json'],
               ],
-              { subdomain: service },
+              // Through the scheduler, as the launcher's pods go (the other pods name the node).
+              { subdomain: service, nodeName: undefined },
               [
                 {
                   name: 'MOERL_RANK',
@@ -166,6 +167,7 @@ describe('a real Kubernetes node', { skip }, () => {
       return { name, phase: pod.status?.phase, log: node.containerLog(namespace, name) };
     });
     for (const l of logs) assert.equal(l.phase, 'Succeeded', `${l.name} ${l.phase}:\n${l.log}`);
+    for (const pod of pods.items) assert.equal(pod.spec?.nodeName, node.name, 'scheduled onto the real node');
     const rank0 = logs.find((l) => l.name.startsWith(`${job}-0-`));
     assert.ok(rank0, `no pod of index 0 among ${logs.map((l) => l.name).join(', ')}`);
     const report = JSON.parse(rank0.log.trim().split('\n').at(-1)!) as {
