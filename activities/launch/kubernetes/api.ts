@@ -1,0 +1,150 @@
+// The API calls the KubernetesLauncher makes for one namespace: reading, creating and
+// deleting a job's Job and Service, and reading its pods' logs, each through errors.ts's
+// mapping and retries.
+import { setTimeout as sleep } from 'node:timers/promises';
+import { BatchV1Api, CoreV1Api } from '@kubernetes/client-node';
+import type { KubeConfig, V1Job, V1ObjectMeta, V1Service } from '@kubernetes/client-node';
+import { ApplicationFailure } from '@temporalio/common';
+import type { KubernetesLauncher as KubernetesLauncherSpec } from '../../../workflows/spec-kubernetes.js';
+import type { TrainJobSpec } from '../types.js';
+import { apiCall, isAlreadyExists, isNotFound, kubernetesUnavailableErrorType } from './errors.js';
+import type { ApiCall } from './errors.js';
+import { jobLabel, rankContainerName, serviceManifest, serviceName } from './manifests.js';
+
+/** Lines of a failed rank's log quoted in its failure. */
+const failureLogLines = 40;
+const logTailChars = 4096;
+/** A Job being deleted is gone once its pods have stopped (grace period) and been collected. */
+const deletionTimeoutMs = 180_000;
+
+export class JobApi {
+  readonly batch: BatchV1Api;
+  readonly core: CoreV1Api;
+  constructor(
+    readonly kubeConfig: KubeConfig,
+    readonly namespace: string,
+  ) {
+    this.batch = kubeConfig.makeApiClient(BatchV1Api);
+    this.core = kubeConfig.makeApiClient(CoreV1Api);
+  }
+
+  call(verb: string, resource: string): ApiCall {
+    return { verb, resource, namespace: this.namespace };
+  }
+
+  readJob(name: string): Promise<V1Job | null> {
+    return apiCall(
+      this.call('get', `jobs/${name}`),
+      () => this.batch.readNamespacedJob({ name, namespace: this.namespace }),
+      (err) => (isNotFound(err) ? null : undefined),
+    );
+  }
+
+  readService(name: string): Promise<V1Service | null> {
+    return apiCall(
+      this.call('get', `services/${name}`),
+      () => this.core.readNamespacedService({ name, namespace: this.namespace }),
+      (err) => (isNotFound(err) ? null : undefined),
+    );
+  }
+
+  /** Deletes the Job after its pods (foreground) and its Service; gone already is fine. */
+  async deleteJob(name: string): Promise<void> {
+    const gone = (err: unknown) => (isNotFound(err) ? null : undefined);
+    await apiCall(
+      this.call('delete', `jobs/${name}`),
+      () =>
+        this.batch.deleteNamespacedJob({ name, namespace: this.namespace, propagationPolicy: 'Foreground' }),
+      gone,
+    );
+    const service = serviceName(name);
+    await apiCall(
+      this.call('delete', `services/${service}`),
+      () => this.core.deleteNamespacedService({ name: service, namespace: this.namespace }),
+      gone,
+    );
+  }
+
+  /**
+   * Resolves once the Job `uid`, its pods and its Service no longer exist. Foreground deletion
+   * removes the pods first, but the garbage collector may not have seen a pod created a moment
+   * before; such a pod outlives the Job, and is deleted here rather than left to the collector.
+   * The Service, a dependent too, may stay a moment after the Job under the collector's finalizer.
+   */
+  async waitJobGone(name: string, uid: string | undefined): Promise<void> {
+    const deadline = Date.now() + deletionTimeoutMs;
+    for (let pauseMs = 250; ; pauseMs = Math.min(pauseMs * 2, 2000)) {
+      const job = await this.readJob(name);
+      const pods = await apiCall(this.call('list', `pods -l ${jobLabel}=${name}`), () =>
+        this.core.listNamespacedPod({ namespace: this.namespace, labelSelector: `${jobLabel}=${name}` }),
+      );
+      const service = await this.readService(serviceName(name));
+      const owned = (o: { metadata?: V1ObjectMeta } | null) =>
+        o?.metadata?.ownerReferences?.some((r) => r.uid === uid);
+      const left = pods.items.filter(owned);
+      const jobGone = !job || job.metadata?.uid !== uid;
+      if (jobGone && left.length === 0 && !owned(service)) return;
+      if (jobGone)
+        for (const pod of left.filter((p) => !p.metadata?.deletionTimestamp)) {
+          const podName = pod.metadata!.name!;
+          await apiCall(
+            this.call('delete', `pods/${podName}`),
+            () => this.core.deleteNamespacedPod({ name: podName, namespace: this.namespace }),
+            (err) => (isNotFound(err) ? null : undefined),
+          );
+        }
+      if (Date.now() > deadline)
+        throw ApplicationFailure.create({
+          type: kubernetesUnavailableErrorType,
+          message: `job ${name} in namespace ${this.namespace} is still being deleted after ${deletionTimeoutMs / 1000} s (${left.length} pods left: kubectl -n ${this.namespace} get pods -l ${jobLabel}=${name})`,
+        });
+      await sleep(pauseMs);
+    }
+  }
+
+  /** The job's Service, created if missing; one left over from an earlier Job is replaced. */
+  async ensureService(spec: TrainJobSpec, settings: KubernetesLauncherSpec, job: V1Job): Promise<void> {
+    const owner = { name: spec.name, uid: job.metadata!.uid! };
+    const name = serviceName(spec.name);
+    for (let round = 0; round < 3; round++) {
+      const created = await apiCall(
+        this.call('create', `services/${name}`),
+        () =>
+          this.core.createNamespacedService({
+            namespace: this.namespace,
+            body: serviceManifest(spec, settings, owner),
+          }),
+        (err) => (isAlreadyExists(err) ? null : undefined),
+      );
+      if (created) return;
+      const existing = await this.readService(name);
+      if (!existing) continue;
+      if (existing.metadata?.ownerReferences?.some((r) => r.uid === owner.uid)) return;
+      await apiCall(
+        this.call('delete', `services/${name}`),
+        () => this.core.deleteNamespacedService({ name, namespace: this.namespace }),
+        (err) => (isNotFound(err) ? null : undefined),
+      );
+    }
+    throw ApplicationFailure.create({
+      type: kubernetesUnavailableErrorType,
+      message: `service ${name} in namespace ${this.namespace} keeps being replaced while job ${spec.name} starts`,
+    });
+  }
+
+  /** The last lines of a pod's rank log; empty when it has none (never started, node gone). */
+  async logTail(pod: string): Promise<string> {
+    const text = await Promise.race([
+      this.core
+        .readNamespacedPodLog({
+          name: pod,
+          namespace: this.namespace,
+          container: rankContainerName,
+          tailLines: failureLogLines,
+        })
+        .catch(() => ''),
+      sleep(10_000, ''),
+    ]);
+    return text.slice(-logTailChars).trim();
+  }
+}

@@ -1,0 +1,265 @@
+// The objects the KubernetesLauncher creates for one training job, as pure builders: an Indexed
+// Job with one pod per rank, and a headless Service through which the ranks reach rank 0. Kept
+// free of API calls so the exact objects are unit-tested (test/unit/kubernetes-launcher-*).
+import { createHash } from 'node:crypto';
+import type {
+  V1Container,
+  V1EnvVar,
+  V1Job,
+  V1OwnerReference,
+  V1Service,
+  V1Volume,
+  V1VolumeMount,
+} from '@kubernetes/client-node';
+import type { KubernetesLauncher as KubernetesLauncherSpec } from '../../../workflows/spec-kubernetes.js';
+import { rankEnv } from '../types.js';
+import type { TrainJobSpec } from '../types.js';
+
+/** The rank program in the trainer image, relative to its WORKDIR (/app in the Dockerfile). */
+export const rankProgramCommand = ['node', 'dist/workers/rank.js'];
+/** The container that runs the rank program; podFailurePolicy and logs name it. */
+export const rankContainerName = 'rank';
+/** Each rank's scratch directory (MOERL_WORK_DIR), an emptyDir of its own. */
+export const rankWorkDir = '/var/lib/moerl/work';
+/** The annotation (and label) of an Indexed Job's pod holding its completion index: the rank. */
+export const completionIndexKey = 'batch.kubernetes.io/job-completion-index';
+/** The label every object of one job carries: one selector finds (and deletes) all of them. */
+export const jobLabel = 'moerl.dev/job';
+/** The unprivileged user (and group) the Dockerfile's image runs as. */
+export const rankUser = 65532;
+
+const maxLabelValue = 63;
+const dns1123Label = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+
+/**
+ * `value` as a label value (≤ 63 of letters, digits, "-", "_", ".", alphanumeric at both ends).
+ * A value that had to change ends in a hash of the original, so two campaign ids that differ
+ * only in dropped characters still get different labels.
+ */
+export function labelValue(value: string): string {
+  const cleaned = value.replace(/[^A-Za-z0-9._-]/g, '-').replace(/^[^A-Za-z0-9]+|[^A-Za-z0-9]+$/g, '');
+  if (cleaned === value && value.length <= maxLabelValue) return value;
+  const hash = createHash('sha256').update(value).digest('hex').slice(0, 8);
+  const head = cleaned.slice(0, maxLabelValue - hash.length - 1).replace(/[^A-Za-z0-9]+$/, '');
+  return head ? `${head}-${hash}` : hash;
+}
+
+/**
+ * What makes `spec` impossible to run with `launcher`, or undefined. The job name names the Job
+ * and its pods' hostnames `<name>-<rank>`, which must be DNS-1123 labels of at most 63
+ * characters; an fs store must come with the volume that holds it.
+ */
+export function launchProblem(spec: TrainJobSpec, launcher: KubernetesLauncherSpec): string | undefined {
+  const longest = `${spec.name}-${spec.worldSize - 1}`;
+  if (!dns1123Label.test(spec.name))
+    return `job name ${JSON.stringify(spec.name)} must be a DNS-1123 label: lowercase letters, digits and "-", alphanumeric at both ends`;
+  if (longest.length > 63)
+    return `job name ${JSON.stringify(spec.name)} is too long for ${spec.worldSize} ranks: pod hostname ${longest} would pass 63 characters`;
+  if (spec.job.store.kind === 'fs' && !launcher.storeVolume)
+    return `launcher.storeVolume is required with an fs store (${spec.job.store.path}): trainer pods mount the shared filesystem holding it`;
+  return undefined;
+}
+
+/** The headless Service's name: the job's, unless that starts with a digit (a Service name must not). */
+export function serviceName(jobName: string): string {
+  return /^[a-z]/.test(jobName) ? jobName : `j${jobName}`.slice(0, 63);
+}
+
+/** Host and port of rank 0 as every rank resolves it through the headless Service. */
+export function coordinatorAddress(jobName: string, namespace: string, port: number): string {
+  return `${jobName}-0.${serviceName(jobName)}.${namespace}.svc:${port}`;
+}
+
+/** The launcher's own labels on the Job, its Service and its pods. */
+export function ownerLabels(spec: TrainJobSpec): Record<string, string> {
+  return {
+    'app.kubernetes.io/name': 'moerl',
+    'app.kubernetes.io/component': 'trainer',
+    'app.kubernetes.io/part-of': 'moerl',
+    'app.kubernetes.io/managed-by': 'moerl',
+    'moerl.dev/campaign': labelValue(spec.owner.campaignId),
+    'moerl.dev/iteration': String(spec.owner.iteration),
+    'moerl.dev/attempt': String(spec.owner.attempt),
+    [jobLabel]: spec.name,
+  };
+}
+
+function metadata(spec: TrainJobSpec, launcher: KubernetesLauncherSpec, name: string) {
+  return {
+    name,
+    namespace: launcher.namespace,
+    // The spec's labels cannot use moerl.dev/ (validated), so they never replace the owner labels.
+    labels: { ...launcher.labels, ...ownerLabels(spec) },
+    ...(launcher.annotations ? { annotations: { ...launcher.annotations } } : {}),
+  };
+}
+
+/** The environment of every rank: the job's extras, the spec's, and the rank contract last. */
+function rankEnvironment(spec: TrainJobSpec, launcher: KubernetesLauncherSpec): V1EnvVar[] {
+  const values: Record<string, string> = {
+    ...spec.env,
+    ...launcher.env,
+    [rankEnv.worldSize]: String(spec.worldSize),
+    [rankEnv.coordinator]: coordinatorAddress(spec.name, launcher.namespace, launcher.coordinatorPort),
+    [rankEnv.provider]: spec.provider,
+    [rankEnv.job]: JSON.stringify(spec.job),
+    [rankEnv.workDir]: rankWorkDir,
+  };
+  delete values[rankEnv.rank];
+  return [
+    // Each pod's index, set by the Job controller on the pod: the pods share one template.
+    {
+      name: rankEnv.rank,
+      valueFrom: { fieldRef: { fieldPath: `metadata.annotations['${completionIndexKey}']` } },
+    },
+    ...Object.entries(values).map(([name, value]) => ({ name, value })),
+  ];
+}
+
+function resources(launcher: KubernetesLauncherSpec): V1Container['resources'] {
+  // Requests equal limits: ranks of one collective should not be throttled unevenly, and
+  // extended resources and huge pages allow nothing else.
+  const amounts: Record<string, string> = {};
+  if (launcher.cpu) amounts.cpu = launcher.cpu;
+  if (launcher.memory) amounts.memory = launcher.memory;
+  if (launcher.hugepages2Mi) amounts['hugepages-2Mi'] = launcher.hugepages2Mi;
+  if (launcher.gpusPerRank > 0) amounts['nvidia.com/gpu'] = String(launcher.gpusPerRank);
+  if (launcher.efaPerRank > 0) amounts['vpc.amazonaws.com/efa'] = String(launcher.efaPerRank);
+  return Object.keys(amounts).length ? { requests: { ...amounts }, limits: { ...amounts } } : undefined;
+}
+
+function volumes(
+  spec: TrainJobSpec,
+  launcher: KubernetesLauncherSpec,
+): { volumes: V1Volume[]; mounts: V1VolumeMount[] } {
+  const list: V1Volume[] = [
+    { name: 'work', emptyDir: {} },
+    // The container runtime's /dev/shm is 64 MiB; libfabric's shm provider needs more.
+    { name: 'dshm', emptyDir: { medium: 'Memory', sizeLimit: launcher.shmSize } },
+  ];
+  const mounts: V1VolumeMount[] = [
+    { name: 'work', mountPath: rankWorkDir },
+    { name: 'dshm', mountPath: '/dev/shm' },
+  ];
+  const store = spec.job.store;
+  const volume = launcher.storeVolume;
+  if (store.kind === 'fs' && volume) {
+    list.push(
+      'claimName' in volume
+        ? { name: 'store', persistentVolumeClaim: { claimName: volume.claimName } }
+        : { name: 'store', hostPath: { path: volume.hostPath, type: 'Directory' } },
+    );
+    mounts.push({ name: 'store', mountPath: store.path });
+  }
+  return { volumes: list, mounts };
+}
+
+/**
+ * The Indexed Job: one pod per rank (index = rank), never restarted in place; the Job replaces
+ * a failed pod up to backoffLimit times, but not for a disruption (a Spot reclaim, an
+ * eviction) and never after exit 2 (bad input: the same input fails again).
+ */
+export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec): V1Job {
+  const meta = metadata(spec, launcher, spec.name);
+  const { volumes: podVolumes, mounts } = volumes(spec, launcher);
+  const container: V1Container = {
+    name: rankContainerName,
+    image: launcher.image,
+    imagePullPolicy: launcher.imagePullPolicy,
+    command: rankProgramCommand,
+    env: rankEnvironment(spec, launcher),
+    ports: [{ name: 'coordinator', containerPort: launcher.coordinatorPort, protocol: 'TCP' }],
+    resources: resources(launcher),
+    volumeMounts: mounts,
+    securityContext: {
+      allowPrivilegeEscalation: false,
+      // EFA registers (pins) the ranks' buffers with the device, which needs locked memory
+      // beyond RLIMIT_MEMLOCK: IPC_LOCK allows that. Only pods with EFA devices get it (it
+      // takes the namespace out of the restricted Pod Security level).
+      capabilities: { drop: ['ALL'], ...(launcher.efaPerRank > 0 ? { add: ['IPC_LOCK'] } : {}) },
+    },
+  };
+  return {
+    apiVersion: 'batch/v1',
+    kind: 'Job',
+    metadata: meta,
+    spec: {
+      completionMode: 'Indexed',
+      completions: spec.worldSize,
+      parallelism: spec.worldSize,
+      backoffLimit: launcher.backoffLimit,
+      // A replacement starts only once the pod it replaces has stopped: two pods of one rank
+      // must never run at once.
+      podReplacementPolicy: 'Failed',
+      podFailurePolicy: {
+        rules: [
+          // First: a disrupted pod is replaced whatever its exit code (SIGTERM on eviction).
+          { action: 'Ignore', onPodConditions: [{ type: 'DisruptionTarget', status: 'True' }] },
+          {
+            action: 'FailJob',
+            onExitCodes: { containerName: rankContainerName, operator: 'In', values: [2] },
+          },
+        ],
+      },
+      ttlSecondsAfterFinished: launcher.ttlSecondsAfterFinished,
+      ...(launcher.activeDeadlineSeconds !== undefined
+        ? { activeDeadlineSeconds: launcher.activeDeadlineSeconds }
+        : {}),
+      template: {
+        metadata: { labels: meta.labels, ...(meta.annotations ? { annotations: meta.annotations } : {}) },
+        spec: {
+          restartPolicy: 'Never',
+          // With the Indexed Job's hostname `<job>-<index>`, rank 0 is `<job>-0.<service>`.
+          subdomain: serviceName(spec.name),
+          containers: [container],
+          volumes: podVolumes,
+          securityContext: {
+            runAsNonRoot: true,
+            runAsUser: rankUser,
+            runAsGroup: rankUser,
+            fsGroup: rankUser,
+            // A large shared store volume is not walked to change ownership on every pod start.
+            fsGroupChangePolicy: 'OnRootMismatch',
+            seccompProfile: { type: 'RuntimeDefault' },
+          },
+          ...(launcher.serviceAccount ? { serviceAccountName: launcher.serviceAccount } : {}),
+          ...(launcher.priorityClassName ? { priorityClassName: launcher.priorityClassName } : {}),
+          ...(launcher.nodeSelector ? { nodeSelector: { ...launcher.nodeSelector } } : {}),
+          ...(launcher.affinity ? { affinity: structuredClone(launcher.affinity) } : {}),
+          ...(launcher.tolerations ? { tolerations: launcher.tolerations.map((t) => ({ ...t })) } : {}),
+        },
+      },
+    },
+  };
+}
+
+/**
+ * The headless Service: DNS records for every rank pod (ready or not: ranks connect to rank 0
+ * while it starts), owned by the Job so the garbage collector removes it with the Job (its
+ * TTL included).
+ */
+export function serviceManifest(
+  spec: TrainJobSpec,
+  launcher: KubernetesLauncherSpec,
+  job: { name: string; uid: string },
+): V1Service {
+  const owner: V1OwnerReference = { apiVersion: 'batch/v1', kind: 'Job', name: job.name, uid: job.uid };
+  return {
+    apiVersion: 'v1',
+    kind: 'Service',
+    metadata: { ...metadata(spec, launcher, serviceName(spec.name)), ownerReferences: [owner] },
+    spec: {
+      clusterIP: 'None',
+      publishNotReadyAddresses: true,
+      selector: { [jobLabel]: spec.name, 'app.kubernetes.io/component': 'trainer' },
+      ports: [
+        {
+          name: 'coordinator',
+          port: launcher.coordinatorPort,
+          targetPort: launcher.coordinatorPort,
+          protocol: 'TCP',
+        },
+      ],
+    },
+  };
+}

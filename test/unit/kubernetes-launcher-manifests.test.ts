@@ -1,0 +1,251 @@
+// The objects the KubernetesLauncher creates, for a sample spec: the Indexed Job (pods, rank
+// contract, failure policy, resources, security) and the headless Service; label values made
+// valid from any campaign id; job names that cannot name pods refused.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import {
+  coordinatorAddress,
+  jobManifest,
+  labelValue,
+  launchProblem,
+  ownerLabels,
+  serviceManifest,
+  serviceName,
+} from '../../activities/launch/kubernetes/manifests.js';
+import type { TrainJobSpec } from '../../activities/launch/types.js';
+import { kubernetesLauncherSchema } from '../../workflows/spec-kubernetes.js';
+
+const settings = kubernetesLauncherSchema.parse({
+  kind: 'kubernetes',
+  namespace: 'trainers',
+  image: 'registry.example/moerl:0.1.0',
+  imagePullPolicy: 'Always',
+  cpu: '16',
+  memory: '64Gi',
+  hugepages2Mi: '2Gi',
+  shmSize: '8Gi',
+  gpusPerRank: 8,
+  efaPerRank: 4,
+  nodeSelector: { 'node.kubernetes.io/instance-type': 'p5.48xlarge' },
+  affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [] } } },
+  tolerations: [{ key: 'nvidia.com/gpu', operator: 'Exists', effect: 'NoSchedule' }],
+  priorityClassName: 'training',
+  serviceAccount: 'moerl-trainer',
+  backoffLimit: 5,
+  activeDeadlineSeconds: 7200,
+  ttlSecondsAfterFinished: 600,
+  coordinatorPort: 29400,
+  labels: { team: 'rl' },
+  annotations: { 'example.com/owner': 'rl-team' },
+  env: { FI_EFA_USE_DEVICE_RDMA: '1' },
+  storeVolume: { claimName: 'moerl-store' },
+});
+
+const spec: TrainJobSpec = {
+  name: 'grpo-math-u3-1a2b3c4d',
+  worldSize: 4,
+  job: {
+    store: { kind: 'fs', path: '/mnt/store' },
+    checkpoints: [],
+    inputLists: [],
+    steps: [['grpo', '--out', '{work}/out']],
+    outputs: [],
+  },
+  env: { EXTRA: 'x', MOERL_RANK: 'must not win' },
+  provider: 'efa',
+  owner: { campaignId: 'GRPO math/v2', iteration: 3, attempt: 2 },
+};
+
+describe('kubernetes launcher manifests', () => {
+  const job = jobManifest(spec, settings);
+  const pod = job.spec!.template.spec!;
+  const container = pod.containers[0]!;
+  const env = Object.fromEntries((container.env ?? []).map((e) => [e.name, e.value ?? e.valueFrom]));
+
+  it('builds an Indexed Job of one never-restarted pod per rank', () => {
+    assert.equal(job.metadata?.name, spec.name);
+    assert.equal(job.metadata?.namespace, 'trainers');
+    assert.equal(job.spec?.completionMode, 'Indexed');
+    assert.equal(job.spec?.completions, 4);
+    assert.equal(job.spec?.parallelism, 4);
+    assert.equal(job.spec?.backoffLimit, 5);
+    assert.equal(job.spec?.activeDeadlineSeconds, 7200);
+    assert.equal(job.spec?.ttlSecondsAfterFinished, 600);
+    assert.equal(job.spec?.podReplacementPolicy, 'Failed');
+    assert.equal(pod.restartPolicy, 'Never');
+    assert.equal(pod.subdomain, serviceName(spec.name));
+    assert.deepEqual(container.command, ['node', 'dist/workers/rank.js']);
+    assert.equal(container.image, 'registry.example/moerl:0.1.0');
+    assert.equal(container.imagePullPolicy, 'Always');
+  });
+
+  it('ignores disruptions and fails the Job at once on exit 2, in that order', () => {
+    assert.deepEqual(job.spec?.podFailurePolicy?.rules, [
+      { action: 'Ignore', onPodConditions: [{ type: 'DisruptionTarget', status: 'True' }] },
+      { action: 'FailJob', onExitCodes: { containerName: 'rank', operator: 'In', values: [2] } },
+    ]);
+  });
+
+  it('gives every rank the rank contract, its rank from the completion index', () => {
+    assert.deepEqual(env.MOERL_RANK, {
+      fieldRef: { fieldPath: "metadata.annotations['batch.kubernetes.io/job-completion-index']" },
+    });
+    assert.equal(env.MOERL_WORLD_SIZE, '4');
+    assert.equal(env.MOERL_COORDINATOR, 'grpo-math-u3-1a2b3c4d-0.grpo-math-u3-1a2b3c4d.trainers.svc:29400');
+    assert.equal(env.MOERL_FI_PROVIDER, 'efa');
+    assert.deepEqual(JSON.parse(env.MOERL_JOB as string), spec.job);
+    assert.equal(env.MOERL_WORK_DIR, '/var/lib/moerl/work');
+    assert.equal(env.EXTRA, 'x');
+    assert.equal(env.FI_EFA_USE_DEVICE_RDMA, '1');
+    const names = (container.env ?? []).map((e) => e.name);
+    assert.equal(new Set(names).size, names.length, `duplicate variables: ${names.join(' ')}`);
+  });
+
+  it('requests the spec resources, limits equal to requests', () => {
+    const amounts = {
+      cpu: '16',
+      memory: '64Gi',
+      'hugepages-2Mi': '2Gi',
+      'nvidia.com/gpu': '8',
+      'vpc.amazonaws.com/efa': '4',
+    };
+    assert.deepEqual(container.resources, { requests: amounts, limits: amounts });
+    assert.equal(
+      jobManifest(spec, {
+        ...settings,
+        cpu: undefined,
+        memory: undefined,
+        hugepages2Mi: undefined,
+        gpusPerRank: 0,
+        efaPerRank: 0,
+      }).spec?.template.spec?.containers[0]?.resources,
+      undefined,
+    );
+  });
+
+  it('mounts scratch, a memory-backed /dev/shm and the fs store at its path', () => {
+    assert.deepEqual(pod.volumes, [
+      { name: 'work', emptyDir: {} },
+      { name: 'dshm', emptyDir: { medium: 'Memory', sizeLimit: '8Gi' } },
+      { name: 'store', persistentVolumeClaim: { claimName: 'moerl-store' } },
+    ]);
+    assert.deepEqual(container.volumeMounts, [
+      { name: 'work', mountPath: '/var/lib/moerl/work' },
+      { name: 'dshm', mountPath: '/dev/shm' },
+      { name: 'store', mountPath: '/mnt/store' },
+    ]);
+    const hostPath = jobManifest(spec, { ...settings, storeVolume: { hostPath: '/srv/moerl' } });
+    assert.deepEqual(hostPath.spec?.template.spec?.volumes?.[2], {
+      name: 'store',
+      hostPath: { path: '/srv/moerl', type: 'Directory' },
+    });
+    const s3 = jobManifest(
+      {
+        ...spec,
+        job: {
+          ...spec.job,
+          store: { kind: 's3', bucket: 'b', prefix: '', region: 'us-east-1', forcePathStyle: false },
+        },
+      },
+      settings,
+    );
+    assert.deepEqual(
+      s3.spec?.template.spec?.volumes?.map((v) => v.name),
+      ['work', 'dshm'],
+    );
+  });
+
+  it('places pods as the spec says', () => {
+    assert.deepEqual(pod.nodeSelector, { 'node.kubernetes.io/instance-type': 'p5.48xlarge' });
+    assert.deepEqual(pod.affinity, settings.affinity);
+    assert.deepEqual(pod.tolerations, [{ key: 'nvidia.com/gpu', operator: 'Exists', effect: 'NoSchedule' }]);
+    assert.equal(pod.priorityClassName, 'training');
+    assert.equal(pod.serviceAccountName, 'moerl-trainer');
+  });
+
+  it('runs unprivileged; IPC_LOCK only with EFA', () => {
+    assert.equal(pod.securityContext?.runAsNonRoot, true);
+    // The Dockerfile's USER 65532:65532.
+    assert.equal(pod.securityContext?.runAsUser, 65532);
+    assert.equal(pod.securityContext?.runAsGroup, 65532);
+    assert.deepEqual(pod.securityContext?.seccompProfile, { type: 'RuntimeDefault' });
+    assert.equal(container.securityContext?.allowPrivilegeEscalation, false);
+    assert.deepEqual(container.securityContext?.capabilities, { drop: ['ALL'], add: ['IPC_LOCK'] });
+    const tcp = jobManifest(spec, { ...settings, efaPerRank: 0 }).spec?.template.spec?.containers[0];
+    assert.deepEqual(tcp?.securityContext?.capabilities, { drop: ['ALL'] });
+  });
+
+  it('labels the Job, its pods and its Service with the owner, plus the spec labels and annotations', () => {
+    const owner = {
+      'app.kubernetes.io/name': 'moerl',
+      'app.kubernetes.io/component': 'trainer',
+      'app.kubernetes.io/part-of': 'moerl',
+      'app.kubernetes.io/managed-by': 'moerl',
+      'moerl.dev/campaign': labelValue('GRPO math/v2'),
+      'moerl.dev/iteration': '3',
+      'moerl.dev/attempt': '2',
+      'moerl.dev/job': spec.name,
+    };
+    assert.deepEqual(ownerLabels(spec), owner);
+    const service = serviceManifest(spec, settings, { name: spec.name, uid: 'uid-1' });
+    for (const meta of [job.metadata, job.spec?.template.metadata, service.metadata]) {
+      assert.deepEqual(meta?.labels, { team: 'rl', ...owner });
+      assert.deepEqual(meta?.annotations, { 'example.com/owner': 'rl-team' });
+    }
+  });
+
+  it('builds a headless Service owned by the Job, publishing ranks that are not ready', () => {
+    const service = serviceManifest(spec, settings, { name: spec.name, uid: 'uid-1' });
+    assert.equal(service.metadata?.name, spec.name);
+    assert.deepEqual(service.metadata?.ownerReferences, [
+      { apiVersion: 'batch/v1', kind: 'Job', name: spec.name, uid: 'uid-1' },
+    ]);
+    assert.equal(service.spec?.clusterIP, 'None');
+    assert.equal(service.spec?.publishNotReadyAddresses, true);
+    assert.deepEqual(service.spec?.selector, {
+      'moerl.dev/job': spec.name,
+      'app.kubernetes.io/component': 'trainer',
+    });
+    assert.deepEqual(service.spec?.ports, [
+      { name: 'coordinator', port: 29400, targetPort: 29400, protocol: 'TCP' },
+    ]);
+  });
+
+  it('names the Service of a job whose name starts with a digit so that it is a valid Service name', () => {
+    assert.equal(serviceName('2024-run-u1-abcd'), 'j2024-run-u1-abcd');
+    assert.equal(
+      coordinatorAddress('2024-run-u1-abcd', 'ns', 1234),
+      '2024-run-u1-abcd-0.j2024-run-u1-abcd.ns.svc:1234',
+    );
+  });
+});
+
+describe('kubernetes launcher names and labels', () => {
+  it('keeps valid label values and makes any other value valid, distinct and at most 63 long', () => {
+    assert.equal(labelValue('grpo-math_v2.1'), 'grpo-math_v2.1');
+    const values = ['GRPO math/v2', 'GRPO math v2', '-leading', 'x'.repeat(80), 'x'.repeat(81), '///', 'é'];
+    const labels = values.map(labelValue);
+    for (const [i, label] of labels.entries()) {
+      assert.ok(label.length <= 63, `${values[i]} → ${label} is too long`);
+      assert.match(label, /^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$/, `${values[i]} → ${label}`);
+    }
+    assert.equal(new Set(labels).size, labels.length, `collisions: ${labels.join(' ')}`);
+    assert.match(labelValue('GRPO math/v2'), /^GRPO-math-v2-[0-9a-f]{8}$/);
+  });
+
+  it('refuses job names that cannot name the Job and its pods, and an fs store without its volume', () => {
+    assert.equal(launchProblem(spec, settings), undefined);
+    assert.match(
+      launchProblem({ ...spec, name: 'Upper' }, settings) ?? '',
+      /"Upper" must be a DNS-1123 label/,
+    );
+    assert.match(
+      launchProblem({ ...spec, name: 'a'.repeat(60), worldSize: 1000 }, settings) ?? '',
+      /too long for 1000 ranks: pod hostname a+-999 would pass 63/,
+    );
+    assert.match(
+      launchProblem(spec, { ...settings, storeVolume: undefined }) ?? '',
+      /storeVolume is required with an fs store \(\/mnt\/store\)/,
+    );
+  });
+});
