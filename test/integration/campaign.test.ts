@@ -1,11 +1,8 @@
 // The campaign workflow on the real Temporal dev server, with recording test activities.
 import assert from 'node:assert/strict';
-import { mkdirSync, writeFileSync } from 'node:fs';
 import { after, before, describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { WorkflowFailedError, WorkflowUpdateFailedError } from '@temporalio/client';
 import { CancelledFailure } from '@temporalio/common';
-import { historyToJSON } from '@temporalio/common/lib/proto-utils.js';
 import type { WorkflowHandle } from '@temporalio/client';
 import type { RolloutShardInput, UpdateInput } from '../../activities/types.js';
 import type { campaign } from '../../workflows/campaign.js';
@@ -15,6 +12,7 @@ import type { CampaignState } from '../../workflows/types.js';
 import { badInput, createRecordingTestActivities } from '../support/recording-activities.js';
 import type { RecordedCall } from '../support/recording-activities.js';
 import { startCampaign, testSpec, waitFor, waitForState, withWorkers } from '../support/campaign-harness.js';
+import { maybeRecordHistory } from '../support/histories.js';
 import { startTestEnvironment } from '../support/temporal.js';
 import type { TestEnvironment } from '../support/temporal.js';
 
@@ -34,15 +32,6 @@ const only = (calls: RecordedCall[], activity: RecordedCall['activity'], iterati
   return found[0]!;
 };
 const status = (h: WorkflowHandle<typeof campaign>) => h.query<CampaignState>('status');
-
-/** Recorded histories feed the replay test; refresh them with MOERL_RECORD_HISTORIES=1. */
-async function maybeRecordHistory(handle: WorkflowHandle<typeof campaign>, name: string): Promise<void> {
-  if (process.env.MOERL_RECORD_HISTORIES !== '1') return;
-  const dir = fileURLToPath(new URL('../../../test/histories/', import.meta.url));
-  mkdirSync(dir, { recursive: true });
-  const history = await handle.fetchHistory();
-  writeFileSync(`${dir}${name}.json`, historyToJSON(history));
-}
 
 describe('campaign workflow on the dev server', () => {
   test('runs rollout over every shard, then reward, update and checkpoint, per iteration', async () => {
