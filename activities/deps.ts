@@ -5,6 +5,7 @@ import { homedir, hostname } from 'node:os';
 import { join } from 'node:path';
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { CampaignSpec } from '../workflows/spec.js';
+import { CheckpointCache, cacheLimitsFromEnv } from './checkpoints.js';
 import { KubernetesLauncher, kubeConfigFromEnvironment } from './launch/kubernetes.js';
 import { LocalLauncher } from './launch/local.js';
 import type { Launcher } from './launch/types.js';
@@ -18,6 +19,8 @@ export interface ActivityDeps {
   openStore(location: StoreLocation): ObjectStore;
   /** Local scratch and cache directory (checkpoint cache, job directories). */
   cacheDir: string;
+  /** The bounded cache of checkpoints under cacheDir, one per worker process. */
+  checkpoints: CheckpointCache;
   /** Directory holding moe_train and moe_generate. */
   binDir: string;
   /** The launcher for a spec's launcher section. */
@@ -51,6 +54,7 @@ export function workerActivityDeps(
   return {
     openStore: (location) => openStore(location),
     cacheDir,
+    checkpoints: new CheckpointCache(cacheDir, cacheLimitsFromEnv(env)),
     binDir,
     workerId: newWorkerId(),
     launcherFor: (launcher) => {

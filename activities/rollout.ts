@@ -5,7 +5,7 @@
 import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
-import { fetchCheckpoint } from './checkpoints.js';
+import { acquireCheckpoint } from './checkpoints.js';
 import { heartbeatUntilStopped } from './heartbeat.js';
 import * as keys from './layout.js';
 import { nativeToolPath, runTool, toolFailure } from './native.js';
@@ -113,7 +113,8 @@ export async function rolloutShard(
           nonRetryable: true,
           message: 'dataset tasks are not supported by the rollout activity yet; use a builtin task',
         });
-      const policyDir = await fetchCheckpoint(store, input.policy, deps.cacheDir);
+      const policy = await acquireCheckpoint(store, input.policy, deps.checkpoints);
+      const policyDir = policy.dir;
       const outDir = join(
         deps.cacheDir,
         'rollouts',
@@ -179,6 +180,7 @@ export async function rolloutShard(
       } finally {
         deps.shutdown.removeEventListener('abort', onShutdown);
         ctx.cancellationSignal.removeEventListener('abort', onShutdown);
+        policy.release();
         await rm(outDir, { recursive: true, force: true });
       }
     }

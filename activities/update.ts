@@ -8,7 +8,7 @@ import { isAbsolute, resolve } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
 import {
   committedCheckpoint,
-  fetchCheckpoint,
+  acquireCheckpoint,
   stageCheckpoint,
   stagedCheckpointFromManifest,
 } from './checkpoints.js';
@@ -302,9 +302,13 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
     const source = input.source.checkpoint;
     const stop = heartbeatUntilStopped(() => ({ fork: source.key }));
     try {
-      const dir = await fetchCheckpoint(store, source, deps.cacheDir);
-      const staged = await stageCheckpoint(store, dir, campaignId, source.iteration);
-      return { staged, metrics: {}, attempt: ctx.info.attempt };
+      const copy = await acquireCheckpoint(store, source, deps.checkpoints);
+      try {
+        const staged = await stageCheckpoint(store, copy.dir, campaignId, source.iteration);
+        return { staged, metrics: {}, attempt: ctx.info.attempt };
+      } finally {
+        copy.release();
+      }
     } finally {
       stop();
     }

@@ -92,7 +92,7 @@ function decode<T>(payloads: Payloads): T | undefined {
   }
 }
 
-function failureText(failure: ProtoFailure | undefined): string {
+export function failureText(failure: ProtoFailure | undefined): string {
   if (!failure) return 'unknown failure';
   const type = failure.applicationFailureInfo?.type;
   return `${type ? `${type}: ` : ''}${failure.message ?? ''}`.split('\n')[0] as string;

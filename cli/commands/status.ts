@@ -4,6 +4,7 @@ import type { CampaignState } from '../../workflows/types.js';
 import { describeCampaign, executionStatus, queryState, type CampaignMemo } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { decimal, keyValues, seconds, timestamp } from '../format.js';
+import { failureText } from '../history.js';
 
 export function statusText(state: CampaignState, description: WorkflowExecutionDescription): string {
   const memo = description.memo as Partial<CampaignMemo> | undefined;
@@ -27,6 +28,14 @@ export function statusText(state: CampaignState, description: WorkflowExecutionD
         .map((s) => `${s.stage} of iteration ${s.iteration} since ${timestamp(s.startedAt)}`)
         .join('; '),
     ]);
+  // Attempts the server is retrying right now: a retry loop must be visible, not `running` only.
+  for (const p of description.raw?.pendingActivities ?? []) {
+    const attempt = p.attempt ?? 1;
+    if (attempt <= 1 && !p.lastFailure) continue;
+    const what = p.activityType?.name ?? 'activity';
+    const failure = p.lastFailure ? `; last failure: ${failureText(p.lastFailure)}` : '';
+    lines.push(['attempt', `${what} (activity ${p.activityId}) attempt ${attempt}${failure}`]);
+  }
   if (state.latestCheckpoint) {
     const c = state.latestCheckpoint;
     lines.push(['checkpoint', `iteration ${c.iteration} at ${c.key} (mean reward ${decimal(c.meanReward)})`]);

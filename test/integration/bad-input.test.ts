@@ -56,11 +56,21 @@ let caches = 0;
  * The worker's dependencies with a cache of its own: a checkpoint verified into another test's
  * cache would be served from there and never read from the store again.
  */
-function workerDeps(overrides: Partial<ActivityDeps> = {}): ActivityDeps {
+function workerDeps(overrides: Partial<ActivityDeps> = {}, env: NodeJS.ProcessEnv = {}): ActivityDeps {
   const cache = join(dir, `cache-${++caches}`);
-  const deps = workerActivityDeps(new AbortController().signal, { ...process.env, MOERL_CACHE_DIR: cache });
+  const deps = workerActivityDeps(new AbortController().signal, {
+    ...process.env,
+    MOERL_CACHE_DIR: cache,
+    ...env,
+  });
   return { ...deps, ...overrides };
 }
+
+/** Trainer ranks are processes of their own: they read the store's credentials from their environment. */
+const rankCredentials = (gw: Versitygw) => ({
+  AWS_ACCESS_KEY_ID: gw.accessKey,
+  AWS_SECRET_ACCESS_KEY: gw.secretKey,
+});
 
 interface CliResult {
   code: number;
@@ -480,9 +490,10 @@ describe('bad input: each failure pauses the campaign, commits nothing, and says
       const good = { accessKeyId: gw.accessKey, secretAccessKey: gw.secretKey };
       const wrongSecret = randomBytes(24).toString('base64url');
       let credentials = { ...good, secretAccessKey: wrongSecret };
-      const deps = workerDeps({
-        openStore: (loc) => openStore(loc, { s3: { credentials: { ...credentials }, maxAttempts: 2 } }),
-      });
+      const deps = workerDeps(
+        { openStore: (loc) => openStore(loc, { s3: { credentials: { ...credentials }, maxAttempts: 2 } }) },
+        rankCredentials(gw),
+      );
       const store = openStore(location, { s3: { credentials: good } });
       await withWorkers(t.nativeConnection, t.namespace, createActivities(deps), async (queues) => {
         const handle = await startCampaign(t.client, tinySpec('s3-auth', { store: location }), queues);
@@ -510,7 +521,7 @@ describe('bad input: each failure pauses the campaign, commits nothing, and says
       const s3: S3StoreOptions = {
         credentials: { accessKeyId: gw.accessKey, secretAccessKey: gw.secretKey },
       };
-      const deps = workerDeps({ openStore: (loc) => openStore(loc, { s3 }) });
+      const deps = workerDeps({ openStore: (loc) => openStore(loc, { s3 }) }, rankCredentials(gw));
       const store = openStore(location, { s3 });
       await withWorkers(t.nativeConnection, t.namespace, createActivities(deps), async (queues) => {
         const handle = await startCampaign(t.client, tinySpec('s3-no-bucket', { store: location }), queues);

@@ -184,6 +184,8 @@ async function startOnce(
       `--tls-private-key-file=${pki.apiserver.keyPath}`,
       `--client-ca-file=${pki.ca.certPath}`,
       '--authorization-mode=Node,RBAC',
+      // The node's InternalIP: a node name would be looked up through the host's resolver.
+      '--kubelet-preferred-address-types=InternalIP',
       '--enable-admission-plugins=NodeRestriction',
       `--service-cluster-ip-range=${serviceClusterIpRange}`,
       `--service-account-issuer=${serviceAccountIssuer}`,
