@@ -41,13 +41,14 @@ const spec = (name: string, overrides: Partial<CampaignSpecInput>) =>
 
 describe('long-campaign defects (real data plane)', { skip: tools.skip }, () => {
   test('heartbeat starvation: a rollout chunk slower than the heartbeat timeout completes in one attempt', async () => {
-    // One chunk of 2,048 prompts x 4 samples takes seconds; the heartbeat timeout is 1 s. Before,
-    // the activity beat only between chunks, so the server killed every attempt.
+    // One chunk of 4,096 prompts x 8 samples takes several seconds; the heartbeat timeout is 1 s.
+    // Before, the activity beat only between chunks, so the server killed every attempt.
     const s = spec('slow-chunk', {
-      promptsPerIteration: 2048,
+      promptsPerIteration: 4096,
       rolloutShards: 1,
-      chunkSize: 2048,
-      groupSize: 4,
+      chunkSize: 4096,
+      groupSize: 8,
+      hyperparameters: { maxNewTokens: 16, minibatches: 1, epochs: 1 },
       orchestration: { rolloutHeartbeatSeconds: 1 },
     });
     await withWorkers(
