@@ -8,6 +8,7 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { createActivities } from '../../activities/index.js';
+import { sha256Hex } from '../../activities/checkpoints.js';
 import { workerActivityDeps } from '../../activities/deps.js';
 import * as keys from '../../activities/layout.js';
 import { openStore } from '../../activities/store/index.js';
@@ -58,12 +59,18 @@ describe('data plane: real activities', () => {
       for (const it of [0, 1, 2]) {
         const manifest = JSON.parse(
           (await store.get(`${keys.checkpointKey(id, it)}/manifest.json`)).toString(),
-        ) as { files: { name: string }[]; world_size: number };
+        ) as { files: { name: string; bytes: number; sha256: string }[]; world_size: number };
         assert.deepEqual(manifest.files.map((f) => f.name).sort(), [
           'dense.safetensors',
           'experts-rank0.safetensors',
           'experts-rank1.safetensors',
         ]);
+        // Whole: every file's bytes are what the manifest vouches for.
+        for (const f of manifest.files) {
+          const body = await store.get(`${keys.checkpointKey(id, it)}/${f.name}`);
+          assert.equal(body.length, f.bytes, `checkpoint ${it} ${f.name} size`);
+          assert.equal(sha256Hex(body), f.sha256, `checkpoint ${it} ${f.name} sha256`);
+        }
       }
       assert.ok(await store.head(keys.rolloutChunkKey(id, 1, 1, 1)));
       assert.ok(await store.head(keys.rewardKey(id, 2, 0)));
