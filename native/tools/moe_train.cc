@@ -62,6 +62,9 @@ void emit_metrics(model::ExpertComm& ep, const std::string& path, const std::str
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
   if (path.empty()) return;
+  // the metrics file may sit in a directory of its own that nothing created yet
+  if (size_t slash = path.rfind('/'); slash != std::string::npos && slash > 0)
+    io::make_dirs(path.substr(0, slash));
   std::ofstream out(path, std::ios::app);
   MOERL_CHECK_INPUT(out.good(), "cannot append to metrics file ", path);
   out << line << "\n";
