@@ -198,7 +198,8 @@ function spawnTiedToParent(command: string, args: string[], logFd: number): Chil
   return spawn(file, argv, { stdio: ['ignore', logFd, logFd] });
 }
 
-function findOnPath(name: string): string | undefined {
+/** An executable `name` in a PATH directory, or undefined. */
+export function findOnPath(name: string): string | undefined {
   for (const dir of (process.env.PATH ?? '').split(delimiter)) {
     if (!dir) continue;
     const candidate = join(dir, name);

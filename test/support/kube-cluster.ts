@@ -13,7 +13,7 @@ import { request } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, type V1Node } from '@kubernetes/client-node';
-import { freePort, logTail } from '../../cli/dev-server.js';
+import { freePort } from '../../cli/dev-server.js';
 import { resolveTool, type ToolName } from '../../cli/temporal-tools.js';
 import { createClusterPki, serviceClusterIpRange, writeKubeconfig, type CertPair } from './kube-pki.js';
 import {
@@ -22,7 +22,7 @@ import {
   kwokNodeAnnotation,
   kwokStagesYaml,
 } from './kwok-stages.js';
-import { spawnGroup, type GroupProcess } from './process-group.js';
+import { probeFailureText, spawnGroup, waitUntilReady, type GroupProcess } from './process-group.js';
 
 export interface KubeCluster {
   /** https://127.0.0.1:<port> */
@@ -389,38 +389,12 @@ export async function waitFor(
   }
 }
 
-// Waits for a component's probe, failing early (with its log) when the process exits.
-async function waitUntil(
-  proc: GroupProcess,
-  deadline: number,
-  probe: () => Promise<true | string>,
-): Promise<void> {
-  let last = 'no answer yet';
-  while (Date.now() < deadline) {
-    if (proc.exitReason) throw componentError(proc, `exited with ${proc.exitReason} before it was ready`);
-    try {
-      if ((last = errorText(await probe())) === '') return;
-    } catch (err) {
-      last = errorText(err);
-    }
-    await Promise.race([proc.exited, new Promise((done) => setTimeout(done, 200))]);
-  }
-  throw componentError(proc, `not ready before the start-up deadline (last: ${last})`);
-}
-
-function componentError(proc: GroupProcess, what: string): KubeClusterError {
-  return new KubeClusterError(
-    `${proc.name} ${what}; command: ${proc.command}\n${logTail(proc.logFile, proc.logStart)}`,
-  );
-}
+/** Waits for a component's probe, failing early (with its log) when the process exits. */
+const waitUntil = (proc: GroupProcess, deadline: number, probe: () => Promise<true | string>) =>
+  waitUntilReady(proc, deadline, probe, (message) => new KubeClusterError(message));
 
 function errorText(value: unknown): string {
-  if (value === true) return '';
-  if (value instanceof Error) {
-    const cause = value.cause instanceof Error ? `: ${value.cause.message}` : '';
-    return `${value.message}${cause}`;
-  }
-  return String(value);
+  return value === true ? '' : probeFailureText(value);
 }
 
 function httpsGet(

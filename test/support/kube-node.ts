@@ -24,7 +24,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import { CoreV1Api, type V1Node } from '@kubernetes/client-node';
-import { freePort, logTail } from '../../cli/dev-server.js';
+import { freePort } from '../../cli/dev-server.js';
 import { repoRoot, resolveTool, type ToolName } from '../../cli/temporal-tools.js';
 import type { KubeCluster } from './kube-cluster.js';
 import {
@@ -49,7 +49,7 @@ import {
   type NodeRecord,
 } from './kube-node-host.js';
 import { issueCert, writeKubeconfig } from './kube-pki.js';
-import { spawnGroup, type GroupProcess } from './process-group.js';
+import { probeFailureText, spawnGroup, waitUntilReady, type GroupProcess } from './process-group.js';
 
 const run = promisify(execFile);
 
@@ -192,7 +192,9 @@ export async function startKubeNode(
       try {
         await ctr(['images', 'import', '--snapshotter', 'overlayfs', archive]);
       } catch (err) {
-        throw new KubeNodeError(`importing ${archive} into the node's containerd failed: ${stderrOf(err)}`);
+        throw new KubeNodeError(
+          `importing ${archive} into the node's containerd failed: ${probeFailureText(err)}`,
+        );
       }
     };
     for (const archive of [sandboxImage.archive, ...(opts.images ?? [])]) await importImage(archive);
@@ -355,7 +357,7 @@ async function buildPauseImage(): Promise<{ ref: string; archive: string }> {
     if (!ref || !archive) throw new Error(`unexpected output "${stdout.trim()}"`);
     return { ref, archive };
   } catch (err) {
-    throw new KubeNodeError(`scripts/build-image.sh pause failed: ${stderrOf(err)}`);
+    throw new KubeNodeError(`scripts/build-image.sh pause failed: ${probeFailureText(err)}`);
   }
 }
 
@@ -396,37 +398,9 @@ async function drainPods(core: CoreV1Api, node: string, runcRoot: string): Promi
   }
 }
 
-// Waits for a component's probe, failing early (with its log) when the process exits.
-async function waitUntil(
-  proc: GroupProcess,
-  deadline: number,
-  probe: () => Promise<true | string>,
-): Promise<void> {
-  let last = 'no answer yet';
-  while (Date.now() < deadline) {
-    if (proc.exitReason) throw componentError(proc, `exited with ${proc.exitReason} before it was ready`);
-    try {
-      const result = await probe();
-      if (result === true) return;
-      last = result;
-    } catch (err) {
-      last = stderrOf(err);
-    }
-    await Promise.race([proc.exited, new Promise((done) => setTimeout(done, 250))]);
-  }
-  throw componentError(proc, `not ready before the start-up deadline (last: ${last})`);
-}
-
-function componentError(proc: GroupProcess, what: string): KubeNodeError {
-  return new KubeNodeError(
-    `${proc.name} ${what}; command: ${proc.command}\n${logTail(proc.logFile, proc.logStart)}`,
-  );
-}
-
-function stderrOf(err: unknown): string {
-  const stderr = (err as { stderr?: string }).stderr?.trim();
-  return stderr || (err instanceof Error ? err.message : String(err));
-}
+/** Waits for a component's probe, failing early (with its log) when the process exits. */
+const waitUntil = (proc: GroupProcess, deadline: number, probe: () => Promise<true | string>) =>
+  waitUntilReady(proc, deadline, probe, (message) => new KubeNodeError(message));
 
 function isExecutable(path: string): boolean {
   try {

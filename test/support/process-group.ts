@@ -3,8 +3,8 @@
 // also sent SIGTERM when this process exits, and on Linux setpriv's parent-death signal covers
 // a test process that is killed outright.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { accessSync, closeSync, constants, fstatSync, openSync } from 'node:fs';
-import { delimiter, join } from 'node:path';
+import { closeSync, fstatSync, openSync } from 'node:fs';
+import { findOnPath, logTail } from '../../cli/dev-server.js';
 
 export interface GroupProcess {
   name: string;
@@ -81,16 +81,38 @@ function signalGroup(pgid: number, signal: NodeJS.Signals): void {
   }
 }
 
-function findOnPath(name: string): string | undefined {
-  for (const dir of (process.env.PATH ?? '').split(delimiter)) {
-    if (!dir) continue;
-    const candidate = join(dir, name);
+/** What went wrong in a probe: the command's stderr when it has one, else the message and its cause. */
+export function probeFailureText(err: unknown): string {
+  const stderr = (err as { stderr?: string } | null)?.stderr?.trim();
+  if (stderr) return stderr;
+  if (err instanceof Error)
+    return `${err.message}${err.cause instanceof Error ? `: ${err.cause.message}` : ''}`;
+  return String(err);
+}
+
+/**
+ * Waits until `probe` answers true (anything else is why not yet), failing early when the
+ * process exits; the error names the component and its command and carries its log tail.
+ */
+export async function waitUntilReady(
+  proc: GroupProcess,
+  deadline: number,
+  probe: () => Promise<true | string>,
+  fail: (message: string) => Error,
+): Promise<void> {
+  const failure = (what: string) =>
+    fail(`${proc.name} ${what}; command: ${proc.command}\n${logTail(proc.logFile, proc.logStart)}`);
+  let last = 'no answer yet';
+  while (Date.now() < deadline) {
+    if (proc.exitReason) throw failure(`exited with ${proc.exitReason} before it was ready`);
     try {
-      accessSync(candidate, constants.X_OK);
-      return candidate;
-    } catch {
-      // not in this PATH entry
+      const answer = await probe();
+      if (answer === true) return;
+      last = answer;
+    } catch (err) {
+      last = probeFailureText(err);
     }
+    await Promise.race([proc.exited, new Promise((done) => setTimeout(done, 200))]);
   }
-  return undefined;
+  throw failure(`not ready before the start-up deadline (last: ${last})`);
 }
