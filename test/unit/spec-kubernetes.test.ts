@@ -5,21 +5,9 @@ import { describe, it } from 'node:test';
 import { stringify } from 'yaml';
 import { parseSpecText } from '../../cli/spec-file.js';
 import { SpecError, campaignSpecJsonSchema } from '../../workflows/spec.js';
+import { validSpecDoc } from '../support/spec-docs.js';
 
-function validDoc(): Record<string, unknown> {
-  return {
-    name: 'unit',
-    task: { builtin: 'add' },
-    model: { layers: 2, hidden: 64, heads: 4, experts: 8, topK: 2 },
-    iterations: 5,
-    promptsPerIteration: 16,
-    groupSize: 4,
-    rolloutShards: 2,
-    chunkSize: 8,
-    epWorldSize: 2,
-    seed: 1,
-  };
-}
+const validDoc = validSpecDoc;
 
 function problemsAfter(edit: (doc: Record<string, unknown>) => void): string[] {
   const doc = validDoc();

@@ -10,24 +10,11 @@ import { repoRoot } from '../../cli/temporal-tools.js';
 import { UsageError } from '../../cli/errors.js';
 import { applyOverrides, loadSpecFile, parseOverride, parseSpecText } from '../../cli/spec-file.js';
 import { SpecError, campaignSpecJsonSchema, defaultHyperparameters } from '../../workflows/spec.js';
+import { validSpecDoc } from '../support/spec-docs.js';
 
 const examplesDir = join(repoRoot(), 'examples');
 
-// A valid spec document; each malformed case changes one thing (or a few) in a copy.
-function validDoc(): Record<string, unknown> {
-  return {
-    name: 'unit',
-    task: { builtin: 'add' },
-    model: { layers: 2, hidden: 64, heads: 4, experts: 8, topK: 2 },
-    iterations: 5,
-    promptsPerIteration: 16,
-    groupSize: 4,
-    rolloutShards: 2,
-    chunkSize: 8,
-    epWorldSize: 2,
-    seed: 1,
-  };
-}
+const validDoc = validSpecDoc;
 
 function problemsOf(text: string, file = 'bad.yaml'): string[] {
   try {
