@@ -114,8 +114,7 @@ function runStep(tool: string, args: string[]): Promise<number | null> {
 async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
   const { rank, worldSize, job, work } = readContract(env);
   const store = openStore(job.store);
-  await rm(work, { recursive: true, force: true });
-  await mkdir(work, { recursive: true });
+  await emptyDir(work);
   for (const c of job.checkpoints)
     await fetchCheckpointForRank(store, c.ref, join(work, c.dir), { rank, worldSize });
   for (const list of job.inputLists) await fetchInputList(store, work, list);
@@ -135,8 +134,14 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
     }
   }
   for (const output of job.outputs) await uploadOutputs(store, work, output);
-  await rm(work, { recursive: true, force: true });
+  await emptyDir(work);
   return 0;
+}
+
+/** Creates `dir` or removes what is in it: in a pod it is an emptyDir mount, which cannot be removed. */
+async function emptyDir(dir: string): Promise<void> {
+  await mkdir(dir, { recursive: true });
+  for (const entry of await readdir(dir)) await rm(join(dir, entry), { recursive: true, force: true });
 }
 
 const isBadInput = (err: unknown) =>
