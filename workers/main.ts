@@ -11,13 +11,17 @@ import {
   taskQueuesFrom,
   temporalOptionsFrom,
 } from './temporal-options.js';
+import { createWorkerMetrics, hostPort, parsePort, serveMetrics } from './metrics.js';
+import type { MetricsServer } from './metrics.js';
 import { roles, runWorkers } from './worker.js';
 import type { Role } from './worker.js';
 
 const usage = `usage: moerl-worker [--role control|rollout|train|all]... [--shutdown-grace-seconds N]
                     [--address host:port] [--namespace NS] [--api-key-file FILE]
                     [--tls-cert FILE --tls-key FILE] [--tls-ca FILE] [--tls-server-name NAME]
+                    [--metrics-port N] [--sdk-metrics-port N] [--metrics-host ADDR]
 env: MOERL_WORKER_ROLES (comma list), MOERL_SHUTDOWN_GRACE_SECONDS, MOERL_TASK_QUEUE_PREFIX,
+     MOERL_METRICS_PORT, MOERL_SDK_METRICS_PORT, MOERL_METRICS_HOST (default 127.0.0.1),
      TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_API_KEY_FILE, TEMPORAL_TLS_*
 (--api-key KEY works too, but shows the key in the process list)`;
 
@@ -35,6 +39,9 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
       'tls-key': { type: 'string' },
       'tls-ca': { type: 'string' },
       'tls-server-name': { type: 'string' },
+      'metrics-port': { type: 'string' },
+      'sdk-metrics-port': { type: 'string' },
+      'metrics-host': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   });
@@ -46,8 +53,19 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
   const graceSeconds = Number(graceText);
   if (!Number.isFinite(graceSeconds) || graceSeconds < 0)
     throw new Error(`shutdown grace must be a number of seconds ≥ 0, got "${graceText}"`);
+  const port = (text: string | undefined, what: string) =>
+    text === undefined || text === '' ? undefined : parsePort(text, what);
   return {
     help: values.help ?? false,
+    /** moerl's metrics and the Temporal SDK's, each on its own port; off when no port is given. */
+    metrics: {
+      port: port(values['metrics-port'] ?? env.MOERL_METRICS_PORT, '--metrics-port (MOERL_METRICS_PORT)'),
+      sdkPort: port(
+        values['sdk-metrics-port'] ?? env.MOERL_SDK_METRICS_PORT,
+        '--sdk-metrics-port (MOERL_SDK_METRICS_PORT)',
+      ),
+      host: values['metrics-host'] ?? env.MOERL_METRICS_HOST ?? '127.0.0.1',
+    },
     roles: requested as Role[],
     shutdownGraceMs: graceSeconds * 1000,
     /** Lines for stderr before the worker starts. */
@@ -75,14 +93,41 @@ async function main(): Promise<void> {
     return;
   }
   for (const warning of args.warnings) console.error(`moerl-worker: ${warning}`);
-  // The process owns its signals: the SDK must not shut down on its own.
-  Runtime.install({ shutdownSignals: [] });
+  const { metrics } = args;
+  // The process owns its signals: the SDK must not shut down on its own. The runtime is created
+  // once, before any connection, so its metrics exporter is configured here.
+  Runtime.install({
+    shutdownSignals: [],
+    ...(metrics.sdkPort === undefined
+      ? {}
+      : {
+          telemetryOptions: {
+            metrics: {
+              prometheus: {
+                bindAddress: hostPort(metrics.host, metrics.sdkPort),
+                // Prometheus conventions: `_total` counters, durations in seconds with the unit in the name.
+                countersTotalSuffix: true,
+                unitSuffix: true,
+                useSecondsForDurations: true,
+              },
+            },
+          },
+        }),
+  });
   const stop = new AbortController();
   for (const sig of ['SIGTERM', 'SIGINT'] as const)
     process.once(sig, () => {
       console.error(`moerl-worker: ${sig}, shutting down (grace ${args.shutdownGraceMs / 1000}s)`);
       stop.abort();
     });
+  let activities = createActivities(workerActivityDeps(stop.signal));
+  let server: MetricsServer | undefined;
+  if (metrics.port !== undefined) {
+    const workerMetrics = createWorkerMetrics();
+    activities = workerMetrics.instrument(activities);
+    server = await serveMetrics(workerMetrics.registry, metrics.port, metrics.host);
+    console.error(`moerl-worker: metrics at ${server.url}`);
+  }
   const connection = await connectWorkerConnection(args.temporal);
   try {
     console.error(
@@ -93,12 +138,13 @@ async function main(): Promise<void> {
       connection,
       namespace: args.temporal.namespace,
       taskQueues: taskQueuesFrom(),
-      activities: createActivities(workerActivityDeps(stop.signal)),
+      activities,
       shutdownGraceMs: args.shutdownGraceMs,
       signal: stop.signal,
     });
   } finally {
     await connection.close();
+    await server?.close();
   }
 }
 

@@ -1,0 +1,238 @@
+// The worker program as users start it, with --metrics-port and --sdk-metrics-port, runs a real
+// small campaign; /metrics is scraped while it runs and after, and read by Prometheus's own
+// parser and linter. The counters must agree with what the workflow recorded.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { freePort } from '../../cli/dev-server.js';
+import type { CampaignState } from '../../workflows/types.js';
+import { startCampaign, tinyRealSpec, uniqueTaskQueues, waitFor } from '../support/campaign-harness.js';
+import { nativeTools } from '../support/native-tools.js';
+import { spawnGroup, waitUntilReady } from '../support/process-group.js';
+import { parseExposition } from '../support/promparse.js';
+import type { Exposition, MetricFamily } from '../support/promparse.js';
+import { startTestEnvironment } from '../support/temporal.js';
+import type { TestEnvironment } from '../support/temporal.js';
+
+const tools = nativeTools(['moe_generate', 'moe_reward', 'moe_train']);
+const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
+
+let t: TestEnvironment;
+let dir: string;
+before(async () => {
+  t = await startTestEnvironment();
+  dir = mkdtempSync(join(tmpdir(), 'moerl-worker-metrics-'));
+});
+after(async () => {
+  await t?.teardown();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+async function scrape(url: string): Promise<Exposition> {
+  const res = await fetch(url);
+  assert.equal(res.status, 200, `GET ${url}`);
+  assert.match(res.headers.get('content-type') ?? '', /^text\/plain; version=0\.0\.4/);
+  return parseExposition(await res.text());
+}
+
+function family(e: Exposition, name: string): MetricFamily {
+  const f = e.families.find((x) => x.name === name);
+  assert.ok(f, `${name} is exported`);
+  return f;
+}
+
+const labelsOf = (m: MetricFamily['metric'][number]) =>
+  Object.fromEntries((m.label ?? []).map((l) => [l.name, l.value]));
+
+/** Sum of the counter or gauge samples of `name` whose labels include `labels`. */
+function total(e: Exposition, name: string, labels: Record<string, string> = {}): number {
+  return family(e, name)
+    .metric.filter((m) => Object.entries(labels).every(([k, v]) => labelsOf(m)[k] === v))
+    .reduce((sum, m) => sum + (m.counter?.value ?? m.gauge?.value ?? 0), 0);
+}
+
+/** Observations and their sum in the histogram `name` whose labels include `labels`. */
+function observed(e: Exposition, name: string, labels: Record<string, string>) {
+  let count = 0;
+  let sum = 0;
+  for (const m of family(e, name).metric)
+    if (Object.entries(labels).every(([k, v]) => labelsOf(m)[k] === v)) {
+      count += Number(m.histogram?.sampleCount ?? 0);
+      sum += m.histogram?.sampleSum ?? 0;
+    }
+  return { count, sum };
+}
+
+/** A reward model on the HTTP protocol (docs/rewards.md) scoring every other sample 1. */
+async function startRewardModel() {
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (d: Buffer) => (body += d.toString()));
+    req.on('end', () => {
+      const { samples } = JSON.parse(body) as { samples: { sample_index: number }[] };
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ rewards: samples.map((x) => x.sample_index % 2) }));
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/score`,
+    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+  };
+}
+
+describe('worker metrics', { skip: tools.skip }, () => {
+  test('moerl-worker --metrics-port: activity, rollout, checkpoint and update metrics during and after a real campaign', async () => {
+    const queues = uniqueTaskQueues();
+    const rewardModel = await startRewardModel();
+    const [port, sdkPort] = [await freePort(), await freePort()];
+    const url = `http://127.0.0.1:${port}/metrics`;
+    const worker = spawnGroup(
+      'moerl-worker',
+      process.execPath,
+      [
+        workerMain,
+        '--role',
+        'all',
+        '--address',
+        t.address,
+        '--shutdown-grace-seconds',
+        '5',
+        '--metrics-port',
+        String(port),
+        '--sdk-metrics-port',
+        String(sdkPort),
+      ],
+      join(dir, 'worker.log'),
+      {
+        ...tools.env,
+        MOERL_TASK_QUEUE_PREFIX: queues.control.slice(0, -'control'.length),
+        MOERL_CACHE_DIR: join(dir, 'cache'),
+      },
+    );
+    try {
+      await waitUntilReady(
+        worker,
+        Date.now() + 60_000,
+        async () => (await fetch(url)).ok || 'not 200 yet',
+        (message) => new Error(message),
+      );
+      // Rewards that differ within every group, so each update takes optimizer steps (an
+      // untrained policy's exact-match rewards are all 0, and GRPO then has nothing to learn).
+      const spec = tinyRealSpec('metrics', dir, {
+        iterations: 2,
+        reward: { kind: 'http', url: rewardModel.url },
+      });
+      const handle = await startCampaign(t.client, spec, queues);
+
+      // During the campaign: the first rollout shard is counted as soon as it completes.
+      const during = await waitFor(
+        'a rollout shard counted in /metrics',
+        async () => {
+          const e = await scrape(url);
+          return e.families.some((f) => f.name === 'moerl_rollout_tokens_total' && total(e, f.name) > 0)
+            ? e
+            : undefined;
+        },
+        180_000,
+        250,
+      );
+      assert.equal((await handle.describe()).status.name, 'RUNNING', 'scraped while the campaign ran');
+      assert.ok(total(during, 'moerl_activity_attempts_total', { activity: 'rolloutShard' }) >= 1);
+
+      await handle.result();
+      const state = await handle.query<CampaignState>('status');
+      const e = await scrape(url);
+
+      // Names follow the conventions Prometheus's linter checks (`_total` counters, base units).
+      const ours = e.families.filter((f) => f.name.startsWith('moerl_'));
+      assert.deepEqual(
+        e.problems.filter((p) => p.metric.startsWith('moerl_')),
+        [],
+        'promlint finds nothing in the moerl_ metrics',
+      );
+      for (const f of ours) {
+        if (f.type === 'COUNTER') assert.match(f.name, /_total$/);
+        if (f.name.endsWith('_seconds') && f.name.startsWith('moerl_activity'))
+          assert.equal(f.type, 'HISTOGRAM', f.name);
+      }
+
+      // Every attempt is counted once and timed once.
+      for (const activity of [
+        'preparePolicy',
+        'rolloutShard',
+        'computeRewards',
+        'updatePolicy',
+        'commitCheckpoint',
+      ]) {
+        const attempts = total(e, 'moerl_activity_attempts_total', { activity });
+        assert.ok(attempts >= 1, `${activity} attempts (${attempts})`);
+        const all = observed(e, 'moerl_activity_duration_seconds', { activity });
+        assert.equal(all.count, attempts, `${activity}: one duration per attempt`);
+        const ok = observed(e, 'moerl_activity_duration_seconds', { activity, outcome: 'ok' });
+        assert.ok(ok.count >= 1 && ok.sum > 0, `${activity} succeeded at least once, in ${ok.sum} s`);
+      }
+      assert.ok(
+        total(e, 'moerl_activity_attempts_total', { activity: 'rolloutShard' }) >= 2 * spec.rolloutShards,
+      );
+      assert.ok(total(e, 'moerl_activity_attempts_total', { activity: 'updatePolicy' }) >= spec.iterations);
+
+      // The rollout counters add up to what the workflow recorded per iteration.
+      const tokens = state.recentIterations.reduce((s, it) => s + it.tokens, 0);
+      const samples = state.recentIterations.reduce((s, it) => s + it.samples, 0);
+      assert.ok(tokens > 0);
+      assert.equal(total(e, 'moerl_rollout_tokens_total'), tokens);
+      assert.equal(total(e, 'moerl_rollout_samples_total'), samples);
+      assert.equal(samples, spec.iterations * spec.promptsPerIteration * spec.groupSize);
+      assert.equal(
+        total(e, 'moerl_rollout_chunks_redone_total'),
+        state.recentIterations.reduce((s, it) => s + it.chunksRedone, 0),
+      );
+
+      // Checkpoints: at least the bytes of the latest one were committed; the campaign gauges.
+      assert.ok(state.latestCheckpoint);
+      assert.ok(total(e, 'moerl_checkpoint_commit_bytes_total') > 0);
+      assert.equal(total(e, 'moerl_campaign_iteration', { campaign: state.campaignId }), spec.iterations);
+      assert.equal(
+        total(e, 'moerl_campaign_mean_reward', { campaign: state.campaignId }),
+        state.latestCheckpoint.meanReward,
+      );
+
+      // EP figures of the latest update: those its trainer reported; 2 ranks exchange tokens.
+      const last = state.recentIterations.at(-1)!.trainMetrics;
+      assert.ok(
+        last.ep_bytes !== undefined && last.ep_bytes > 0,
+        `the update trained and reported ep_bytes: ${JSON.stringify(last)}`,
+      );
+      assert.equal(total(e, 'moerl_update_ep_bytes'), last.ep_bytes);
+      assert.equal(total(e, 'moerl_update_ep_seconds'), last.ep_seconds);
+      assert.ok(total(e, 'moerl_update_ep_seconds') <= total(e, 'moerl_update_step_seconds'));
+      assert.equal(total(e, 'moerl_train_job_rank_failures_total'), 0);
+
+      // Node's standard process metrics keep their standard names.
+      assert.ok(total(e, 'process_cpu_seconds_total') > 0);
+
+      // The Temporal SDK's own metrics, on their own port, in the same conventions.
+      const sdk = await scrape(`http://127.0.0.1:${sdkPort}/metrics`);
+      const sdkNames = sdk.families.map((f) => f.name);
+      assert.ok(
+        sdkNames.some((n) => n.startsWith('temporal_') && n.endsWith('_total')),
+        `Temporal SDK counters: ${sdkNames.join(', ')}`,
+      );
+      console.log(
+        `worker metrics: ${ours.length} moerl_ families, ${sdk.families.length} SDK families; ` +
+          `rollout ${tokens} tokens, ${samples} samples; rollout attempt time ` +
+          `${observed(e, 'moerl_activity_duration_seconds', { activity: 'rolloutShard' }).sum.toFixed(2)} s`,
+      );
+    } finally {
+      await worker.stop(10_000);
+      await rewardModel.close();
+    }
+    assert.equal(worker.exitReason, 'code 0', 'the worker shuts down cleanly on SIGTERM');
+  });
+});
