@@ -184,6 +184,14 @@ export const campaignSpecSchema = z
         path: ['rolloutShards'],
         message: `rolloutShards (${s.rolloutShards}) must be at most promptsPerIteration (${s.promptsPerIteration})`,
       });
+    // With staleness 1 two checkpoints are in use at once (the update's and the one the next
+    // rollout samples from); retention protects both anyway, so a smaller keepLast only misleads.
+    if (s.retention.keepLast < 1 + s.staleness)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['retention', 'keepLast'],
+        message: `keepLast (${s.retention.keepLast}) must be at least ${1 + s.staleness} with staleness ${s.staleness}: the rollout running ahead samples from the checkpoint before the latest`,
+      });
     if (s.launcher.kind === 'kubernetes')
       for (const [path, message] of kubernetesStoreProblems(s.launcher, s.store))
         ctx.addIssue({ code: 'custom', path, message });

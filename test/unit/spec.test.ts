@@ -9,7 +9,12 @@ import { stringify } from 'yaml';
 import { repoRoot } from '../../cli/temporal-tools.js';
 import { UsageError } from '../../cli/errors.js';
 import { applyOverrides, loadSpecFile, parseOverride, parseSpecText } from '../../cli/spec-file.js';
-import { SpecError, campaignSpecJsonSchema, defaultHyperparameters } from '../../workflows/spec.js';
+import {
+  SpecError,
+  campaignSpecJsonSchema,
+  defaultHyperparameters,
+  parseCampaignSpec,
+} from '../../workflows/spec.js';
 import { validSpecDoc } from '../support/spec-docs.js';
 
 const examplesDir = join(repoRoot(), 'examples');
@@ -392,5 +397,21 @@ describe('JSON Schema export', () => {
       'fields with defaults are optional in the input schema',
     );
     assert.doesNotThrow(() => JSON.stringify(schema));
+  });
+});
+
+describe('retention and staleness', () => {
+  it('rejects keepLast 1 with staleness 1, naming the field and why', () => {
+    assert.throws(
+      () => parseCampaignSpec({ ...validSpecDoc(), staleness: 1, retention: { keepLast: 1 } }),
+      (err: unknown) =>
+        err instanceof SpecError &&
+        err.problems.some((p) => /^retention\.keepLast: .*must be at least 2 with staleness 1/.test(p)),
+    );
+    assert.equal(
+      parseCampaignSpec({ ...validSpecDoc(), staleness: 1, retention: { keepLast: 2 } }).retention.keepLast,
+      2,
+    );
+    assert.equal(parseCampaignSpec({ ...validSpecDoc(), retention: { keepLast: 1 } }).retention.keepLast, 1);
   });
 });
