@@ -114,7 +114,8 @@ function runStep(tool: string, args: string[]): Promise<number | null> {
 async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
   const { rank, worldSize, job, work } = readContract(env);
   const store = openStore(job.store);
-  await emptyDir(work);
+  await removeDir(work);
+  await mkdir(work, { recursive: true });
   for (const c of job.checkpoints)
     await fetchCheckpointForRank(store, c.ref, join(work, c.dir), { rank, worldSize });
   for (const list of job.inputLists) await fetchInputList(store, work, list);
@@ -134,14 +135,20 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
     }
   }
   for (const output of job.outputs) await uploadOutputs(store, work, output);
-  await emptyDir(work);
+  await removeDir(work);
   return 0;
 }
 
-/** Creates `dir` or removes what is in it: in a pod it is an emptyDir mount, which cannot be removed. */
-async function emptyDir(dir: string): Promise<void> {
-  await mkdir(dir, { recursive: true });
-  for (const entry of await readdir(dir)) await rm(join(dir, entry), { recursive: true, force: true });
+/**
+ * Removes `dir`. In a pod it is an emptyDir mount point, which cannot be removed itself (rmdir
+ * fails with EACCES or EBUSY, and rm then leaves the contents too): its contents go first.
+ */
+async function removeDir(dir: string): Promise<void> {
+  for (const entry of await readdir(dir).catch(() => []))
+    await rm(join(dir, entry), { recursive: true, force: true });
+  await rm(dir, { recursive: true, force: true }).catch((err: NodeJS.ErrnoException) => {
+    if (err.code !== 'EACCES' && err.code !== 'EBUSY') throw err;
+  });
 }
 
 const isBadInput = (err: unknown) =>
