@@ -18,6 +18,8 @@ import { createActivities } from '../../activities/index.js';
 import * as keys from '../../activities/layout.js';
 import { openStore, type ObjectStore } from '../../activities/store/index.js';
 import type { CampaignSpec, CampaignSpecInput } from '../../workflows/spec.js';
+import type { WorkflowHandle } from '@temporalio/client';
+import type { campaign } from '../../workflows/campaign.js';
 import type { CampaignState } from '../../workflows/types.js';
 import {
   startCampaign,
@@ -97,7 +99,7 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
     const started = Date.now();
     return withWorkers(t.nativeConnection, t.namespace, createActivities(deps(cache)), async (queues) => {
       const handle = await startCampaign(t.client, spec, queues);
-      const result = await handle.result();
+      const result = await finished(handle);
       const ms = Date.now() - started;
       console.log(`# campaign ${spec.name} (launcher ${spec.launcher.kind}): ${ms} ms`);
       return { id: handle.workflowId, result, state: await handle.query<CampaignState>('status') };
@@ -253,7 +255,7 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
           `# rollout pod deleted at chunks ${JSON.stringify(before)}, gone after ${Date.now() - deleted} ms`,
         );
         const replacement = await workerPod(firstName);
-        await handle.result();
+        await finished(handle);
         return { id, before, final, replacement, state: await handle.query<CampaignState>('status') };
       },
       queues,
@@ -289,6 +291,28 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
     await apps.deleteNamespacedDeployment({ namespace, name: deployment });
   });
 });
+
+/**
+ * The campaign's result, or a failure after `ms` naming where it stands: a campaign whose ranks
+ * keep failing retries for good, and the file's own timeout would end it without clean-up.
+ */
+async function finished(handle: WorkflowHandle<typeof campaign>, ms = 150_000) {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, fail) => {
+    timer = setTimeout(() => {
+      void handle
+        .query<CampaignState>('status')
+        .then((state) =>
+          fail(new Error(`campaign ${handle.workflowId} not done after ${ms} ms: ${JSON.stringify(state)}`)),
+        );
+    }, ms);
+  });
+  try {
+    return await Promise.race([handle.result(), late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
 
 /** sha256 of every file a committed checkpoint's manifest lists, hashed from the stored bytes. */
 async function checkpointHashes(store: ObjectStore, campaignId: string, iteration: number) {
