@@ -27,10 +27,13 @@ export const rankProgramPath = fileURLToPath(new URL('../../workers/rank.js', im
 export interface LocalJobFile {
   spec: TrainJobSpec;
   coordinatorPort: number;
+  /** This start of the job: a later start under the same name (after a failure) has another. */
+  launchId: string;
 }
 
 export interface LocalStatusFile extends JobStatus {
   final: boolean;
+  launchId: string;
 }
 
 export const jobFiles = {
@@ -56,7 +59,7 @@ function logTail(path: string): string {
 }
 
 function supervise(jobDir: string): void {
-  const { spec, coordinatorPort } = JSON.parse(
+  const { spec, coordinatorPort, launchId } = JSON.parse(
     readFileSync(join(jobDir, jobFiles.job), 'utf8'),
   ) as LocalJobFile;
   const ranks: RankStatus[] = Array.from({ length: spec.worldSize }, (_, rank) => ({
@@ -71,7 +74,7 @@ function supervise(jobDir: string): void {
 
   const write = (final: boolean) => {
     const state = failure ? 'failed' : ranks.every((r) => r.state === 'succeeded') ? 'succeeded' : 'running';
-    const status: LocalStatusFile = { name: spec.name, state, ranks, failure, final };
+    const status: LocalStatusFile = { name: spec.name, state, ranks, failure, final, launchId };
     writeAtomic(join(jobDir, jobFiles.status), JSON.stringify(status));
   };
   const stopAll = () => {

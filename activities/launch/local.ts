@@ -5,6 +5,7 @@
 // name. An adopted job's files are never touched; a job whose supervisor died without
 // finishing is killed as a group and started again.
 import { spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import { openSync, closeSync, readFileSync } from 'node:fs';
 import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
@@ -88,6 +89,7 @@ class LocalJob implements TrainJob {
     readonly name: string,
     private readonly dir: string,
     private readonly pid: number,
+    private readonly launchId: string,
     readonly adopted: boolean,
     worldSize: number,
   ) {
@@ -102,19 +104,26 @@ class LocalJob implements TrainJob {
       })),
       failure: null,
       final: false,
+      launchId,
     };
     this.done = this.follow();
+  }
+
+  /** The job's status file, if it is this start's (a restart under the same name writes another's). */
+  private async readStatus(): Promise<LocalStatusFile | null> {
+    const status = await readJson<LocalStatusFile>(join(this.dir, jobFiles.status));
+    return status?.launchId === this.launchId ? status : null;
   }
 
   /** Follows status.json until it is final, or until the supervisor is gone without finishing. */
   private async follow(): Promise<JobStatus> {
     for (;;) {
-      const status = await readJson<LocalStatusFile>(join(this.dir, jobFiles.status));
+      const status = await this.readStatus();
       if (status) this.last = status;
       if (this.last.final) return this.status();
       if (!supervisorAlive(this.pid, this.dir)) {
         // Its last words may have landed between the read above and the check.
-        const after = await readJson<LocalStatusFile>(join(this.dir, jobFiles.status));
+        const after = await this.readStatus();
         if (after?.final) {
           this.last = after;
           return this.status();
@@ -199,10 +208,11 @@ export class LocalLauncher implements Launcher {
       else await sleep(pollMs); // another worker is starting it right now
     }
     const status = await readJson<LocalStatusFile>(join(dir, jobFiles.status));
-    if (pid !== null) {
+    const job = await readJson<LocalJobFile>(join(dir, jobFiles.job));
+    if (pid !== null && job) {
       const alive = supervisorAlive(pid, dir);
-      if (alive || (status?.final && status.state === 'succeeded'))
-        return new LocalJob(spec.name, dir, pid, true, spec.worldSize);
+      if (alive || (status?.final && status.state === 'succeeded' && status.launchId === job.launchId))
+        return new LocalJob(spec.name, dir, pid, job.launchId, true, spec.worldSize);
       killGroup(pid, 'SIGKILL'); // ranks of a supervisor that died, if any are left
     }
     // A failed or abandoned job: set it aside atomically (of two workers only one wins the
@@ -214,7 +224,7 @@ export class LocalLauncher implements Launcher {
   }
 
   private async start(spec: TrainJobSpec, dir: string): Promise<TrainJob> {
-    const file: LocalJobFile = { spec, coordinatorPort: await freeLoopbackPort() };
+    const file: LocalJobFile = { spec, coordinatorPort: await freeLoopbackPort(), launchId: randomUUID() };
     await writeFile(join(dir, jobFiles.job), JSON.stringify(file));
     const out = openSync(join(dir, 'supervisor.log'), 'a');
     try {
@@ -226,7 +236,7 @@ export class LocalLauncher implements Launcher {
       if (child.pid === undefined) throw new Error(`cannot start the supervisor of job ${spec.name}`);
       child.unref();
       await writeFile(join(dir, jobFiles.pid), String(child.pid));
-      return new LocalJob(spec.name, dir, child.pid, false, spec.worldSize);
+      return new LocalJob(spec.name, dir, child.pid, file.launchId, false, spec.worldSize);
     } finally {
       closeSync(out);
     }

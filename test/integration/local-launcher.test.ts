@@ -23,8 +23,12 @@ const env = {
   TEMPORAL_API_KEY: 'secret-key',
 };
 
-/** A job whose ranks run sgemm for a few seconds: long enough to be adopted while running. */
-function spec(name: string, repeats = 40): TrainJobSpec {
+/**
+ * A job whose ranks run sgemm: a few seconds by default (long enough to be adopted while
+ * running), far longer than any test with `untilKilled` (those tests stop it themselves).
+ */
+const untilKilled = 1_000_000;
+function spec(name: string, repeats = 400): TrainJobSpec {
   return {
     name,
     worldSize: 2,
@@ -32,7 +36,7 @@ function spec(name: string, repeats = 40): TrainJobSpec {
       store: { kind: 'fs', path: join(dir, 'store') },
       checkpoints: [],
       inputLists: [],
-      steps: [['sgemm', '--size', '256', '--repeats', String(repeats)]],
+      steps: [['sgemm', '--size', '512', '--repeats', String(repeats)]],
       outputs: [],
     },
     env: {},
@@ -53,6 +57,40 @@ function processesNaming(needle: string): number[] {
       }
     })
     .map(Number);
+}
+
+/** Pids of the rank programs of the job in `jobDir` (their scratch directories are in it). */
+function rankPidsOf(jobDir: string): number[] {
+  return processesNaming('rank.js').filter((pid) => {
+    try {
+      return readFileSync(`/proc/${pid}/environ`, 'utf8').includes(`MOERL_WORK_DIR=${jobDir}/`);
+    } catch {
+      return false;
+    }
+  });
+}
+
+/** Waits (on a loaded machine, for a while) until both ranks of the job in `jobDir` run. */
+async function ranksRunning(jobDir: string): Promise<number[]> {
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    const pids = rankPidsOf(jobDir);
+    if (pids.length === 2) return pids;
+    if (Date.now() > deadline)
+      throw new Error(`the ranks of ${jobDir} did not start: ${pids.length} running`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/** The pids of `pids` still alive after waiting up to 10 s for them to go. */
+async function stillAlive(pids: number[]): Promise<number[]> {
+  const deadline = Date.now() + 10_000;
+  let alive = pids.filter((pid) => existsSync(`/proc/${pid}`));
+  while (alive.length > 0 && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 100));
+    alive = alive.filter((pid) => existsSync(`/proc/${pid}`));
+  }
+  return alive;
 }
 
 /** Launches `name` from a separate node process (another worker) and reports whether it adopted. */
@@ -77,7 +115,7 @@ describe('LocalLauncher (real rank programs)', { skip: tools.skip }, () => {
     const job = await new LocalLauncher(work, env).launch(spec('adopt-me'));
     assert.equal(job.adopted, false);
     const sentinel = join(work, 'adopt-me', 'rank-0', 'kept.txt');
-    await new Promise((r) => setTimeout(r, 500));
+    await ranksRunning(join(work, 'adopt-me'));
     writeFileSync(sentinel, 'the job wrote this');
     const other = await launchFromAnotherProcess(work, 'adopt-me');
     assert.deepEqual(other, { adopted: true, state: 'succeeded' });
@@ -95,36 +133,35 @@ describe('LocalLauncher (real rank programs)', { skip: tools.skip }, () => {
 
   test('ranks live in the job’s process group: kill() leaves no process of the job', async () => {
     const work = join(dir, 'jobs-kill');
-    const job = await new LocalLauncher(work, env).launch(spec('kill-me', 400));
-    await new Promise((r) => setTimeout(r, 800));
-    assert.ok(processesNaming(join(work, 'kill-me')).length >= 1, 'the job is running');
+    const job = await new LocalLauncher(work, env).launch(spec('kill-me', untilKilled));
+    const ranks = await ranksRunning(join(work, 'kill-me'));
     await job.kill();
     const status = await job.wait();
     assert.equal(status.state, 'failed');
     await new Promise((r) => setTimeout(r, 200));
-    assert.deepEqual(processesNaming(join(work, 'kill-me')), [], 'no supervisor or rank is left');
+    assert.deepEqual(processesNaming(join(work, 'kill-me')), [], 'no supervisor is left');
+    assert.deepEqual(await stillAlive(ranks), [], 'no rank is left');
   });
 
   test('a job whose supervisor died is killed as a group and started again by the next launch', async () => {
     const work = join(dir, 'jobs-orphan');
-    const first = await new LocalLauncher(work, env).launch(spec('orphan', 400));
-    await new Promise((r) => setTimeout(r, 800));
+    const first = await new LocalLauncher(work, env).launch(spec('orphan', untilKilled));
+    const ranks = await ranksRunning(join(work, 'orphan'));
     const pid = Number(readFileSync(join(work, 'orphan', 'supervisor.pid'), 'utf8'));
     process.kill(pid, 'SIGKILL'); // the supervisor alone: its ranks are orphaned in its group
     const again = await new LocalLauncher(work, env).launch(spec('orphan', 1));
     assert.equal(again.adopted, false, 'a job without its supervisor is not adopted');
     assert.equal((await again.wait()).state, 'succeeded');
     assert.equal((await first.wait()).state, 'failed');
-    assert.deepEqual(processesNaming(join(work, 'orphan')), [], 'the orphaned ranks were killed');
+    assert.deepEqual(await stillAlive(ranks), [], 'the orphaned ranks were killed');
   });
 
   test('ranks see the rank contract and the store credentials, not the worker’s secrets', async () => {
     const work = join(dir, 'jobs-env');
     const job = await new LocalLauncher(work, { ...env, AWS_ACCESS_KEY_ID: 'store-key' }).launch(
-      spec('env', 400),
+      spec('env', untilKilled),
     );
-    await new Promise((r) => setTimeout(r, 800));
-    const rankPids = processesNaming('rank.js');
+    const rankPids = await ranksRunning(join(work, 'env'));
     const environ = readFileSync(`/proc/${rankPids[0]}/environ`, 'utf8').split('\0');
     await job.kill();
     assert.ok(environ.includes('MOERL_RANK=0') || environ.includes('MOERL_RANK=1'), environ.join(' '));
