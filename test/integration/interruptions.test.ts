@@ -18,6 +18,7 @@ import type { ObjectStore } from '../../activities/store/index.js';
 import type { CampaignSpec } from '../../workflows/spec.js';
 import type { CampaignState, TaskQueues } from '../../workflows/types.js';
 import {
+  artifacts,
   startCampaign,
   tinyRealSpec,
   uniqueTaskQueues,
@@ -75,16 +76,6 @@ async function chunksStored(store: ObjectStore, campaignId: string, iteration: n
   for (const shard of [0, 1])
     for await (const _ of store.list(`${keys.rolloutShardPrefix(campaignId, iteration, shard)}/`)) n++;
   return n;
-}
-
-/** Every rollout chunk and rewards file of a campaign, by its key below the campaign. */
-async function artifacts(store: ObjectStore, campaignId: string): Promise<Map<string, string>> {
-  const out = new Map<string, string>();
-  const prefix = `${keys.campaignPrefix(campaignId)}/`;
-  for (const kind of ['rollouts/', 'rewards/'])
-    for await (const obj of store.list(prefix + kind))
-      out.set(obj.key.slice(prefix.length), (await store.get(obj.key)).toString('utf8'));
-  return out;
 }
 
 async function checkpointFiles(store: ObjectStore, campaignId: string, iteration: number) {

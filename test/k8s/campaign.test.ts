@@ -22,6 +22,7 @@ import type { WorkflowHandle } from '@temporalio/client';
 import type { campaign } from '../../workflows/campaign.js';
 import type { CampaignState } from '../../workflows/types.js';
 import {
+  artifacts,
   startCampaign,
   tinyRealSpec,
   uniqueTaskQueues,
@@ -337,16 +338,6 @@ async function chunksStored(store: ObjectStore, campaignId: string, iteration: n
     for await (const _ of store.list(`${keys.rolloutShardPrefix(campaignId, iteration, shard)}/`))
       counts[shard]!++;
   return counts;
-}
-
-/** Every rollout chunk and rewards file of a campaign, by its key below the campaign. */
-async function artifacts(store: ObjectStore, campaignId: string): Promise<Map<string, string>> {
-  const out = new Map<string, string>();
-  const prefix = `${keys.campaignPrefix(campaignId)}/`;
-  for (const kind of ['rollouts/', 'rewards/'])
-    for await (const obj of store.list(prefix + kind))
-      out.set(obj.key.slice(prefix.length), (await store.get(obj.key)).toString('utf8'));
-  return out;
 }
 
 /** Every pod of the namespace as last seen, and those seen Succeeded, until stop(). */

@@ -5,6 +5,8 @@ import { join } from 'node:path';
 import type { Client, WorkflowHandle } from '@temporalio/client';
 import { bundleWorkflowCode } from '@temporalio/worker';
 import type { NativeConnection, WorkflowBundle } from '@temporalio/worker';
+import * as keys from '../../activities/layout.js';
+import type { ObjectStore } from '../../activities/store/index.js';
 import type { CampaignActivities } from '../../activities/types.js';
 import type { campaign } from '../../workflows/campaign.js';
 import { campaignNameKey, campaignStatusKey } from '../../workflows/search-attributes.js';
@@ -149,4 +151,14 @@ export async function waitForState(
     },
     timeoutMs,
   );
+}
+
+/** Every rollout chunk and rewards file of a campaign, by its key below the campaign. */
+export async function artifacts(store: ObjectStore, campaignId: string): Promise<Map<string, string>> {
+  const out = new Map<string, string>();
+  const prefix = `${keys.campaignPrefix(campaignId)}/`;
+  for (const kind of ['rollouts/', 'rewards/'])
+    for await (const obj of store.list(prefix + kind))
+      out.set(obj.key.slice(prefix.length), (await store.get(obj.key)).toString('utf8'));
+  return out;
 }
