@@ -192,10 +192,33 @@ export const campaignSpecSchema = z
         path: ['retention', 'keepLast'],
         message: `keepLast (${s.retention.keepLast}) must be at least ${1 + s.staleness} with staleness ${s.staleness}: the rollout running ahead samples from the checkpoint before the latest`,
       });
+    // Temporal fails every workflow task that would schedule past this many pending activities.
+    // With staleness 1 a rollout phase re-run after a failed update overlaps the phase running
+    // ahead, so two iterations' shards can be in flight, plus a reward and an update or commit.
+    const pending = maxPendingActivities(s.rolloutShards, s.staleness);
+    if (pending > temporalPendingActivityLimit)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['rolloutShards'],
+        message: `rolloutShards (${s.rolloutShards}) with staleness ${s.staleness} can keep ${pending} activities pending, over Temporal's limit of ${temporalPendingActivityLimit} per workflow; use at most ${maxRolloutShards(s.staleness)} shards (larger shards with more chunks each)`,
+      });
     if (s.launcher.kind === 'kubernetes')
       for (const [path, message] of kubernetesStoreProblems(s.launcher, s.store))
         ctx.addIssue({ code: 'custom', path, message });
   });
+
+/** Temporal's default `limit.numPendingActivities.error`: pending activities per workflow execution. */
+export const temporalPendingActivityLimit = 2000;
+
+/** Activities a campaign can have pending at once: shards of 1 + staleness iterations, a reward, an update or commit. */
+export function maxPendingActivities(rolloutShards: number, staleness: 0 | 1): number {
+  return (1 + staleness) * rolloutShards + 2;
+}
+
+/** The most rollout shards a campaign with this staleness may have. */
+export function maxRolloutShards(staleness: 0 | 1): number {
+  return Math.floor((temporalPendingActivityLimit - 2) / (1 + staleness));
+}
 
 /** A spec as written (before defaults). */
 export type CampaignSpecInput = z.input<typeof campaignSpecSchema>;
