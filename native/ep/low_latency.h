@@ -18,7 +18,6 @@
 #pragma once
 
 #include <cstdint>  // int32_t, int64_t
-#include <string>
 #include <vector>
 
 #include "ep/ep.h"  // DType, TensorView, Tensor, topk_idx_t; transport::Communicator
@@ -89,7 +88,8 @@ class LowLatencyBuffer {
   // Waits for this rank's outputs and reduces: out [T, C] dtype of y,
   //   out[t] = sum over k = 0..K-1 with topk_idx[t,k] >= 0 of w[t,k] * y[row of pair (t,k)],
   // in that order, fp32 accumulation, one rounding. topk_weights [T, K] fp32, or null for
-  // w = 1. Tokens with no expert get zeros.
+  // w = 1. Tokens with no expert get zeros. Another combine along the same dispatch may
+  // follow (e.g. a second tensor); the next dispatch_send ends the dispatch.
   void combine_recv(const float* topk_weights, Tensor& out);
   // combine_send + combine_recv.
   void combine(TensorView y, const float* topk_weights, Tensor& out);
@@ -113,7 +113,11 @@ class LowLatencyBuffer {
   HostBytes combine_recv_;                  // [T_max*K, C] rows returned by remote ranks
   std::vector<int64_t> combine_offset_;     // [R, L] first row of (rank, expert) in it
   std::vector<float> accumulator_;          // [C]
-  std::string overflow_;                    // first slot overflow seen by dispatch_send
+  struct Overflow {                         // first slot overflow seen by dispatch_send
+    int32_t rank = -1;                      //   destination rank, -1 if none
+    int32_t local_expert = 0;               //   its local expert
+    int32_t count = 0;                      //   pairs routed there
+  } overflow_;
   size_t dispatch_begin_ = 0, dispatch_end_ = 0;  // communicator marks of the posted messages
   size_t combine_begin_ = 0, combine_end_ = 0;
   int state_ = 0;                           // 0 idle, 1 dispatch posted, 2 received,

@@ -230,18 +230,25 @@ void Communicator::wait_until_done(size_t begin, size_t end, const char* what) {
 }
 
 void Communicator::wait_range(size_t begin, size_t end, const char* what) {
-  MOERL_CHECK(begin <= end && end <= num_posted_, "wait_range [", begin, ", ", end,
-              ") outside the ", num_posted_, " posted messages");
-  wait_until_done(begin, end, what);
+  MOERL_CHECK(begin <= end && end <= num_posted(), "wait_range [", begin, ", ", end,
+              ") outside the ", num_posted(), " posted messages");
+  if (end > num_recycled_)  // recycled messages are done
+    wait_until_done(std::max(begin, num_recycled_) - num_recycled_, end - num_recycled_, what);
+  if (num_done_ == num_posted_) recycle();
 }
 
 void Communicator::wait_all(const char* what) {
   if (num_posted_ == 0) return;
   wait_until_done(0, num_posted_, what);
+  recycle();
+}
+
+void Communicator::recycle() {
   for (size_t i = 0; i < num_posted_; ++i) {
     Fabric::deregister(pending_[i]->mr);
     pending_[i]->mr = nullptr;
   }
+  num_recycled_ += num_posted_;
   num_posted_ = 0;
   num_done_ = 0;
 }

@@ -69,7 +69,9 @@ class Communicator {
   void wait_all(const char* what);
   // Marks for a partial wait: num_posted() before and after posting some messages, then
   // wait_range(begin, end) returns once those are done while the others stay in flight.
-  size_t num_posted() const { return num_posted_; }
+  // Marks count every message posted so far, so they stay valid across waits; once nothing
+  // is in flight a wait recycles the records (ep/low_latency.h never calls wait_all).
+  size_t num_posted() const { return num_recycled_ + num_posted_; }
   void wait_range(size_t begin, size_t end, const char* what);
 
  private:
@@ -77,6 +79,7 @@ class Communicator {
   void post(bool is_send, int peer, void* data, size_t bytes, uint32_t op, int part);
   void progress(const char* what);
   void wait_until_done(size_t begin, size_t end, const char* what);
+  void recycle();  // every posted message is done: deregister and reuse the records
   [[noreturn]] void fail(ErrorKind kind, const std::string& message);
 
   Config config_;
@@ -86,6 +89,7 @@ class Communicator {
   std::vector<std::unique_ptr<Pending>> pending_;  // records reused across operations
   size_t num_posted_ = 0;                          // records in use since the last wait_all
   size_t num_done_ = 0;
+  size_t num_recycled_ = 0;  // messages whose records were reused (all before pending_[0])
   uint32_t next_op_ = 0;
   bool broken_ = false;        // a wait failed: peers are gone, later calls throw at once
   std::vector<float> scratch_;  // allreduce receive space, kept between calls

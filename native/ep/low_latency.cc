@@ -1,0 +1,258 @@
+// Low-latency dispatch (see low_latency.h): pack every (token, top-k slot) pair into the
+// staging block of its destination, grouped by the destination's local expert, and post one
+// message per (peer, local expert) straight into that slot of the peer's receive buffer, plus
+// one signal per peer with the counts (and fp8 scales). Receives are posted at the same time
+// as the sends, so nothing waits for a count before the payload moves.
+//
+// Tags: a dispatch takes ceil(L/256)+1 operation numbers: (op + e/256, part e%256) is the
+// message for local expert e, the last operation carries the signal. Combine takes ceil(L/256).
+#include "ep/low_latency.h"
+
+#include <algorithm>  // std::min, std::max
+#include <cstring>    // std::memcpy, std::memset
+#include <sstream>    // overflow messages
+#include <string>
+
+#include "common/check.h"
+#include "ep/dtype.h"  // bf16_to_f32, fp8 e4m3 encoding
+#include "ep/low_latency_detail.h"
+
+namespace moerl::ep {
+
+std::string overflow_message(int source, int dest, int local_expert, int num_local_experts,
+                             int count, int capacity) {
+  std::ostringstream os;
+  os << "low-latency dispatch: rank " << source << " routes " << count << " tokens to expert "
+     << dest * num_local_experts + local_expert << " (local expert " << local_expert
+     << " of rank " << dest << "), above the slot capacity of " << capacity
+     << " tokens per (expert, source rank); raise num_max_tokens_per_slot (0 = "
+     << "num_max_dispatch_tokens_per_rank) or send fewer tokens per call";
+  return os.str();
+}
+
+MOERL_LL_KERNEL void quantize_fp8_row(const float* x, int64_t C, uint8_t* q, float* scales) {
+  for (int64_t b = 0; b < C / kFp8BlockSize; ++b) {
+    const float* xb = x + b * kFp8BlockSize;
+    float amax = 0.0f;
+    for (int i = 0; i < kFp8BlockSize; ++i) {
+      const float v = xb[i] < 0.0f ? -xb[i] : xb[i];
+      amax = v > amax ? v : amax;  // as std::fmax in quantize_fp8: a NaN never wins
+    }
+    // Same expressions as quantize_fp8, so scales and codes match it bit for bit.
+    const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+    scales[b] = scale;
+    uint8_t* qb = q + b * kFp8BlockSize;
+    for (int i = 0; i < kFp8BlockSize; ++i) qb[i] = f32_to_fp8_e4m3_fast(xb[i] / scale);
+  }
+}
+
+const char* LowLatencyBuffer::transport_path() const {
+  return num_ranks() == 1 ? "local" : "tagged";
+}
+
+LowLatencyBuffer::LowLatencyBuffer(transport::Communicator& comm, const LowLatencyConfig& config)
+    : comm_(comm), config_(config) {
+  const int R = comm_.world_size();
+  const LowLatencyConfig& c = config_;
+  MOERL_CHECK_INPUT(c.num_max_dispatch_tokens_per_rank > 0, "low-latency buffer: "
+                    "num_max_dispatch_tokens_per_rank must be positive, got ",
+                    c.num_max_dispatch_tokens_per_rank);
+  MOERL_CHECK_INPUT(c.hidden > 0, "low-latency buffer: hidden must be positive, got ", c.hidden);
+  MOERL_CHECK_INPUT(c.num_experts > 0 && c.num_experts % R == 0, "low-latency buffer: "
+                    "num_experts (", c.num_experts, ") must be a positive multiple of the ", R,
+                    " ranks");
+  MOERL_CHECK_INPUT(c.num_topk > 0, "low-latency buffer: num_topk must be positive, got ",
+                    c.num_topk);
+  MOERL_CHECK_INPUT(c.num_max_tokens_per_slot >= 0, "low-latency buffer: "
+                    "num_max_tokens_per_slot must be >= 0 (0 = T_max), got ",
+                    c.num_max_tokens_per_slot);
+  MOERL_CHECK_INPUT(c.dispatch_dtype != DType::F8E4M3 || c.hidden % kFp8BlockSize == 0,
+                    "low-latency buffer: fp8 dispatch needs hidden % 128 == 0, got ", c.hidden);
+  const int L = num_local_experts();
+  const int64_t T_max = c.num_max_dispatch_tokens_per_rank, K = c.num_topk, C = c.hidden;
+  const int64_t S = c.dispatch_dtype == DType::F8E4M3 ? C / kFp8BlockSize : 0;
+  capacity_ = c.num_max_tokens_per_slot > 0 ? c.num_max_tokens_per_slot : int(T_max);
+  row_bytes_ = size_t(C) * dtype_bytes(c.dispatch_dtype);
+  const int64_t slot_rows = int64_t(L) * R * capacity_;
+  recv_x_.resize(size_t(slot_rows) * row_bytes_);
+  recv_x_scales_.resize(size_t(slot_rows * S));
+  recv_count_.assign(size_t(L) * R, 0);
+  num_recv_tokens_per_expert_.assign(size_t(L), 0);
+  pair_row_.assign(size_t(T_max * K), -1);
+  combine_offset_.assign(size_t(R) * L + 1, 0);
+  accumulator_.assign(size_t(C), 0.0f);
+  peers_.resize(size_t(R));
+  // A source sends at most T_max*K pairs in all, so each staging block and signal is bounded
+  // by that, whatever the routing; combine's returns likewise (fp32 rows at most).
+  const size_t max_pairs = size_t(T_max * K);
+  for (int r = 0; r < R; ++r) {
+    Peer& p = peers_[size_t(r)];
+    p.count.assign(size_t(L), 0);
+    p.offset.assign(size_t(L) + 1, 0);
+    if (r == comm_.rank()) continue;
+    p.send_rows.resize(max_pairs * row_bytes_);
+    const size_t signal_bytes = signal::bytes(L, max_pairs * size_t(S));
+    p.signal_out.resize(signal_bytes);
+    p.signal_in.resize(signal_bytes);
+  }
+  if (R > 1) combine_recv_.resize(max_pairs * size_t(C) * sizeof(float));
+}
+
+LowLatencyBuffer::~LowLatencyBuffer() = default;
+
+void LowLatencyBuffer::dispatch(TensorView x, const topk_idx_t* topk_idx, LowLatencyRecv& out) {
+  dispatch_send(x, topk_idx);
+  dispatch_recv(out);
+}
+
+void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
+  MOERL_CHECK_INPUT(state_ == 0 || state_ == 2, "low-latency dispatch_send: the previous "
+                    "dispatch of this buffer is still in flight (call dispatch_recv first)");
+  const int R = num_ranks(), self = comm_.rank(), L = num_local_experts(), P = capacity_;
+  const int K = config_.num_topk, E = config_.num_experts;
+  const int64_t T = x.rows, C = config_.hidden;
+  const bool is_fp8 = config_.dispatch_dtype == DType::F8E4M3;
+  const int64_t S = is_fp8 ? C / kFp8BlockSize : 0;
+  MOERL_CHECK_INPUT(T >= 0 && T <= config_.num_max_dispatch_tokens_per_rank, "low-latency "
+                    "dispatch: ", T, " tokens on rank ", self, ", above "
+                    "num_max_dispatch_tokens_per_rank = ", config_.num_max_dispatch_tokens_per_rank);
+  MOERL_CHECK_INPUT(x.cols == C, "low-latency dispatch: x has ", x.cols, " channels, the buffer ",
+                    C);
+  MOERL_CHECK_INPUT(is_fp8 ? (x.dtype == DType::F32 || x.dtype == DType::BF16)
+                           : x.dtype == config_.dispatch_dtype,
+                    "low-latency dispatch: x is ", dtype_name(x.dtype), " but the buffer "
+                    "dispatches ", dtype_name(config_.dispatch_dtype),
+                    is_fp8 ? " (quantized from f32 or bf16)" : "");
+  MOERL_CHECK_INPUT(T == 0 || (x.data != nullptr && topk_idx != nullptr),
+                    "low-latency dispatch: x and topk_idx are required");
+
+  // Pass 1: each pair's row in its slot (ascending token order per slot), counts per peer.
+  for (Peer& p : peers_) std::fill(p.count.begin(), p.count.end(), 0);
+  for (int64_t i = 0; i < T * K; ++i) {
+    const topk_idx_t e = topk_idx[i];
+    MOERL_CHECK_INPUT(e >= -1 && e < E, "low-latency dispatch: topk_idx[", i / K, ", ", i % K,
+                      "] = ", e, " on rank ", self, " is outside [-1, ", E, ")");
+    pair_row_[size_t(i)] = e < 0 ? -1 : peers_[size_t(e / L)].count[size_t(e % L)]++;
+  }
+  overflow_ = Overflow{};
+  for (int r = 0; r < R; ++r) {
+    Peer& p = peers_[size_t(r)];
+    for (int e = 0; e < L; ++e) {
+      if (p.count[size_t(e)] > P && overflow_.rank < 0) overflow_ = {r, e, p.count[size_t(e)]};
+      p.offset[size_t(e) + 1] = p.offset[size_t(e)] + std::min(p.count[size_t(e)], P);
+    }
+  }
+
+  // Pass 2: pack (this rank's own pairs go straight into its slots).
+  const uint8_t* xb = static_cast<const uint8_t*>(x.data);
+  const size_t x_row_bytes = size_t(C) * dtype_bytes(x.dtype);
+  for (int64_t i = 0; i < T * K; ++i) {
+    const topk_idx_t e = topk_idx[i];
+    const int32_t pos = pair_row_[size_t(i)];
+    if (e < 0 || pos >= P) continue;
+    const int r = int(e / L), le = int(e % L);
+    Peer& p = peers_[size_t(r)];
+    uint8_t* dst;
+    float* scales;
+    if (r == self) {
+      const int64_t row = (int64_t(le) * R + self) * P + pos;
+      dst = recv_x_.data() + size_t(row) * row_bytes_;
+      scales = recv_x_scales_.data() + row * S;
+    } else {
+      const int64_t row = p.offset[size_t(le)] + pos;
+      dst = p.send_rows.data() + size_t(row) * row_bytes_;
+      scales = signal::scales(p.signal_out.data(), L) + row * S;
+    }
+    const uint8_t* src = xb + size_t(i / K) * x_row_bytes;
+    if (!is_fp8) {
+      std::memcpy(dst, src, row_bytes_);
+    } else if (x.dtype == DType::F32) {
+      quantize_fp8_row(reinterpret_cast<const float*>(src), C, dst, scales);
+    } else {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+      for (int64_t c = 0; c < C; ++c) accumulator_[size_t(c)] = bf16_to_f32(h[c]);
+      quantize_fp8_row(accumulator_.data(), C, dst, scales);
+    }
+  }
+  for (int e = 0; e < L; ++e)
+    recv_count_[size_t(e) * R + self] = std::min(peers_[size_t(self)].count[size_t(e)], P);
+
+  // Post: receives into this rank's slots, sends of the staging blocks, signals.
+  const int expert_ops = (L + 255) / 256;
+  uint32_t op = 0;
+  for (int i = 0; i < expert_ops + 1; ++i) {
+    const uint32_t o = comm_.begin_op();
+    if (i == 0) op = o;
+  }
+  dispatch_begin_ = comm_.num_posted();
+  for (int r = 0; r < R; ++r) {
+    if (r == self) continue;
+    Peer& p = peers_[size_t(r)];
+    signal::fill(p.signal_out.data(), L, p.count.data(), overflow_.rank, overflow_.local_expert,
+                 overflow_.count);
+    comm_.post_recv(r, p.signal_in.data(), p.signal_in.size(), op + uint32_t(expert_ops), 0);
+    for (int e = 0; e < L; ++e) {
+      const int64_t row = (int64_t(e) * R + r) * P;
+      comm_.post_recv(r, recv_x_.data() + size_t(row) * row_bytes_, size_t(P) * row_bytes_,
+                      op + uint32_t(e / 256), e % 256);
+    }
+    for (int e = 0; e < L; ++e) {
+      const int64_t rows = p.offset[size_t(e) + 1] - p.offset[size_t(e)];
+      comm_.post_send(r, p.send_rows.data() + size_t(p.offset[size_t(e)]) * row_bytes_,
+                      size_t(rows) * row_bytes_, op + uint32_t(e / 256), e % 256);
+    }
+    comm_.post_send(r, p.signal_out.data(),
+                    signal::bytes(L, size_t(p.offset[size_t(L)] * S)), op + uint32_t(expert_ops), 0);
+  }
+  dispatch_end_ = comm_.num_posted();
+  topk_idx_ = topk_idx;
+  num_tokens_ = T;
+  state_ = 1;
+}
+
+void LowLatencyBuffer::dispatch_recv(LowLatencyRecv& out) {
+  MOERL_CHECK_INPUT(state_ == 1, "low-latency dispatch_recv: no dispatch_send in flight");
+  const int R = num_ranks(), self = comm_.rank(), L = num_local_experts(), P = capacity_;
+  const int64_t S = config_.dispatch_dtype == DType::F8E4M3 ? config_.hidden / kFp8BlockSize : 0;
+  state_ = 0;  // whatever happens below, this dispatch is over
+  if (R > 1) comm_.wait_range(dispatch_begin_, dispatch_end_, "low-latency dispatch");
+  // Every rank reports its own overflow to every peer, so every rank throws the same error
+  // (the first overflow in source rank order), not only the two ranks involved.
+  std::string overflow;
+  for (int s = 0; s < R; ++s) {
+    if (s == self) {
+      if (overflow.empty() && overflow_.rank >= 0)
+        overflow = overflow_message(self, overflow_.rank, overflow_.local_expert, L,
+                                    overflow_.count, P);
+      continue;
+    }
+    const uint8_t* signal = peers_[size_t(s)].signal_in.data();
+    const int32_t* head = signal::header(signal);
+    if (overflow.empty() && head[0] >= 0)
+      overflow = overflow_message(s, head[0], head[1], L, head[2], P);
+    const int32_t* counts = signal::counts(signal);
+    const float* scales = signal::scales(signal, L);
+    int64_t packed = 0;
+    for (int e = 0; e < L; ++e) {
+      const int32_t n = std::min(counts[e], P);
+      recv_count_[size_t(e) * R + s] = n;
+      if (S > 0)
+        std::memcpy(recv_x_scales_.data() + ((int64_t(e) * R + s) * P) * S, scales + packed * S,
+                    size_t(n * S) * sizeof(float));
+      packed += n;
+    }
+  }
+  if (!overflow.empty()) MOERL_FAIL(BadInput, overflow);
+  for (int e = 0; e < L; ++e) {
+    int64_t n = 0;
+    for (int s = 0; s < R; ++s) n += recv_count_[size_t(e) * R + s];
+    num_recv_tokens_per_expert_[size_t(e)] = n;
+  }
+  out.recv_x = recv_x_.data();
+  out.recv_x_scales = S > 0 ? recv_x_scales_.data() : nullptr;
+  out.recv_count = recv_count_.data();
+  out.num_recv_tokens_per_expert = num_recv_tokens_per_expert_.data();
+  state_ = 2;
+}
+
+}  // namespace moerl::ep
