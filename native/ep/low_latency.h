@@ -113,6 +113,8 @@ class LowLatencyBuffer {
   HostBytes combine_recv_;                  // [T_max*K, C] rows returned by remote ranks
   std::vector<int64_t> combine_offset_;     // [R, L] first row of (rank, expert) in it
   std::vector<float> accumulator_;          // [C]
+  std::vector<const uint8_t*> reduce_rows_; // [K] rows of one token's pairs (combine)
+  std::vector<float> reduce_weights_;       // [K] their weights
   struct Overflow {                         // first slot overflow seen by dispatch_send
     int32_t rank = -1;                      //   destination rank, -1 if none
     int32_t local_expert = 0;               //   its local expert

@@ -4,7 +4,7 @@
 // packed block and reduces each token's K outputs in top-k slot order, reading its own
 // experts' rows from y in place. Fixed order, fp32 accumulation, one rounding: bitwise equal
 // to a sequential reference whatever order the messages arrive in.
-#include <algorithm>  // std::fill
+#include <algorithm>  // std::fill, std::min
 #include <cstring>    // std::memset
 
 #include "common/check.h"
@@ -93,24 +93,34 @@ void LowLatencyBuffer::combine_recv(const float* topk_weights, Tensor& out) {
   const size_t y_row_bytes = size_t(C) * dtype_bytes(combine_dtype_);
   const uint8_t* y = static_cast<const uint8_t*>(combine_y_);
   out.resize(combine_dtype_, T, C);
+  // Per token: its rows and weights in slot order, then the sum over channel chunks that stay
+  // in L1 while every row adds into them (same per-element order: k = 0..K-1).
+  constexpr int64_t kChunk = 1024;
   float* acc = accumulator_.data();
   for (int64_t t = 0; t < T; ++t) {
-    std::fill(acc, acc + C, 0.0f);
+    int num_rows = 0;
     for (int k = 0; k < K; ++k) {
       const topk_idx_t e = topk_idx_[t * K + k];
       if (e < 0) continue;
       const int r = int(e / L), le = int(e % L);
       const int64_t pos = pair_row_[size_t(t * K + k)];
-      const uint8_t* row =
+      reduce_rows_[size_t(num_rows)] =
           r == self ? y + size_t((int64_t(le) * R + self) * P + pos) * y_row_bytes
                     : combine_recv_.data() +
                           size_t(combine_offset_[size_t(r) * L + le] + pos) * y_row_bytes;
-      const float w = topk_weights != nullptr ? topk_weights[t * K + k] : 1.0f;
-      if (is_bf16) axpy_bf16_row(acc, w, reinterpret_cast<const uint16_t*>(row), C);
-      else axpy_f32_row(acc, w, reinterpret_cast<const float*>(row), C);
+      reduce_weights_[size_t(num_rows++)] = topk_weights != nullptr ? topk_weights[t * K + k] : 1.0f;
     }
-    if (is_bf16) store_bf16_row(out.data<uint16_t>() + t * C, acc, C);
-    else std::memcpy(out.data<float>() + t * C, acc, size_t(C) * sizeof(float));
+    for (int64_t c0 = 0; c0 < C; c0 += kChunk) {
+      const int64_t n = std::min(kChunk, C - c0);
+      std::fill(acc, acc + n, 0.0f);
+      for (int i = 0; i < num_rows; ++i) {
+        const float w = reduce_weights_[size_t(i)];
+        if (is_bf16) axpy_bf16_row(acc, w, reinterpret_cast<const uint16_t*>(reduce_rows_[size_t(i)]) + c0, n);
+        else axpy_f32_row(acc, w, reinterpret_cast<const float*>(reduce_rows_[size_t(i)]) + c0, n);
+      }
+      if (is_bf16) store_bf16_row(out.data<uint16_t>() + t * C + c0, acc, n);
+      else std::memcpy(out.data<float>() + t * C + c0, acc, size_t(n) * sizeof(float));
+    }
   }
   state_ = 2;  // the dispatch's slots and routes stay valid: another combine may follow
 }

@@ -75,5 +75,7 @@ inline uint8_t f32_to_fp8_e4m3_fast(float f) {
 
 // x [C] fp32 -> q [C] e4m3, scales [C/128]: quantize_fp8 (dtype.h) for one row, vectorized.
 void quantize_fp8_row(const float* x, int64_t C, uint8_t* q, float* scales);
+// The same from bf16 x [C] (scratch [C] fp32 for CPUs without AVX2).
+void quantize_fp8_row(const uint16_t* x, int64_t C, float* scratch, uint8_t* q, float* scales);
 
 }  // namespace moerl::ep

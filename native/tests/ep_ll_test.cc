@@ -149,6 +149,27 @@ TEST(EpLowLatencyFp8, FastEncoderMatchesReference) {
     ASSERT_EQ(f32_to_fp8_e4m3_fast(v), f32_to_fp8_e4m3(v)) << "value " << v;
 }
 
+// The row quantizer the dispatch uses (AVX2 where the CPU has it) equals quantize_fp8 on rows
+// holding every kind of value: zeros, subnormal-range codes, saturation, NaN, infinities.
+TEST(EpLowLatencyFp8, RowQuantizerMatchesReference) {
+  Rng rng(6);
+  const int64_t T = 64, C = 512;
+  std::vector<float> x(size_t(T * C));
+  const float specials[] = {0.0f, -0.0f, NAN, INFINITY, -INFINITY, 1e30f, 1e-30f, 0x1.0p-6f};
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float mag = std::ldexp(float(rng.uniform()), rng.below(24) - 12);
+    x[i] = rng.below(40) == 0 ? specials[rng.below(8)] : (rng.below(2) ? mag : -mag);
+  }
+  std::fill(x.begin(), x.begin() + 128, 0.0f);  // an all-zero block keeps scale 1
+  std::vector<uint8_t> q_ref(x.size()), q(x.size());
+  std::vector<float> s_ref(size_t(T * C / 128)), s(s_ref.size());
+  quantize_fp8(x.data(), T, C, q_ref.data(), s_ref.data());
+  for (int64_t t = 0; t < T; ++t) quantize_fp8_row(&x[size_t(t * C)], C, &q[size_t(t * C)],
+                                                   &s[size_t(t * C / 128)]);
+  ASSERT_EQ(std::memcmp(s.data(), s_ref.data(), s.size() * 4), 0);
+  for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(q[i], q_ref[i]) << "channel " << i << " x " << x[i];
+}
+
 LowLatencyConfig small_config(DType dtype) {
   LowLatencyConfig c;
   c.num_max_dispatch_tokens_per_rank = 4;

@@ -12,3 +12,7 @@ if(MPI_CXX_FOUND)
 else()
   message(STATUS "ep_bench: no MPI found, the MPI_Alltoallv baseline is not built")
 endif()
+
+# ep_bench_ll: latency of the low-latency mode at a decode shape, next to memcpy.
+add_executable(ep_bench_ll ${CMAKE_CURRENT_LIST_DIR}/ep_bench_ll.cc)
+target_link_libraries(ep_bench_ll PRIVATE moerl_ep)
