@@ -3,11 +3,7 @@
 // activities. The body runs while both are up; then the worker stops first (activities flush),
 // then the server.
 import { join } from 'node:path';
-import { DefaultLogger, Runtime } from '@temporalio/worker';
-import { workerActivityDeps } from '../activities/deps.js';
-import { createActivities } from '../activities/index.js';
 import { connectWorkerConnection } from '../workers/temporal-options.js';
-import { runWorkers } from '../workers/worker.js';
 import type { TaskQueues } from '../workflows/types.js';
 import { DevServerError, startDevServer } from './dev-server.js';
 import type { DevServer } from './dev-server.js';
@@ -29,6 +25,15 @@ export async function withLocalStack<T>(
   opts: LocalStackOptions,
   body: (server: DevServer) => Promise<T>,
 ): Promise<T> {
+  // The worker SDK, the activities and the workflow bundler load only when a stack starts:
+  // main.ts imports every command, and `moerl list` must not pay for `moerl dev`'s worker.
+  const [{ DefaultLogger, Runtime }, { workerActivityDeps }, { createActivities }, { runWorkers }] =
+    await Promise.all([
+      import('@temporalio/worker'),
+      import('../activities/deps.js'),
+      import('../activities/index.js'),
+      import('../workers/worker.js'),
+    ]);
   try {
     // Warnings and errors only: the worker's start-up chatter would bury the user's output.
     // Rollout and train workers run no workflows by design; the SDK's warning about it is noise.

@@ -4,7 +4,7 @@
 import { readFileSync } from 'node:fs';
 import { Client, Connection } from '@temporalio/client';
 import type { ConnectionOptions } from '@temporalio/client';
-import { NativeConnection } from '@temporalio/worker';
+import type { NativeConnection } from '@temporalio/worker';
 import type { TaskQueues } from '../workflows/types.js';
 
 export interface TemporalOptions {
@@ -118,7 +118,10 @@ export async function connectClient(
 }
 
 /** The connection workers poll through. */
-export function connectWorkerConnection(opts: TemporalOptions): Promise<NativeConnection> {
+export async function connectWorkerConnection(opts: TemporalOptions): Promise<NativeConnection> {
+  // Loaded here, not at the top: every CLI command imports this module, and the worker SDK
+  // (its native runtime) roughly doubles the start-up time of a command that only needs a client.
+  const { NativeConnection } = await import('@temporalio/worker');
   return NativeConnection.connect(connectionOptions(opts));
 }
 
