@@ -48,7 +48,17 @@ export interface PrepareInput {
   /** init a fresh policy (plus optional SFT warm start), or import a checkpoint of another campaign. */
   source: { kind: 'init' } | { kind: 'fork'; checkpoint: CheckpointRef };
 }
-export interface PrepareOutput extends ActivityOutcome {
+/**
+ * Where a training job's time went: waiting for a cluster queue to admit it (Kueue,
+ * `launcher.queueName`) and running once admitted. Absent when the job did not run in this
+ * attempt (its checkpoint was already committed) or its launcher has no queues (local).
+ */
+export interface TrainJobTimes {
+  queueWaitSeconds?: number;
+  runSeconds?: number;
+}
+
+export interface PrepareOutput extends ActivityOutcome, TrainJobTimes {
   staged: StagedCheckpoint;
   metrics: Record<string, number>;
 }
@@ -104,7 +114,7 @@ export interface UpdateInput {
   chunksPerShard: ChunksPerShard;
   hyperparameters: Hyperparameters;
 }
-export interface UpdateOutput extends ActivityOutcome {
+export interface UpdateOutput extends ActivityOutcome, TrainJobTimes {
   staged: StagedCheckpoint;
   /** Scalar training metrics of the update (loss terms, KL, entropy, grad norm, tokens/s, ...). */
   metrics: Record<string, number>;

@@ -25,6 +25,7 @@ import type {
   PrepareOutput,
   StagedCheckpoint,
   StoreLocation,
+  TrainJobTimes,
   UpdateInput,
   UpdateOutput,
 } from './types.js';
@@ -76,15 +77,26 @@ interface TrainJobRequest {
 /**
  * Submits (or adopts) the job, heartbeats its state for as long as it runs, keeps its rank logs
  * in the store, and maps its failure. A worker that shuts down leaves the job running: the
- * retry, on another worker, adopts it.
+ * retry, on another worker, adopts it. A job waiting for its cluster queue heartbeats `queued`
+ * with its wait so far, for as long as it waits; the result says its wait and run time apart.
  */
-async function runTrainJob(deps: ActivityDeps, store: ObjectStore, req: TrainJobRequest): Promise<void> {
+async function runTrainJob(
+  deps: ActivityDeps,
+  store: ObjectStore,
+  req: TrainJobRequest,
+): Promise<TrainJobTimes> {
   const ctx = Context.current();
   let launched: TrainJob | null = null;
   const stopBeats = heartbeatUntilStopped(() => {
     if (!launched) return { job: req.name, state: 'submitting' };
     const s = launched.status();
-    return { job: s.name, state: s.state, adopted: launched.adopted, ranks: s.ranks.map((r) => r.state) };
+    return {
+      job: s.name,
+      state: s.state,
+      adopted: launched.adopted,
+      ranks: s.ranks.map((r) => r.state),
+      ...times(s),
+    };
   });
   try {
     const job = await deps.launcherFor(req.spec.launcher).launch({
@@ -143,9 +155,17 @@ async function runTrainJob(deps: ActivityDeps, store: ObjectStore, req: TrainJob
       throw jobFailure(req, status);
     }
     await job.cleanUp();
+    return times(status);
   } finally {
     stopBeats();
   }
+}
+
+function times(status: JobStatus): TrainJobTimes {
+  return {
+    ...(status.queueWaitSeconds !== undefined ? { queueWaitSeconds: status.queueWaitSeconds } : {}),
+    ...(status.runSeconds !== undefined ? { runSeconds: status.runSeconds } : {}),
+  };
 }
 
 function jobFailure(req: TrainJobRequest, status: JobStatus): ApplicationFailure {
@@ -266,7 +286,7 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
     '--metrics', '{work}/metrics/metrics.jsonl',
     ...(useReference ? ['--ref-checkpoint', '{work}/reference', '--kl-coef', String(hp.klCoef)] : []),
   ];
-  await runTrainJob(deps, store, {
+  const jobTimes = await runTrainJob(deps, store, {
     name,
     campaignId,
     iteration,
@@ -288,7 +308,7 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
   });
   const out = await collectJobOutputs(store, { campaignId, iteration, prefix });
   await store.deletePrefix(`${prefix}/`);
-  return { ...out, attempt: ctx.info.attempt };
+  return { ...out, ...jobTimes, attempt: ctx.info.attempt };
 }
 
 export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Promise<PrepareOutput> {
@@ -348,7 +368,7 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
     '--warmup-steps', '10',
     '--metrics', '{work}/metrics/metrics.jsonl',
   ]] : [];
-  await runTrainJob(deps, store, {
+  const jobTimes = await runTrainJob(deps, store, {
     name,
     campaignId,
     iteration: 0,
@@ -364,5 +384,5 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
   });
   const out = await collectJobOutputs(store, { campaignId, iteration: 0, prefix });
   await store.deletePrefix(`${prefix}/`);
-  return { ...out, attempt: ctx.info.attempt };
+  return { ...out, ...jobTimes, attempt: ctx.info.attempt };
 }

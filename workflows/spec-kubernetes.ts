@@ -66,10 +66,15 @@ function keyedMap<V extends z.ZodType>(keyProblem: (key: string) => string | und
 
 const labelKeyProblem = (key: string) => (isQualifiedKey(key) ? undefined : qualifiedKeyMessage);
 
+/** Kueue's label naming a Job's LocalQueue; the launcher sets it from queueName. */
+export const kueueQueueLabel = 'kueue.x-k8s.io/queue-name';
+
 const podLabelKeyProblem = (key: string) =>
   key.startsWith(reservedLabelPrefix)
     ? `is under ${reservedLabelPrefix}, the launcher's own labels`
-    : labelKeyProblem(key);
+    : key === kueueQueueLabel
+      ? 'is set by the launcher from launcher.queueName (which also creates the Job suspended)'
+      : labelKeyProblem(key);
 
 const envNameProblem = (name: string) => {
   if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name))
@@ -229,6 +234,11 @@ export const kubernetesLauncherSchema = z.strictObject({
       `extra environment for every rank (FI_* tuning, NCCL_*, …); ${reservedEnvPrefix}* is the launcher's`,
     ),
   storeVolume: storeVolumeSchema.optional(),
+  queueName: dnsLabel('a Kueue LocalQueue name')
+    .optional()
+    .describe(
+      'a Kueue LocalQueue in the namespace: each trainer Job is created suspended with the kueue.x-k8s.io/queue-name label and runs once Kueue admits it within its ClusterQueue’s quota (the update heartbeats `queued` until then). Absent: Jobs start at once',
+    ),
 });
 
 export type KubernetesLauncher = z.output<typeof kubernetesLauncherSchema>;

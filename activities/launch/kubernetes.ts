@@ -4,7 +4,8 @@
 // and adopts it, so a retry on any worker process follows the same Job instead of starting a
 // second one. The job is followed through watches of the Job and its pods (kubernetes/watch.ts);
 // the objects are built in kubernetes/manifests.ts, failures read in kubernetes/failures.ts,
-// API calls made in kubernetes/api.ts with their errors mapped in kubernetes/errors.ts.
+// API calls made in kubernetes/api.ts with their errors mapped in kubernetes/errors.ts. With a
+// Kueue queue (launcher.queueName) a Job waits suspended until admitted (kubernetes/queue.ts).
 import { existsSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { delimiter, join } from 'node:path';
@@ -30,6 +31,7 @@ import {
 } from './kubernetes/failures.js';
 import type { PendingProblem } from './kubernetes/failures.js';
 import { jobLabel, jobManifest, launchProblem, rankContainerName } from './kubernetes/manifests.js';
+import { QueueClock, isQueued } from './kubernetes/queue.js';
 import { ListWatch } from './kubernetes/watch.js';
 import type { JobFailure, JobStatus, Launcher, TrainJob, TrainJobSpec } from './types.js';
 
@@ -154,6 +156,8 @@ class KubernetesJob implements TrainJob {
   /** When each pod's start problem (`<uid>/<kind>`) was first seen. */
   private readonly problemsSince = new Map<string, number>();
   private problemTimer: NodeJS.Timeout | undefined;
+  /** Time queued for admission (launcher.queueName) apart from time run. */
+  private readonly clock = new QueueClock();
 
   constructor(
     private readonly api: JobApi,
@@ -210,11 +214,13 @@ class KubernetesJob implements TrainJob {
 
   status(): JobStatus {
     if (this.final) return structuredClone(this.final);
+    const job = this.job();
     return {
       name: this.name,
-      state: 'running',
-      ranks: rankStatuses(this.job(), this.ownPods(), this.spec.worldSize),
+      state: job && isQueued(job) ? 'queued' : 'running',
+      ranks: rankStatuses(job, this.ownPods(), this.spec.worldSize),
       failure: null,
+      ...this.clock.times(),
     };
   }
 
@@ -253,6 +259,7 @@ class KubernetesJob implements TrainJob {
       });
       return;
     }
+    this.clock.observe(job);
     if (jobCondition(job, 'Complete')) return this.finish('succeeded', null);
     if (jobCondition(job, 'Failed')) {
       const { failure, pod } = failedJobFailure(job, this.ownPods());
@@ -261,6 +268,12 @@ class KubernetesJob implements TrainJob {
         this.ending = false;
         this.finish('failed', { ...failure, logTail: [log, failure.logTail].filter(Boolean).join('\n') });
       });
+      return;
+    }
+    if (isQueued(job)) {
+      // Waiting for admission, or preempted: no pod is meant to run, so none is late to start.
+      clearTimeout(this.problemTimer);
+      this.problemsSince.clear();
       return;
     }
     this.checkStartProblems();

@@ -64,10 +64,17 @@ export interface JobFailure {
 
 export interface JobStatus {
   name: string;
-  state: 'running' | 'succeeded' | 'failed';
+  /** `queued`: waiting for a cluster queue (Kueue) to admit it; admitted again after a preemption. */
+  state: 'queued' | 'running' | 'succeeded' | 'failed';
   ranks: RankStatus[];
   /** The first rank that failed, and why. */
   failure: JobFailure | null;
+  /**
+   * Seconds the job has waited for admission so far and seconds it has run since admitted,
+   * kept apart so a long queue does not read as a slow update. Absent: a launcher without queues.
+   */
+  queueWaitSeconds?: number;
+  runSeconds?: number;
 }
 
 export interface TrainJob {

@@ -11,6 +11,7 @@ import type {
   V1Volume,
   V1VolumeMount,
 } from '@kubernetes/client-node';
+import { kueueQueueLabel } from '../../../workflows/spec-kubernetes.js';
 import type { KubernetesLauncher as KubernetesLauncherSpec } from '../../../workflows/spec-kubernetes.js';
 import { rankEnv } from '../types.js';
 import type { TrainJobSpec } from '../types.js';
@@ -161,6 +162,9 @@ function volumes(
  */
 export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec): V1Job {
   const meta = metadata(spec, launcher, spec.name);
+  // With a Kueue queue the Job is created suspended and Kueue admits it by unsuspending it; the
+  // label goes on the Job only (Kueue reads it there), not on its pods or Service.
+  const queue = launcher.queueName;
   const { volumes: podVolumes, mounts } = volumes(spec, launcher);
   const container: V1Container = {
     name: rankContainerName,
@@ -182,8 +186,9 @@ export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec
   return {
     apiVersion: 'batch/v1',
     kind: 'Job',
-    metadata: meta,
+    metadata: queue ? { ...meta, labels: { ...meta.labels, [kueueQueueLabel]: queue } } : meta,
     spec: {
+      ...(queue ? { suspend: true } : {}),
       completionMode: 'Indexed',
       completions: spec.worldSize,
       parallelism: spec.worldSize,
