@@ -12,6 +12,7 @@ import {
   UploadPartCommand,
   CreateMultipartUploadCommand,
   DeleteObjectCommand,
+  ListMultipartUploadsCommand,
   DeleteObjectsCommand,
   GetObjectCommand,
   HeadObjectCommand,
@@ -54,6 +55,12 @@ export interface S3StoreOptions {
   uploadConcurrency?: number;
   /** Keys per ListObjectsV2 page; default 1000 (the S3 maximum). */
   listPageSize?: number;
+  /**
+   * A multipart upload of a key begun this long ago and neither completed nor aborted was left
+   * by a writer that died (killed mid-upload, no abort): a new upload of the key aborts it, so
+   * its invisible parts stop taking space. Default 15 minutes, as the fs backend's temporaries.
+   */
+  staleUploadMs?: number;
 }
 
 const MiB = 1024 * 1024;
@@ -70,6 +77,7 @@ export class S3Store implements ObjectStore {
   private readonly partSize: number;
   private readonly uploadConcurrency: number;
   private readonly listPageSize: number;
+  private readonly staleUploadMs: number;
 
   constructor(location: S3Location, opts: S3StoreOptions = {}) {
     this.bucket = location.bucket;
@@ -81,6 +89,7 @@ export class S3Store implements ObjectStore {
       throw new RangeError(`partSize must be at least ${minPartSize} bytes (5 MiB)`);
     this.uploadConcurrency = Math.max(1, opts.uploadConcurrency ?? 4);
     this.listPageSize = Math.min(1000, Math.max(1, opts.listPageSize ?? 1000));
+    this.staleUploadMs = Math.max(0, opts.staleUploadMs ?? 15 * 60_000);
     this.client = new S3Client({
       region: location.region,
       ...(location.endpoint ? { endpoint: location.endpoint } : {}),
@@ -298,6 +307,7 @@ export class S3Store implements ObjectStore {
     const second = first.done ? first : await parts.next();
     if (second.done) return this.putSingle(key, fullKey, firstPart, opts);
 
+    await this.abortStaleUploads(fullKey);
     const created = await this.send(key, () =>
       this.client.send(
         new CreateMultipartUploadCommand({
@@ -365,6 +375,23 @@ export class S3Store implements ObjectStore {
         .send(new AbortMultipartUploadCommand({ Bucket: this.bucket, Key: fullKey, UploadId: uploadId }))
         .catch(() => undefined);
       throw err;
+    }
+  }
+
+  // Best effort: a failure here must not fail the write it precedes; the next upload tries again.
+  private async abortStaleUploads(fullKey: string): Promise<void> {
+    const before = Date.now() - this.staleUploadMs;
+    try {
+      const answer = await this.client.send(
+        new ListMultipartUploadsCommand({ Bucket: this.bucket, Prefix: fullKey }),
+      );
+      for (const upload of answer.Uploads ?? [])
+        if (upload.Key === fullKey && upload.UploadId && (upload.Initiated?.getTime() ?? 0) <= before)
+          await this.client.send(
+            new AbortMultipartUploadCommand({ Bucket: this.bucket, Key: fullKey, UploadId: upload.UploadId }),
+          );
+    } catch {
+      // The stale upload stays for the next writer (or the bucket's lifecycle rule).
     }
   }
 }

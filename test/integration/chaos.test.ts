@@ -52,7 +52,7 @@ describe('chaos: seeded process and server faults', { skip: tools.skip, timeout:
       const schedule = faultSchedule(seed, faultsPerTrial, reference.wallMs * 0.9);
       const outcome = await runTrial(stack, chaosSpec(`chaos-seed-${seed}`, dir), schedule, 150_000);
       console.log(
-        `chaos seed ${seed}: ${outcome.wallMs} ms (reference ${reference.wallMs} ms), faults ${JSON.stringify(countFaults(outcome.applied))}, retries ${JSON.stringify(outcome.state.retries)}`,
+        `chaos seed ${seed}: ${outcome.wallMs} ms (reference ${reference.wallMs} ms), faults ${JSON.stringify(countFaults(outcome.applied))}, runs ${outcome.runs}, lost ${JSON.stringify(outcome.lost)}`,
       );
       assert.deepEqual(stack.unexpectedExits, [], 'no worker exited unless told to');
       assert.equal(outcome.state.committedIteration, iterations);

@@ -194,6 +194,38 @@ export interface TrialOutcome {
   /** Faults applied while the campaign ran (those scheduled after it finished are not). */
   applied: Fault[];
   state: CampaignState;
+  /** Workflow runs (continue-as-new chain) and, over all of them, the work that faults cost. */
+  runs: number;
+  lost: LostWork;
+}
+
+/**
+ * Over every run of a campaign: activity attempts that were retried (the server records only
+ * the last attempt, whose number tells how many went before), workflow tasks lost.
+ */
+export interface LostWork {
+  activityRetries: number;
+  workflowTaskTimeouts: number;
+  workflowTaskFailures: number;
+}
+
+async function lostWork(client: Client, campaignId: string): Promise<{ runs: number; lost: LostWork }> {
+  const lost: LostWork = {
+    activityRetries: 0,
+    workflowTaskTimeouts: 0,
+    workflowTaskFailures: 0,
+  };
+  let runs = 0;
+  for await (const run of client.workflow.list({ query: `WorkflowId = "${campaignId}"` })) {
+    runs++;
+    const history = await client.workflow.getHandle(campaignId, run.runId).fetchHistory();
+    for (const e of history.events ?? []) {
+      lost.activityRetries += Math.max(0, (e.activityTaskStartedEventAttributes?.attempt ?? 1) - 1);
+      if (e.workflowTaskTimedOutEventAttributes) lost.workflowTaskTimeouts++;
+      if (e.workflowTaskFailedEventAttributes) lost.workflowTaskFailures++;
+    }
+  }
+  return { runs, lost };
 }
 
 /**
@@ -240,8 +272,9 @@ export async function runTrial(
     }
     done = true;
     await injecting;
+    const wallMs = Date.now() - started;
     const state = await current().query<CampaignState>('status');
-    return { campaignId, wallMs: Date.now() - started, applied, state };
+    return { campaignId, wallMs, applied, state, ...(await lostWork(stack.client, campaignId)) };
   } finally {
     done = true;
     await injecting.catch(() => undefined);
