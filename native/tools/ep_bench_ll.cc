@@ -143,7 +143,8 @@ void run_rank(const LlOptions& o, const transport::Config& config) {
   // Wall time, and this thread's CPU time (user + kernel, which includes the shm copies the
   // receiver performs): on a loaded host the difference is time spent waiting for a core.
   std::vector<float> t_d(size_t(R * I), 0.0f), t_c(t_d.size(), 0.0f), t_md(t_d.size(), 0.0f),
-      t_mc(t_d.size(), 0.0f), cpu_d(t_d.size(), 0.0f), cpu_c(t_d.size(), 0.0f);
+      t_mc(t_d.size(), 0.0f), cpu_d(t_d.size(), 0.0f), cpu_c(t_d.size(), 0.0f),
+      cpu_md(t_d.size(), 0.0f), cpu_mc(t_d.size(), 0.0f);
   for (int i = -o.warmup; i < I; ++i) {
     const size_t at = size_t(self * I + (i < 0 ? 0 : i));
     comm.barrier();
@@ -155,18 +156,18 @@ void run_rank(const LlOptions& o, const transport::Config& config) {
     buffer.combine(y_view(), routing.topk_weights.data(), out);
     const double tc = transport::now_s() - t0, cc = thread_cpu_s() - c0;
     comm.barrier();
-    t0 = transport::now_s();
+    t0 = transport::now_s(), c0 = thread_cpu_s();
     std::memcpy(copy_dst.data(), copy_src.data(), dispatch_bytes);
-    const double tmd = transport::now_s() - t0;
+    const double tmd = transport::now_s() - t0, cmd = thread_cpu_s() - c0;
     comm.barrier();
-    t0 = transport::now_s();
+    t0 = transport::now_s(), c0 = thread_cpu_s();
     std::memcpy(copy_dst.data(), copy_src.data(), combine_bytes);
-    const double tmc = transport::now_s() - t0;
+    const double tmc = transport::now_s() - t0, cmc = thread_cpu_s() - c0;
     if (i < 0) continue;
     t_d[at] = float(td), t_c[at] = float(tc), t_md[at] = float(tmd), t_mc[at] = float(tmc);
-    cpu_d[at] = float(cd), cpu_c[at] = float(cc);
+    cpu_d[at] = float(cd), cpu_c[at] = float(cc), cpu_md[at] = float(cmd), cpu_mc[at] = float(cmc);
   }
-  for (auto* v : {&t_d, &t_c, &t_md, &t_mc, &cpu_d, &cpu_c})
+  for (auto* v : {&t_d, &t_c, &t_md, &t_mc, &cpu_d, &cpu_c, &cpu_md, &cpu_mc})
     comm.allreduce_sum(v->data(), v->size());
   float bytes[2] = {float(dispatch_bytes), float(combine_bytes)};
   comm.allreduce_sum(bytes, 2);
@@ -190,7 +191,10 @@ void run_rank(const LlOptions& o, const transport::Config& config) {
      << ", \"memcpy_combine_bytes_us\": " << mc;
   js.precision(2);
   js << ", \"memcpy_gbps\": " << bytes[0] / R / md / 1e3 << ", \"dispatch_vs_limit\": " << d / md
-     << ", \"combine_vs_limit\": " << c / mc << ", \"host_cores\": "
+     << ", \"combine_vs_limit\": " << c / mc << ", \"memcpy_dispatch_bytes_cpu_us\": "
+     << med(cpu_md) << ", \"memcpy_combine_bytes_cpu_us\": " << med(cpu_mc)
+     << ", \"dispatch_cpu_vs_memcpy_cpu\": " << med(cpu_d) / med(cpu_md)
+     << ", \"combine_cpu_vs_memcpy_cpu\": " << med(cpu_c) / med(cpu_mc) << ", \"host_cores\": "
      << std::thread::hardware_concurrency() << ", \"load_1min\": " << load_average()
      << ", \"deepep_ll_h800_ep8_us\": {\"dispatch\": 77, \"combine\": 114}}";
   std::printf("%s\n", js.str().c_str());
