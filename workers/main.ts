@@ -14,13 +14,15 @@ import {
 import { createWorkerMetrics, hostPort, parsePort, serveMetrics } from './metrics.js';
 import type { MetricsServer } from './metrics.js';
 import { roles, runWorkers } from './worker.js';
-import type { Role } from './worker.js';
+import type { Role, WorkerDeployment } from './worker.js';
 
 const usage = `usage: moerl-worker [--role control|rollout|train|all]... [--shutdown-grace-seconds N]
                     [--address host:port] [--namespace NS] [--api-key-file FILE]
                     [--tls-cert FILE --tls-key FILE] [--tls-ca FILE] [--tls-server-name NAME]
                     [--metrics-port N] [--sdk-metrics-port N] [--metrics-host ADDR]
+                    [--deployment-name NAME --build-id ID]   (Worker Versioning; unversioned without)
 env: MOERL_WORKER_ROLES (comma list), MOERL_SHUTDOWN_GRACE_SECONDS, MOERL_TASK_QUEUE_PREFIX,
+     TEMPORAL_DEPLOYMENT_NAME, TEMPORAL_WORKER_BUILD_ID,
      MOERL_METRICS_PORT, MOERL_SDK_METRICS_PORT, MOERL_METRICS_HOST (default 127.0.0.1),
      TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_API_KEY_FILE, TEMPORAL_TLS_*
 (--api-key KEY works too, but shows the key in the process list)`;
@@ -42,6 +44,8 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
       'metrics-port': { type: 'string' },
       'sdk-metrics-port': { type: 'string' },
       'metrics-host': { type: 'string' },
+      'deployment-name': { type: 'string' },
+      'build-id': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   });
@@ -67,6 +71,7 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
       host: values['metrics-host'] ?? env.MOERL_METRICS_HOST ?? '127.0.0.1',
     },
     roles: requested as Role[],
+    deployment: workerDeploymentFrom(values['deployment-name'], values['build-id'], env),
     shutdownGraceMs: graceSeconds * 1000,
     /** Lines for stderr before the worker starts. */
     warnings: values['api-key'] === undefined ? [] : [apiKeyFlagWarning],
@@ -84,6 +89,28 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
       env,
     ),
   };
+}
+
+/** Both names or neither: a build id without its deployment (or the reverse) is a mistake. */
+export function workerDeploymentFrom(
+  nameFlag: string | undefined,
+  buildIdFlag: string | undefined,
+  env: NodeJS.ProcessEnv,
+): WorkerDeployment | undefined {
+  const deploymentName = nameFlag ?? (env.TEMPORAL_DEPLOYMENT_NAME || undefined);
+  const buildId = buildIdFlag ?? (env.TEMPORAL_WORKER_BUILD_ID || undefined);
+  if (deploymentName === undefined && buildId === undefined) return undefined;
+  if (deploymentName === undefined || buildId === undefined)
+    throw new Error(
+      'Worker Versioning needs both --deployment-name (TEMPORAL_DEPLOYMENT_NAME) and --build-id (TEMPORAL_WORKER_BUILD_ID)',
+    );
+  if (!/^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$/.test(deploymentName))
+    throw new Error(
+      `--deployment-name must be letters, digits, "-" or "_" (at most 100), got "${deploymentName}"`,
+    );
+  if (!/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/.test(buildId))
+    throw new Error(`--build-id must be letters, digits, ".", "-" or "_" (at most 128), got "${buildId}"`);
+  return { deploymentName, buildId };
 }
 
 async function main(): Promise<void> {
@@ -130,8 +157,11 @@ async function main(): Promise<void> {
   }
   const connection = await connectWorkerConnection(args.temporal);
   try {
+    const build = args.deployment
+      ? `build ${args.deployment.deploymentName}:${args.deployment.buildId}`
+      : 'unversioned';
     console.error(
-      `moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}`,
+      `moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}, ${build}`,
     );
     await runWorkers({
       roles: args.roles,
@@ -141,6 +171,7 @@ async function main(): Promise<void> {
       activities,
       shutdownGraceMs: args.shutdownGraceMs,
       signal: stop.signal,
+      ...(args.deployment ? { deployment: args.deployment } : {}),
     });
   } finally {
     await connection.close();

@@ -2,6 +2,7 @@
 //   control  campaign workflows + checkpoint commits   (stable, small)
 //   rollout  rollout shards + rewards                    (Spot capacity, scales out)
 //   train    policy preparation + updates               (stable, launches trainer ranks)
+import { hostname } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { Worker } from '@temporalio/worker';
 import type { NativeConnection, WorkflowBundle } from '@temporalio/worker';
@@ -22,6 +23,14 @@ const activitiesByRole: Record<QueueRole, (keyof CampaignActivities)[]> = {
 
 export const workflowsPath = fileURLToPath(new URL('../workflows/index.js', import.meta.url));
 
+/** A build of the workers under Temporal Worker Versioning (docs/operations.md, "Deploying new worker code"). */
+export interface WorkerDeployment {
+  /** The same for every build of one moerl installation, e.g. "moerl". */
+  deploymentName: string;
+  /** Unique per build of the worker code, e.g. the image tag. */
+  buildId: string;
+}
+
 export interface RunWorkersOptions {
   roles: Role[];
   connection: NativeConnection;
@@ -34,6 +43,8 @@ export interface RunWorkersOptions {
   workflowBundle?: WorkflowBundle;
   /** Aborting it starts a graceful shutdown: stop polling, let activities flush, then return. */
   signal?: AbortSignal;
+  /** Poll as this deployment version; unversioned when absent. */
+  deployment?: WorkerDeployment;
 }
 
 export function expandRoles(requested: readonly Role[]): QueueRole[] {
@@ -45,8 +56,28 @@ export function expandRoles(requested: readonly Role[]): QueueRole[] {
   return [...set];
 }
 
+/**
+ * Campaign workflows auto-upgrade: a campaign runs for weeks, and a pinned one would hold its
+ * build's workers for its whole life. So every workflow task goes to the current build, whose
+ * workflow code must replay the older builds' histories (patched(), the replay tests).
+ * The identity names the build, so history events show which build ran each task.
+ */
+function versioningOptions(deployment: WorkerDeployment | undefined) {
+  if (!deployment) return {};
+  const { deploymentName, buildId } = deployment;
+  return {
+    identity: `${process.pid}@${hostname()} ${deploymentName}:${buildId}`,
+    workerDeploymentOptions: {
+      version: { deploymentName, buildId },
+      useWorkerVersioning: true,
+      defaultVersioningBehavior: 'AUTO_UPGRADE',
+    },
+  } as const;
+}
+
 export async function createWorkers(opts: RunWorkersOptions): Promise<Worker[]> {
   const graceMs = opts.shutdownGraceMs ?? 20_000;
+  const versioning = versioningOptions(opts.deployment);
   return Promise.all(
     expandRoles(opts.roles).map((role) =>
       Worker.create({
@@ -61,6 +92,7 @@ export async function createWorkers(opts: RunWorkersOptions): Promise<Worker[]> 
           : {}),
         shutdownGraceTime: graceMs,
         shutdownForceTime: graceMs + 5_000,
+        ...versioning,
       }),
     ),
   );

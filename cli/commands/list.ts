@@ -1,5 +1,6 @@
 // `moerl list`: campaigns from the visibility store, filtered by the campaign search attributes.
 import type { WorkflowExecutionInfo } from '@temporalio/client';
+import { SearchAttributeType, defineSearchAttributeKey } from '@temporalio/common';
 import {
   campaignNameKey,
   campaignStatusKey,
@@ -25,6 +26,25 @@ export interface CampaignListEntry {
   createdAt: string | null;
   runId: string;
   taskQueue: string;
+  /** `deployment:buildId` the campaign's workflow runs on under Worker Versioning, else "unversioned". */
+  build: string;
+}
+
+/** What a workflow description or listing says about the build it runs on. */
+export interface VersioningInfo {
+  behavior?: number | null;
+  deploymentVersion?: { deploymentName?: string | null; buildId?: string | null } | null;
+}
+
+/** The server's own search attribute for it, `deployment:buildId` (listings carry no versioning info). */
+const deploymentVersionKey = defineSearchAttributeKey(
+  'TemporalWorkerDeploymentVersion',
+  SearchAttributeType.KEYWORD,
+);
+
+export function campaignBuild(versioning: VersioningInfo | null | undefined): string {
+  const v = versioning?.deploymentVersion;
+  return v?.deploymentName && v.buildId ? `${v.deploymentName}:${v.buildId}` : 'unversioned';
 }
 
 /** The visibility query for the filters (values are checked, so quoting is safe). */
@@ -62,6 +82,7 @@ export function listEntry(info: WorkflowExecutionInfo): CampaignListEntry {
     createdAt: memo?.createdAt ?? null,
     runId: info.runId,
     taskQueue: info.taskQueue,
+    build: sa.get(deploymentVersionKey) ?? 'unversioned',
   };
 }
 
@@ -92,7 +113,7 @@ export const listCommand: Command = {
       campaigns.length === 0
         ? 'no campaigns'
         : table(
-            ['CAMPAIGN', 'NAME', 'STATUS', 'ITERATION', 'MEAN REWARD', 'CREATED'],
+            ['CAMPAIGN', 'NAME', 'STATUS', 'ITERATION', 'MEAN REWARD', 'CREATED', 'BUILD'],
             campaigns.map((c) => [
               c.campaignId,
               c.name ?? '-',
@@ -100,6 +121,7 @@ export const listCommand: Command = {
               c.iteration === null ? '-' : String(c.iteration),
               decimal(c.meanReward),
               timestamp(c.createdAt ?? undefined),
+              c.build,
             ]),
             new Set([3, 4]),
           ),

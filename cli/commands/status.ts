@@ -5,6 +5,18 @@ import { describeCampaign, executionStatus, queryState, type CampaignMemo } from
 import type { Command, CommandContext } from '../command.js';
 import { decimal, keyValues, seconds, timestamp } from '../format.js';
 import { failureText } from '../history.js';
+import { campaignBuild } from './list.js';
+
+// temporal.api.enums.v1.VersioningBehavior
+const versioningBehaviors: Record<number, string> = { 1: 'pinned', 2: 'auto-upgrade' };
+
+/** The build the campaign's workflow runs on, and how it moves to a new one. */
+export function buildText(description: WorkflowExecutionDescription): string {
+  const versioning = description.raw?.workflowExecutionInfo?.versioningInfo;
+  const build = campaignBuild(versioning);
+  const behavior = versioningBehaviors[versioning?.behavior ?? 0];
+  return behavior && build !== 'unversioned' ? `${build} (${behavior})` : build;
+}
 
 export function statusText(state: CampaignState, description: WorkflowExecutionDescription): string {
   const memo = description.memo as Partial<CampaignMemo> | undefined;
@@ -70,6 +82,7 @@ export function statusText(state: CampaignState, description: WorkflowExecutionD
   if (state.forkedFrom)
     lines.push(['forked from', `${state.forkedFrom.campaignId} at iteration ${state.forkedFrom.iteration}`]);
   lines.push(['workflow runs', String(state.runs)]);
+  lines.push(['build', buildText(description)]);
   const width = Math.max(...lines.map(([k]) => k.length));
   return lines.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
 }
@@ -95,6 +108,7 @@ export const statusCommand: Command = {
           startTime: description.startTime,
           closeTime: description.closeTime ?? null,
           historyLength: description.historyLength,
+          build: campaignBuild(description.raw?.workflowExecutionInfo?.versioningInfo),
         },
         memo: description.memo ?? null,
         state,

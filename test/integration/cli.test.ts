@@ -243,8 +243,8 @@ describe('moerl CLI on the dev server', () => {
     const completed = await cliJson<{ campaigns: { campaignId: string }[] }>('list', '--status', 'completed');
     assert.ok(!completed.campaigns.some((c) => c.campaignId === mainId));
     const text = await cli('list', '--name', name);
-    assert.match(text.stdout, /^CAMPAIGN +NAME +STATUS +ITERATION +MEAN REWARD +CREATED\n/);
-    assert.match(text.stdout, new RegExp(`^${mainId} +${name} +running`, 'm'));
+    assert.match(text.stdout, /^CAMPAIGN +NAME +STATUS +ITERATION +MEAN REWARD +CREATED +BUILD\n/);
+    assert.match(text.stdout, new RegExp(`^${mainId} +${name} +running .* unversioned$`, 'm'));
   });
 
   it('set: an accepted change is recorded, a rejected one shows the reason', async () => {

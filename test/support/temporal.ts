@@ -26,6 +26,8 @@ export interface TestEnvironmentOptions {
   namespace?: string;
   /** SQLite file for persistence across restarts; in-memory when absent. */
   dbFile?: string;
+  /** Server dynamic config, e.g. `{ 'matching.wv.VersionDrainageStatusRefreshInterval': '1s' }`. */
+  dynamicConfig?: Record<string, string | number | boolean>;
 }
 
 /**
@@ -55,6 +57,10 @@ export async function startTestEnvironment(opts: TestEnvironmentOptions = {}): P
       ui: false,
       log: { format: 'pretty', level: 'warn' },
       ...(opts.dbFile ? { dbFilename: opts.dbFile } : {}),
+      extraArgs: Object.entries(opts.dynamicConfig ?? {}).flatMap(([key, value]) => [
+        '--dynamic-config-value',
+        `${key}=${JSON.stringify(value)}`,
+      ]),
     },
   });
   return {
