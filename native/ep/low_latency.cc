@@ -8,18 +8,12 @@
 // message for local expert e, the last operation carries the signal. Combine takes ceil(L/256).
 #include "ep/low_latency.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>  // AVX2 fp8 quantizer
-#endif
-
 #include <algorithm>  // std::min, std::max
-#include <cmath>      // std::fmax, std::fabs
 #include <cstring>    // std::memcpy, std::memset
 #include <sstream>    // overflow messages
 #include <string>
 
 #include "common/check.h"
-#include "ep/dtype.h"  // bf16_to_f32, fp8 e4m3 encoding
 #include "ep/low_latency_detail.h"
 
 namespace moerl::ep {
@@ -33,103 +27,6 @@ std::string overflow_message(int source, int dest, int local_expert, int num_loc
      << " tokens per (expert, source rank); raise num_max_tokens_per_slot (0 = "
      << "num_max_dispatch_tokens_per_rank) or send fewer tokens per call";
   return os.str();
-}
-
-namespace {
-
-// quantize_fp8_row for CPUs without AVX2: the same steps, one channel at a time.
-void quantize_fp8_row_scalar(const float* x, int64_t C, uint8_t* q, float* scales) {
-  for (int64_t b = 0; b < C / kFp8BlockSize; ++b) {
-    const float* xb = x + b * kFp8BlockSize;
-    float amax = 0.0f;
-    for (int i = 0; i < kFp8BlockSize; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-    const float scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
-    scales[b] = scale;
-    for (int i = 0; i < kFp8BlockSize; ++i)
-      q[b * kFp8BlockSize + i] = f32_to_fp8_e4m3_fast(xb[i] / scale);
-  }
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-// Eight channels per instruction, the same arithmetic as f32_to_fp8_e4m3_fast (GCC does not
-// vectorize its selects by itself). amax runs on the magnitudes' bits: for non-negative
-// floats the integer order is the float order, and a NaN counts as 0, as in std::fmax.
-// Input: fp32, or bf16 widened on load (its bits are the top half of the fp32's).
-__attribute__((target("avx2"))) inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
-__attribute__((target("avx2"))) inline __m256 load8(const uint16_t* x) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-template <typename In>
-__attribute__((target("avx2"))) void quantize_fp8_row_avx2(const In* x, int64_t C, uint8_t* q,
-                                                           float* scales) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  for (int64_t b = 0; b < C / kFp8BlockSize; ++b) {
-    const In* xb = x + b * kFp8BlockSize;
-    __m256i amax = _mm256_setzero_si256();
-    for (int i = 0; i < kFp8BlockSize; i += 8) {
-      const __m256i a = _mm256_and_si256(_mm256_castps_si256(load8(xb + i)), abs_mask);
-      amax = _mm256_max_epi32(amax, _mm256_andnot_si256(_mm256_cmpgt_epi32(a, inf), a));
-    }
-    alignas(32) int32_t lanes[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), amax);
-    int32_t amax_bits = 0;
-    for (const int32_t v : lanes) amax_bits = v > amax_bits ? v : amax_bits;
-    float amax_f;
-    std::memcpy(&amax_f, &amax_bits, 4);
-    const float scale = amax_f > 0.0f ? amax_f / kFp8E4M3Max : 1.0f;
-    scales[b] = scale;
-    const __m256 vscale = _mm256_set1_ps(scale);
-    for (int i = 0; i < kFp8BlockSize; i += 32) {
-      __m256i r[4];
-      for (int j = 0; j < 4; ++j) {
-        const __m256i bits = _mm256_castps_si256(_mm256_div_ps(load8(xb + i + 8 * j), vscale));
-        const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
-        const __m256i a = _mm256_and_si256(bits, abs_mask);
-        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
-        const __m256i normal = _mm256_sub_epi32(
-            _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7ffff)), odd), 20),
-            _mm256_set1_epi32(120 << 3));
-        const __m256 shifted = _mm256_add_ps(_mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f)),
-                                             _mm256_set1_ps(8388608.0f));
-        const __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(0x4b000000));
-        __m256i mag = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3c800000), a));
-        mag = _mm256_blendv_epi8(mag, _mm256_set1_epi32(0x7e),
-                                 _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x43dfffff)));
-        r[j] = _mm256_blendv_epi8(_mm256_or_si256(sign, mag), _mm256_set1_epi32(0x7f),
-                                  _mm256_cmpgt_epi32(a, inf));
-      }
-      // 32 codes (each < 256) -> 32 bytes; the packs work per 128-bit lane, the permute
-      // puts the four groups of eight back in order.
-      const __m256i packed = _mm256_packus_epi16(_mm256_packus_epi32(r[0], r[1]),
-                                                 _mm256_packus_epi32(r[2], r[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kFp8BlockSize + i),
-                          _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    }
-  }
-}
-#endif
-
-#if defined(__x86_64__) && defined(__GNUC__)
-const bool kHasAvx2 = __builtin_cpu_supports("avx2");
-#endif
-
-}  // namespace
-
-void quantize_fp8_row(const float* x, int64_t C, uint8_t* q, float* scales) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (kHasAvx2) return quantize_fp8_row_avx2(x, C, q, scales);
-#endif
-  quantize_fp8_row_scalar(x, C, q, scales);
-}
-
-void quantize_fp8_row(const uint16_t* x, int64_t C, float* scratch, uint8_t* q, float* scales) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (kHasAvx2) return quantize_fp8_row_avx2(x, C, q, scales);
-#endif
-  for (int64_t c = 0; c < C; ++c) scratch[c] = bf16_to_f32(x[c]);
-  quantize_fp8_row_scalar(scratch, C, q, scales);
 }
 
 const char* LowLatencyBuffer::transport_path() const {
@@ -194,8 +91,9 @@ void LowLatencyBuffer::dispatch(TensorView x, const topk_idx_t* topk_idx, LowLat
 }
 
 void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
-  MOERL_CHECK_INPUT(state_ == 0 || state_ == 2, "low-latency dispatch_send: the previous "
-                    "dispatch of this buffer is still in flight (call dispatch_recv first)");
+  MOERL_CHECK_INPUT(state_ == 0 || state_ == 2, "low-latency dispatch_send: this buffer's "
+                    "previous ", state_ == 1 ? "dispatch" : "combine", " is still in flight (call ",
+                    state_ == 1 ? "dispatch_recv" : "combine_recv", " first)");
   const int R = num_ranks(), self = comm_.rank(), L = num_local_experts(), P = capacity_;
   const int K = config_.num_topk, E = config_.num_experts;
   const int64_t T = x.rows, C = config_.hidden;
@@ -203,7 +101,8 @@ void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
   const int64_t S = is_fp8 ? C / kFp8BlockSize : 0;
   MOERL_CHECK_INPUT(T >= 0 && T <= config_.num_max_dispatch_tokens_per_rank, "low-latency "
                     "dispatch: ", T, " tokens on rank ", self, ", above "
-                    "num_max_dispatch_tokens_per_rank = ", config_.num_max_dispatch_tokens_per_rank);
+                    "num_max_dispatch_tokens_per_rank = ",
+                    config_.num_max_dispatch_tokens_per_rank);
   MOERL_CHECK_INPUT(x.cols == C, "low-latency dispatch: x has ", x.cols, " channels, the buffer ",
                     C);
   MOERL_CHECK_INPUT(is_fp8 ? (x.dtype == DType::F32 || x.dtype == DType::BF16)
@@ -288,8 +187,8 @@ void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
       comm_.post_send(r, p.send_rows.data() + size_t(p.offset[size_t(e)]) * row_bytes_,
                       size_t(rows) * row_bytes_, op + uint32_t(e / 256), e % 256);
     }
-    comm_.post_send(r, p.signal_out.data(),
-                    signal::bytes(L, size_t(p.offset[size_t(L)] * S)), op + uint32_t(expert_ops), 0);
+    comm_.post_send(r, p.signal_out.data(), signal::bytes(L, size_t(p.offset[size_t(L)] * S)),
+                    op + uint32_t(expert_ops), 0);
   }
   dispatch_end_ = comm_.num_posted();
   topk_idx_ = topk_idx;

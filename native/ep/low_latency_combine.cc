@@ -108,15 +108,17 @@ void LowLatencyBuffer::combine_recv(const float* topk_weights, Tensor& out) {
           r == self ? y + size_t((int64_t(le) * R + self) * P + pos) * y_row_bytes
                     : combine_recv_.data() +
                           size_t(combine_offset_[size_t(r) * L + le] + pos) * y_row_bytes;
-      reduce_weights_[size_t(num_rows++)] = topk_weights != nullptr ? topk_weights[t * K + k] : 1.0f;
+      reduce_weights_[size_t(num_rows++)] =
+          topk_weights != nullptr ? topk_weights[t * K + k] : 1.0f;
     }
     for (int64_t c0 = 0; c0 < C; c0 += kChunk) {
       const int64_t n = std::min(kChunk, C - c0);
       std::fill(acc, acc + n, 0.0f);
       for (int i = 0; i < num_rows; ++i) {
         const float w = reduce_weights_[size_t(i)];
-        if (is_bf16) axpy_bf16_row(acc, w, reinterpret_cast<const uint16_t*>(reduce_rows_[size_t(i)]) + c0, n);
-        else axpy_f32_row(acc, w, reinterpret_cast<const float*>(reduce_rows_[size_t(i)]) + c0, n);
+        const uint8_t* row = reduce_rows_[size_t(i)];
+        if (is_bf16) axpy_bf16_row(acc, w, reinterpret_cast<const uint16_t*>(row) + c0, n);
+        else axpy_f32_row(acc, w, reinterpret_cast<const float*>(row) + c0, n);
       }
       if (is_bf16) store_bf16_row(out.data<uint16_t>() + t * C + c0, acc, n);
       else std::memcpy(out.data<float>() + t * C + c0, acc, size_t(n) * sizeof(float));

@@ -167,7 +167,8 @@ TEST(EpLowLatencyFp8, RowQuantizerMatchesReference) {
   for (int64_t t = 0; t < T; ++t) quantize_fp8_row(&x[size_t(t * C)], C, &q[size_t(t * C)],
                                                    &s[size_t(t * C / 128)]);
   ASSERT_EQ(std::memcmp(s.data(), s_ref.data(), s.size() * 4), 0);
-  for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(q[i], q_ref[i]) << "channel " << i << " x " << x[i];
+  for (size_t i = 0; i < q.size(); ++i)
+    ASSERT_EQ(q[i], q_ref[i]) << "channel " << i << " x " << x[i];
 }
 
 LowLatencyConfig small_config(DType dtype) {
