@@ -132,7 +132,8 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
 
   // metric accumulators, summed over ranks at the end
   enum { kLoss, kPolicy, kKl, kEntropy, kClip, kAux, kZ, kFlops, kNum };
-  std::vector<float> acc(kNum + E, 0.0f);
+  // [kNum, kNum + E): expert picks over all layers; then L blocks of E, one per layer
+  std::vector<float> acc(kNum + E + (size_t)L * E, 0.0f);
 
   ps.zero_grad();
   model::Activations a;
@@ -177,6 +178,9 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
     acc[kAux] += (float)a.aux_sum;
     acc[kZ] += (float)a.z_sum;
     for (int e = 0; e < E; e++) acc[kNum + e] += (float)a.expert_load[e];
+    for (int l = 0; l < L; l++)
+      for (int e = 0; e < E; e++)
+        acc[kNum + E + (size_t)l * E + e] += (float)a.layers[l].moe.expert_load[e];
     model::model_backward(ps, comm, dlogits.data(), aux_weight, z_weight, a);
     if (progress) progress((int)mb + 1, (int)mbs.size());
   }
@@ -200,6 +204,14 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
   double total_load = 0.0;
   for (int e = 0; e < E; e++) total_load += acc[kNum + e];
   for (int e = 0; e < E; e++) m.expert_load.push_back(acc[kNum + e] / std::max(1.0, total_load));
+  for (int l = 0; l < L; l++) {
+    const float* layer = acc.data() + kNum + E + (size_t)l * E;
+    double layer_total = 0.0;
+    for (int e = 0; e < E; e++) layer_total += layer[e];
+    std::vector<double> share(E);
+    for (int e = 0; e < E; e++) share[e] = layer[e] / std::max(1.0, layer_total);
+    m.expert_load_layers.push_back(std::move(share));
+  }
   m.seconds = now_s() - t0;
   m.ep_seconds = comm.stats.seconds - ep_s0;
   m.ep_bytes = (double)(comm.stats.bytes - ep_b0);
@@ -244,6 +256,13 @@ std::string StepMetrics::to_json(int64_t step) const {
      << ",\"ep_seconds\":" << f(ep_seconds) << ",\"ep_bytes\":" << f(ep_bytes)
      << ",\"expert_load\":[";
   for (size_t e = 0; e < expert_load.size(); e++) os << (e ? "," : "") << f(expert_load[e]);
+  os << "],\"expert_load_layers\":[";
+  for (size_t l = 0; l < expert_load_layers.size(); l++) {
+    os << (l ? ",[" : "[");
+    for (size_t e = 0; e < expert_load_layers[l].size(); e++)
+      os << (e ? "," : "") << f(expert_load_layers[l][e]);
+    os << "]";
+  }
   os << "]}";
   return os.str();
 }

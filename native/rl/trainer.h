@@ -42,6 +42,7 @@ struct StepMetrics {
   double tokens = 0, sequences = 0, grad_norm = 0, lr = 0;
   double seconds = 0, compute_seconds = 0, flops = 0, ep_seconds = 0, ep_bytes = 0;
   std::vector<double> expert_load;  // [E] fraction of (token, slot) picks per expert
+  std::vector<std::vector<double>> expert_load_layers;  // [L][E] the same, per layer
   std::string to_json(int64_t step) const;
 };
 
