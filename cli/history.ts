@@ -1,14 +1,17 @@
 // Reads a campaign's workflow history across continue-as-new runs and turns it into one record
 // per iteration: stage durations (activity scheduled → closed), attempts and failure reasons,
-// the reward, and the hyperparameter changes accepted through updates.
+// the reward and rollout figures, and the hyperparameter changes accepted through updates; plus
+// the runs, pauses and (for `moerl report`) every activity record.
 import { defaultPayloadConverter, type Client, type WorkflowHandle } from '@temporalio/client';
 import type {
   CampaignActivities,
   CheckpointOutput,
   PrepareInput,
   RewardOutput,
+  RolloutShardOutput,
+  UpdateOutput,
 } from '../activities/types.js';
-import type { HyperparameterChange, StageName } from '../workflows/types.js';
+import type { CampaignInput, HyperparameterChange, StageName } from '../workflows/types.js';
 import { isNotFound, notFound } from './campaigns.js';
 
 type History = Awaited<ReturnType<WorkflowHandle['fetchHistory']>>;
@@ -18,6 +21,7 @@ type Payloads =
 type ProtoFailure = {
   message?: string | null;
   applicationFailureInfo?: { type?: string | null } | null;
+  timeoutFailureInfo?: { timeoutType?: number | string | null } | null;
 } | null;
 type Timestamp =
   { seconds?: number | { toNumber(): number } | null; nanos?: number | null } | null | undefined;
@@ -39,12 +43,16 @@ export interface ActivityRecord {
   shard?: number;
   runId: string;
   scheduledAt: number;
+  /** When the last attempt started (the history records only that one); null while none has closed. */
+  startedAt: number | null;
   closedAt: number | null;
   outcome: 'running' | 'completed' | 'failed' | 'timed out' | 'cancelled';
   /** Attempts made (the last one included); 1 while the first attempt has not closed. */
   attempts: number;
   /** Failure reasons seen, as "attempt N: Type: message". */
   failures: string[];
+  /** Of those, the failures that were heartbeat timeouts. */
+  heartbeatTimeouts: number;
   result: unknown;
 }
 
@@ -65,14 +73,41 @@ export interface IterationHistory {
   /** Key of the checkpoint committed for this iteration. */
   checkpoint: string | null;
   hyperparameterChanges: HyperparameterChange[];
+  /** From the reward activity; null until it completed. */
+  passRate: number | null;
+  /** Summed over the rollout shards' completed activities; null until every shard completed. */
+  samples: number | null;
+  tokens: number | null;
+  rolloutTokensPerSecond: number | null;
+  chunksRedone: number | null;
+  /** The update's scalar metrics (its last optimizer step); null until the update completed. */
+  trainMetrics: Record<string, number> | null;
+}
+
+/** One workflow run of the campaign (continue-as-new starts the next). */
+export interface RunSpan {
+  runId: string;
+  startedAt: string;
+  /** Time of the run's last event so far; `closedAs` says whether it has ended and how. */
+  lastEventAt: string;
+  closedAs: 'continued-as-new' | 'completed' | 'failed' | 'cancelled' | 'terminated' | 'timed out' | null;
+}
+
+/** A pause signal and the resume signal that ended it (null while still paused). */
+export interface PauseRecord {
+  requestedAt: string;
+  reason: string;
+  resumedAt: string | null;
 }
 
 export interface CampaignHistory {
   campaignId: string;
   /** Run ids, oldest first. */
   runs: string[];
+  runSpans: RunSpan[];
   iterations: IterationHistory[];
   hyperparameterChanges: HyperparameterChange[];
+  pauses: PauseRecord[];
 }
 
 export function timestampMs(ts: Timestamp): number {
@@ -90,6 +125,12 @@ function decode<T>(payloads: Payloads): T | undefined {
   } catch {
     return undefined;
   }
+}
+
+/** A heartbeat timeout, as the server records it (TimeoutType HEARTBEAT = 4). */
+function isHeartbeatTimeout(failure: ProtoFailure | undefined): boolean {
+  const type = failure?.timeoutFailureInfo?.timeoutType;
+  return type === 4 || type === 'TIMEOUT_TYPE_HEARTBEAT' || type === 'HEARTBEAT';
 }
 
 export function failureText(failure: ProtoFailure | undefined): string {
@@ -116,15 +157,41 @@ function iterationOf(
   return typeof i.shard === 'number' ? { iteration, shard: i.shard } : { iteration };
 }
 
-/** Activity records and accepted hyperparameter changes of one run, from its events. */
+/** A pause or resume signal as the history records it. */
+export interface SignalRecord {
+  name: 'pause' | 'resume';
+  at: number;
+  reason: string;
+}
+
+const closedAs: [string, NonNullable<RunSpan['closedAs']>][] = [
+  ['workflowExecutionContinuedAsNewEventAttributes', 'continued-as-new'],
+  ['workflowExecutionCompletedEventAttributes', 'completed'],
+  ['workflowExecutionFailedEventAttributes', 'failed'],
+  ['workflowExecutionCanceledEventAttributes', 'cancelled'],
+  ['workflowExecutionTerminatedEventAttributes', 'terminated'],
+  ['workflowExecutionTimedOutEventAttributes', 'timed out'],
+];
+
+/** Activity records, accepted hyperparameter changes and signals of one run, from its events. */
 export function readRunEvents(
   runId: string,
   events: readonly HistoryEvent[],
-): { activities: ActivityRecord[]; changes: HyperparameterChange[]; continuedFrom: string | null } {
+): {
+  activities: ActivityRecord[];
+  changes: HyperparameterChange[];
+  continuedFrom: string | null;
+  signals: SignalRecord[];
+  span: RunSpan;
+  input: CampaignInput | undefined;
+} {
   const byEventId = new Map<string, ActivityRecord>();
   const activities: ActivityRecord[] = [];
   const changes: HyperparameterChange[] = [];
+  const signals: SignalRecord[] = [];
   let continuedFrom: string | null = null;
+  let input: CampaignInput | undefined;
+  const span: RunSpan = { runId, startedAt: '', lastEventAt: '', closedAs: null };
   const close = (
     scheduledEventId: unknown,
     at: number,
@@ -136,11 +203,24 @@ export function readRunEvents(
     record.closedAt = at;
     record.outcome = outcome;
     if (failure) record.failures.push(`attempt ${record.attempts}: ${failureText(failure)}`);
+    if (isHeartbeatTimeout(failure)) record.heartbeatTimeouts++;
   };
   for (const event of events) {
     const at = timestampMs(event.eventTime);
+    if (!span.startedAt) span.startedAt = new Date(at).toISOString();
+    span.lastEventAt = new Date(at).toISOString();
+    for (const [field, how] of closedAs) if (event[field as keyof HistoryEvent]) span.closedAs = how;
     if (event.workflowExecutionStartedEventAttributes) {
       continuedFrom = event.workflowExecutionStartedEventAttributes.continuedExecutionRunId || null;
+      input = decode<CampaignInput>(event.workflowExecutionStartedEventAttributes.input);
+    } else if (event.workflowExecutionSignaledEventAttributes) {
+      const a = event.workflowExecutionSignaledEventAttributes;
+      if (a.signalName === 'pause' || a.signalName === 'resume')
+        signals.push({
+          name: a.signalName,
+          at,
+          reason: decode<{ reason?: string }>(a.input)?.reason ?? '',
+        });
     } else if (event.activityTaskScheduledEventAttributes) {
       const a = event.activityTaskScheduledEventAttributes;
       const activity = a.activityType?.name as keyof CampaignActivities;
@@ -152,10 +232,12 @@ export function readRunEvents(
         ...iterationOf(activity, decode(a.input)),
         runId,
         scheduledAt: at,
+        startedAt: null,
         closedAt: null,
         outcome: 'running',
         attempts: 1,
         failures: [],
+        heartbeatTimeouts: 0,
         result: undefined,
       };
       byEventId.set(String(event.eventId), record);
@@ -166,8 +248,10 @@ export function readRunEvents(
       const record = byEventId.get(String(a.scheduledEventId));
       if (!record) continue;
       record.attempts = a.attempt ?? 1;
+      record.startedAt = at;
       if (a.lastFailure)
         record.failures.push(`attempt ${record.attempts - 1}: ${failureText(a.lastFailure)}`);
+      if (isHeartbeatTimeout(a.lastFailure)) record.heartbeatTimeouts++;
     } else if (event.activityTaskCompletedEventAttributes) {
       const a = event.activityTaskCompletedEventAttributes;
       close(a.scheduledEventId, at, 'completed');
@@ -188,7 +272,7 @@ export function readRunEvents(
       if (change && typeof change.iteration === 'number') changes.push(change);
     }
   }
-  return { activities, changes, continuedFrom };
+  return { activities, changes, continuedFrom, signals, span, input };
 }
 
 /** What the server says about activities of the current run that are still open (retrying). */
@@ -240,14 +324,40 @@ export function iterationsFrom(
       const commit = records
         .filter((r) => r.activity === 'commitCheckpoint' && r.outcome === 'completed')
         .pop();
+      const update = records.filter((r) => r.activity === 'updatePolicy' && r.outcome === 'completed').pop();
+      const rollout = rolloutFigures(records);
       return {
         iteration,
         stages,
         meanReward: (reward?.result as RewardOutput | undefined)?.meanReward ?? null,
         checkpoint: (commit?.result as CheckpointOutput | undefined)?.checkpoint.key ?? null,
         hyperparameterChanges: changes.filter((c) => c.iteration === iteration),
+        passRate: (reward?.result as RewardOutput | undefined)?.passRate ?? null,
+        ...rollout,
+        trainMetrics: (update?.result as UpdateOutput | undefined)?.metrics ?? null,
       };
     });
+}
+
+/**
+ * Rollout figures of an iteration, summed over its shards: the last completed activity of each
+ * shard (a rollout phase run again after a failed reward schedules every shard again).
+ */
+function rolloutFigures(records: readonly ActivityRecord[]) {
+  const byShard = new Map<number, RolloutShardOutput>();
+  for (const r of records)
+    if (r.activity === 'rolloutShard' && r.outcome === 'completed' && r.result)
+      byShard.set(r.shard ?? 0, r.result as RolloutShardOutput);
+  const shards = [...byShard.values()];
+  const open = records.some((r) => r.activity === 'rolloutShard' && r.closedAt === null);
+  const sum = (f: (s: RolloutShardOutput) => number) =>
+    shards.length === 0 || open ? null : shards.reduce((acc, s) => acc + (f(s) ?? 0), 0);
+  return {
+    samples: sum((s) => s.samples),
+    tokens: sum((s) => s.tokens),
+    rolloutTokensPerSecond: sum((s) => s.tokensPerSecond),
+    chunksRedone: sum((s) => s.chunksRedone),
+  };
 }
 
 async function fetchRun(
@@ -287,16 +397,45 @@ export async function walkRuns(
   }
 }
 
-/** The whole campaign history, folded per iteration. */
-export async function readCampaignHistory(client: Client, id: string): Promise<CampaignHistory> {
+/** Everything the histories of all runs record, oldest run first, before folding per iteration. */
+export interface CampaignRecords {
+  campaignId: string;
+  runSpans: RunSpan[];
+  activities: ActivityRecord[];
+  changes: HyperparameterChange[];
+  signals: SignalRecord[];
+  /** The first run's input: the spec as started, and the checkpoint a fork started from. */
+  input: CampaignInput | undefined;
+}
+
+/** Pause signals paired with the resume that followed each (repeated pauses fold into one). */
+export function pausesFrom(signals: readonly SignalRecord[]): PauseRecord[] {
+  const pauses: PauseRecord[] = [];
+  for (const s of signals) {
+    const open = pauses.at(-1)?.resumedAt === null ? pauses.at(-1) : undefined;
+    if (s.name === 'pause' && !open)
+      pauses.push({ requestedAt: new Date(s.at).toISOString(), reason: s.reason, resumedAt: null });
+    else if (s.name === 'resume' && open) open.resumedAt = new Date(s.at).toISOString();
+  }
+  return pauses;
+}
+
+/** Every run's records, with what the server knows of activities still retrying. */
+export async function readCampaignRecords(client: Client, id: string): Promise<CampaignRecords> {
   const runs: { runId: string; events: HistoryEvent[] }[] = [];
   await walkRuns(client, id, (run) => (runs.unshift(run), true));
   const activities: ActivityRecord[] = [];
   const changes: HyperparameterChange[] = [];
+  const signals: SignalRecord[] = [];
+  const runSpans: RunSpan[] = [];
+  let input: CampaignInput | undefined;
   for (const run of runs) {
     const read = readRunEvents(run.runId, run.events);
     activities.push(...read.activities);
     changes.push(...read.changes);
+    signals.push(...read.signals);
+    runSpans.push(read.span);
+    input ??= read.input;
   }
   // Activities still retrying in the latest run: the server knows their attempt and last failure.
   const latest = runs[runs.length - 1];
@@ -314,14 +453,26 @@ export async function readCampaignHistory(client: Client, id: string): Promise<C
       if (!record) continue;
       record.attempts = p.attempt;
       if (p.lastFailure) record.failures.push(`attempt ${p.attempt - 1}: ${failureText(p.lastFailure)}`);
+      if (isHeartbeatTimeout(p.lastFailure)) record.heartbeatTimeouts++;
     }
   }
+  return { campaignId: id, runSpans, activities, changes, signals, input };
+}
+
+export function historyFromRecords(records: CampaignRecords): CampaignHistory {
   return {
-    campaignId: id,
-    runs: runs.map((r) => r.runId),
-    iterations: iterationsFrom(activities, changes),
-    hyperparameterChanges: changes,
+    campaignId: records.campaignId,
+    runs: records.runSpans.map((r) => r.runId),
+    runSpans: records.runSpans,
+    iterations: iterationsFrom(records.activities, records.changes),
+    hyperparameterChanges: records.changes,
+    pauses: pausesFrom(records.signals),
   };
+}
+
+/** The whole campaign history, folded per iteration. */
+export async function readCampaignHistory(client: Client, id: string): Promise<CampaignHistory> {
+  return historyFromRecords(await readCampaignRecords(client, id));
 }
 
 /** The last checkpoint committed in the campaign's history (newest run first), or null. */
