@@ -9,6 +9,7 @@ import { devCommand } from './commands/dev.js';
 import { forkCommand } from './commands/fork.js';
 import { historyCommand } from './commands/history.js';
 import { listCommand } from './commands/list.js';
+import { reportCommand } from './commands/report.js';
 import { setCommand } from './commands/set.js';
 import { specCommand } from './commands/spec.js';
 import { startCommand } from './commands/start.js';
@@ -27,6 +28,7 @@ export const commands: Command[] = [
   setCommand,
   cancelCommand,
   historyCommand,
+  reportCommand,
   forkCommand,
   devCommand,
   demoCommand,

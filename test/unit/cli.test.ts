@@ -40,6 +40,7 @@ describe('moerl help and usage errors', () => {
         'set',
         'cancel',
         'history',
+        'report',
         'fork',
         'dev',
         'demo',
