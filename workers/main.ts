@@ -148,15 +148,19 @@ async function main(): Promise<void> {
       stop.abort();
     });
   let activities = createActivities(workerActivityDeps(stop.signal));
-  let server: MetricsServer | undefined;
-  if (metrics.port !== undefined) {
-    const workerMetrics = createWorkerMetrics();
-    activities = workerMetrics.instrument(activities);
-    server = await serveMetrics(workerMetrics.registry, metrics.port, metrics.host);
-    console.error(`moerl-worker: metrics at ${server.url}`);
-  }
   const connection = await connectWorkerConnection(args.temporal);
+  let server: MetricsServer | undefined;
   try {
+    if (metrics.port !== undefined) {
+      // Retry reasons and campaign statuses are what the server recorded, read on this connection.
+      const { namespace } = args.temporal;
+      const workerMetrics = createWorkerMetrics((workflowId, runId) =>
+        connection.workflowService.describeWorkflowExecution({ namespace, execution: { workflowId, runId } }),
+      );
+      activities = workerMetrics.instrument(activities);
+      server = await serveMetrics(workerMetrics.registry, metrics.port, metrics.host);
+      console.error(`moerl-worker: metrics at ${server.url}`);
+    }
     const build = args.deployment
       ? `build ${args.deployment.deploymentName}:${args.deployment.buildId}`
       : 'unversioned';

@@ -1,12 +1,14 @@
-// Prometheus metrics of one worker process, served at /metrics (docs/architecture.md, "Metrics").
+// Prometheus metrics of one worker process, served at /metrics (docs/metrics.md).
 // Every activity is measured in one wrapper around the activities a worker registers, so the
-// activities themselves stay free of metrics code. Labels are bounded: activity names, outcomes
-// and failure types are fixed sets; campaign ids label only the per-campaign gauges, of which
-// at most `maxCampaigns` are kept.
+// activities themselves stay free of metrics code. Labels are bounded: stages, outcomes and
+// reasons are fixed sets; campaign ids label only the per-campaign gauges, of which at most
+// `maxCampaigns` are kept.
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Context } from '@temporalio/activity';
-import { ApplicationFailure, CancelledFailure } from '@temporalio/common';
+import type { Info } from '@temporalio/activity';
+import { ApplicationFailure, CancelledFailure, defaultPayloadConverter } from '@temporalio/common';
+import type { NativeConnection } from '@temporalio/worker';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type {
   CampaignActivities,
@@ -15,6 +17,8 @@ import type {
   UpdateOutput,
 } from '../activities/types.js';
 import { badInputErrorType } from '../activities/types.js';
+import { campaignStatusKey } from '../workflows/search-attributes.js';
+import type { CampaignStatus, StageName } from '../workflows/types.js';
 
 /** Failure types that get their own `reason` label; any other failure is "other". */
 const knownReasons = new Set([
@@ -32,11 +36,51 @@ const knownReasons = new Set([
   'NotSupported',
 ]);
 
+/** The stage each activity runs, the `stage` label of every per-attempt metric. */
+const stageOf: Record<keyof CampaignActivities, StageName> = {
+  preparePolicy: 'prepare',
+  rolloutShard: 'rollout',
+  computeRewards: 'reward',
+  updatePolicy: 'update',
+  commitCheckpoint: 'checkpoint',
+};
+
+/** Server-side timeouts by TimeoutType wire number (temporal.api.enums.v1.TimeoutType). */
+const timeoutReasons: Record<number, string> = {
+  1: 'StartToCloseTimeout',
+  2: 'ScheduleToStartTimeout',
+  3: 'ScheduleToCloseTimeout',
+  4: 'HeartbeatTimeout',
+};
+
+/** Every value of the `status` label of moerl_campaign_status. */
+export const campaignStatuses = [
+  'running',
+  'pausing',
+  'paused',
+  'completed',
+  'cancelled',
+  'failed',
+  'terminated',
+] as const;
+type StatusLabel = (typeof campaignStatuses)[number];
+
 /** Per-campaign gauges keep the campaigns most recently committed on this worker, no more. */
 const maxCampaigns = 64;
+/** A scrape re-reads campaign statuses at most this often, and waits this long for an answer. */
+const statusRefreshMs = 10_000;
+const describeTimeoutMs = 3_000;
 
 /** Activities run from well under a second (a commit) to hours (an update of a large model). */
 const durationBuckets = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600];
+/** A commit copies nothing (the files are staged already): milliseconds to a few minutes. */
+const commitBuckets = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300];
+
+type DescribeResponse = Awaited<ReturnType<NativeConnection['workflowService']['describeWorkflowExecution']>>;
+type ProtoFailure = NonNullable<NonNullable<DescribeResponse['pendingActivities']>[number]['lastFailure']>;
+
+/** What the metrics read from the Temporal server: one workflow execution's description. */
+export type DescribeWorkflow = (workflowId: string, runId?: string) => Promise<DescribeResponse>;
 
 export interface WorkerMetrics {
   registry: Registry;
@@ -44,27 +88,90 @@ export interface WorkerMetrics {
   instrument(activities: CampaignActivities): CampaignActivities;
 }
 
-export function createWorkerMetrics(): WorkerMetrics {
+/** The `reason` label of a failure as the server recorded it. */
+export function failureReason(failure: ProtoFailure | null | undefined): string {
+  if (!failure) return 'unknown';
+  if (failure.timeoutFailureInfo)
+    return timeoutReasons[failure.timeoutFailureInfo.timeoutType ?? 0] ?? 'other';
+  if (failure.applicationFailureInfo) {
+    const type = failure.applicationFailureInfo.type ?? '';
+    return knownReasons.has(type) ? type : 'other';
+  }
+  if (failure.canceledFailureInfo) return 'Cancelled';
+  return 'other';
+}
+
+/** The campaign status a description shows: the workflow's CampaignStatus search attribute while
+ * it runs or after it completed, the execution's own status when it ended otherwise. */
+export function campaignStatusOf(d: DescribeResponse): StatusLabel | undefined {
+  const info = d.workflowExecutionInfo;
+  const payload = info?.searchAttributes?.indexedFields?.[campaignStatusKey.name];
+  let attribute: CampaignStatus | undefined;
+  try {
+    if (payload) attribute = defaultPayloadConverter.fromPayload<CampaignStatus>(payload);
+  } catch {
+    attribute = undefined;
+  }
+  const known = (campaignStatuses as readonly string[]).includes(attribute ?? '') ? attribute : undefined;
+  // WorkflowExecutionStatus wire numbers: 1 running, 2 completed, 3 failed, 4 canceled,
+  // 5 terminated, 6 continued-as-new (not the latest run), 7 timed out.
+  switch (info?.status) {
+    case 1:
+      return known ?? 'running';
+    case 2:
+      return known === 'cancelled' ? 'cancelled' : 'completed';
+    case 3:
+    case 7:
+      return 'failed';
+    case 4:
+      return 'cancelled';
+    case 5:
+      return 'terminated';
+    default:
+      return undefined;
+  }
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: no answer in ${ms} ms`)), ms);
+  });
+  return Promise.race([p, timeout]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * The worker's metrics. `describe` reads workflow descriptions from the server: the reason of a
+ * retry (how the previous attempt ended) and each tracked campaign's status. Without it, both
+ * are unknown (retries count as reason "unknown"; no status gauge).
+ */
+export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics {
   const registry = new Registry();
   collectDefaultMetrics({ register: registry });
   const registers = [registry];
   const duration = new Histogram({
-    name: 'moerl_activity_duration_seconds',
-    help: 'Wall time of activity attempts, by activity and outcome (ok, failed, cancelled).',
-    labelNames: ['activity', 'outcome'] as const,
+    name: 'moerl_stage_duration_seconds',
+    help: 'Wall time of activity attempts (a rollout attempt is one shard), by stage and outcome (ok, failed, cancelled).',
+    labelNames: ['stage', 'outcome'] as const,
     buckets: durationBuckets,
     registers,
   });
   const attempts = new Counter({
     name: 'moerl_activity_attempts_total',
-    help: 'Activity attempts started; retry="true" for attempts after the first.',
-    labelNames: ['activity', 'retry'] as const,
+    help: 'Activity attempts started, by stage.',
+    labelNames: ['stage'] as const,
+    registers,
+  });
+  const retries = new Counter({
+    name: 'moerl_activity_retries_total',
+    help: 'Activity attempts after the first, by stage and how the previous attempt ended as the server recorded it.',
+    labelNames: ['stage', 'reason'] as const,
     registers,
   });
   const failures = new Counter({
     name: 'moerl_activity_failures_total',
-    help: 'Failed activity attempts, by activity and failure type (reason "other" for unlisted types).',
-    labelNames: ['activity', 'reason'] as const,
+    help: 'Activity attempts that failed in this worker, by stage and failure type ("other" for unlisted types).',
+    labelNames: ['stage', 'reason'] as const,
     registers,
   });
   const tokens = new Counter({
@@ -87,11 +194,20 @@ export function createWorkerMetrics(): WorkerMetrics {
     help: 'Bytes of the files of committed checkpoints (by their manifests).',
     registers,
   });
-  const rankFailures = new Counter({
-    name: 'moerl_train_job_rank_failures_total',
-    help: 'Training jobs (prepare or update) that failed with a named rank failing.',
+  const commitSeconds = new Histogram({
+    name: 'moerl_checkpoint_commit_duration_seconds',
+    help: 'Wall time of successful checkpoint commits (verify, manifest, LATEST, retention).',
+    buckets: commitBuckets,
     registers,
   });
+  const rankFailures = new Counter({
+    name: 'moerl_train_job_rank_failures_total',
+    help: 'Training jobs that failed with a named rank failing, by stage (prepare, update).',
+    labelNames: ['stage'] as const,
+    registers,
+  });
+  // Both series exist from the start, so the first failure is an increase rate() can see.
+  for (const stage of ['prepare', 'update'] as const) rankFailures.inc({ stage }, 0);
   const epSeconds = new Gauge({
     name: 'moerl_update_ep_seconds',
     help: 'Expert-parallel communication time of the last optimizer step of the latest update.',
@@ -120,8 +236,70 @@ export function createWorkerMetrics(): WorkerMetrics {
     registers,
   });
   const campaigns: string[] = [];
+  let statusesReadAt = 0;
 
-  const onSuccess: { [K in keyof CampaignActivities]?: (input: unknown, output: unknown) => void } = {
+  /** Reads the tracked campaigns' statuses from the server, at most every statusRefreshMs. */
+  async function refreshStatuses(gauge: Gauge<'campaign' | 'status'>, read: DescribeWorkflow) {
+    if (Date.now() - statusesReadAt < statusRefreshMs) return;
+    statusesReadAt = Date.now();
+    await Promise.all(
+      campaigns.map(async (campaign) => {
+        // A campaign the server cannot describe now keeps the status it last showed.
+        const d = await withTimeout(read(campaign), describeTimeoutMs, `describe ${campaign}`).catch(
+          () => undefined,
+        );
+        const status = d && campaignStatusOf(d);
+        if (!status || !campaigns.includes(campaign)) return;
+        for (const s of campaignStatuses) gauge.set({ campaign, status: s }, s === status ? 1 : 0);
+      }),
+    );
+  }
+  const campaignStatus =
+    describe &&
+    new Gauge({
+      name: 'moerl_campaign_status',
+      help: 'Status of each campaign this worker committed checkpoints for: 1 on its current status, 0 on the others.',
+      labelNames: ['campaign', 'status'] as const,
+      registers,
+      async collect() {
+        await refreshStatuses(this, describe);
+      },
+    });
+
+  /** Keeps `campaignId` among the tracked campaigns; true when it was not tracked yet. */
+  function track(campaignId: string): boolean {
+    const seen = campaigns.indexOf(campaignId);
+    if (seen >= 0) campaigns.splice(seen, 1);
+    campaigns.push(campaignId);
+    if (campaigns.length > maxCampaigns) {
+      const evicted = campaigns.shift()!;
+      campaignIteration.remove(evicted);
+      campaignReward.remove(evicted);
+      for (const status of campaignStatuses) campaignStatus?.remove({ campaign: evicted, status });
+    }
+    return seen < 0;
+  }
+
+  /** Counts a retry under how its previous attempt ended, once the server has said so. */
+  async function countRetry(stage: StageName, info: Info) {
+    let reason = 'unknown';
+    const execution = info.workflowExecution;
+    if (describe && execution) {
+      const d = await withTimeout(
+        describe(execution.workflowId, execution.runId),
+        describeTimeoutMs,
+        'describe',
+      ).catch(() => undefined);
+      const pending = d?.pendingActivities?.find((p) => p.activityId === info.activityId);
+      // The server keeps the previous attempt's failure on the pending activity while this one runs.
+      if (pending && (pending.attempt ?? 0) >= info.attempt) reason = failureReason(pending.lastFailure);
+    }
+    retries.inc({ stage, reason });
+  }
+
+  const onSuccess: {
+    [K in keyof CampaignActivities]?: (input: unknown, output: unknown, seconds: number) => void;
+  } = {
     rolloutShard: (_input, output) => {
       const out = output as RolloutShardOutput;
       tokens.inc(out.tokens);
@@ -135,17 +313,12 @@ export function createWorkerMetrics(): WorkerMetrics {
       if (m.ep_bytes !== undefined) epBytes.set(m.ep_bytes);
       if (m.seconds !== undefined) stepSeconds.set(m.seconds);
     },
-    commitCheckpoint: (input) => {
+    commitCheckpoint: (input, _output, seconds) => {
       const { campaignId, staged, meanReward } = input as CheckpointInput;
       commitBytes.inc(staged.manifest.files.reduce((sum, f) => sum + f.bytes, 0));
-      const seen = campaigns.indexOf(campaignId);
-      if (seen >= 0) campaigns.splice(seen, 1);
-      campaigns.push(campaignId);
-      if (campaigns.length > maxCampaigns) {
-        const evicted = campaigns.shift()!;
-        campaignIteration.remove(evicted);
-        campaignReward.remove(evicted);
-      }
+      commitSeconds.observe(seconds);
+      // A campaign new to this worker has its status read at the next scrape, not a refresh later.
+      if (track(campaignId)) statusesReadAt = 0;
       campaignIteration.set({ campaign: campaignId }, staged.iteration);
       if (meanReward === null) campaignReward.remove(campaignId);
       else campaignReward.set({ campaign: campaignId }, meanReward);
@@ -153,22 +326,25 @@ export function createWorkerMetrics(): WorkerMetrics {
   };
 
   function wrap<I, O>(activity: keyof CampaignActivities, fn: (input: I) => Promise<O>) {
+    const stage = stageOf[activity];
     return async (input: I): Promise<O> => {
       const ctx = Context.current();
-      attempts.inc({ activity, retry: String(ctx.info.attempt > 1) });
-      const end = duration.startTimer({ activity });
+      attempts.inc({ stage });
+      if (ctx.info.attempt > 1) void countRetry(stage, ctx.info);
+      const started = process.hrtime.bigint();
+      const end = duration.startTimer({ stage });
       try {
         const output = await fn(input);
         end({ outcome: 'ok' });
-        onSuccess[activity]?.(input, output);
+        onSuccess[activity]?.(input, output, Number(process.hrtime.bigint() - started) / 1e9);
         return output;
       } catch (err) {
         const cancelled = err instanceof CancelledFailure || ctx.cancellationSignal.aborted;
         end({ outcome: cancelled ? 'cancelled' : 'failed' });
         const type = err instanceof ApplicationFailure ? err.type : undefined;
-        failures.inc({ activity, reason: type && knownReasons.has(type) ? type : 'other' });
+        failures.inc({ stage, reason: type && knownReasons.has(type) ? type : 'other' });
         // The launcher's message names the rank ("update: rank 1 of 2 exited with code 3 ...").
-        if (/\brank \d+ of \d+\b/.test(err instanceof Error ? err.message : '')) rankFailures.inc();
+        if (/\brank \d+ of \d+\b/.test(err instanceof Error ? err.message : '')) rankFailures.inc({ stage });
         throw err;
       }
     };
@@ -185,7 +361,6 @@ export function createWorkerMetrics(): WorkerMetrics {
     }),
   };
 }
-
 export interface MetricsServer {
   /** `http://host:port/metrics`, with the port actually bound (port 0 picks a free one). */
   url: string;

@@ -10,17 +10,20 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { freePort } from '../../cli/dev-server.js';
+import { repoRoot } from '../../cli/temporal-tools.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { startCampaign, tinyRealSpec, uniqueTaskQueues, waitFor } from '../support/campaign-harness.js';
 import { nativeTools } from '../support/native-tools.js';
 import { spawnGroup, waitUntilReady } from '../support/process-group.js';
 import { parseExposition } from '../support/promparse.js';
+import { dashboardQueries, parsePromQL } from '../support/promql.js';
 import type { Exposition, MetricFamily } from '../support/promparse.js';
 import { startTestEnvironment } from '../support/temporal.js';
 import type { TestEnvironment } from '../support/temporal.js';
 
 const tools = nativeTools(['moe_generate', 'moe_reward', 'moe_train']);
 const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
+const dashboardPath = join(repoRoot(), 'k8s', 'monitoring', 'grafana-dashboard.json');
 
 let t: TestEnvironment;
 let dir: string;
@@ -33,11 +36,32 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
-async function scrape(url: string): Promise<Exposition> {
+type Scrape = Exposition & { text: string };
+
+async function scrape(url: string): Promise<Scrape> {
   const res = await fetch(url);
   assert.equal(res.status, 200, `GET ${url}`);
   assert.match(res.headers.get('content-type') ?? '', /^text\/plain; version=0\.0\.4/);
-  return parseExposition(await res.text());
+  const text = await res.text();
+  return { ...(await parseExposition(text)), text };
+}
+
+/**
+ * The series names a query may select in a scrape: each family's TYPE line counts (a counter no
+ * event has touched yet has no samples), a histogram by its _bucket, _sum and _count series.
+ */
+function selectableNames(s: Scrape): Set<string> {
+  const names = new Set<string>();
+  for (const [, name, type] of s.text.matchAll(/^# TYPE (\S+) (\S+)$/gm)) {
+    const suffixes =
+      type === 'histogram'
+        ? ['_bucket', '_sum', '_count']
+        : type === 'summary'
+          ? ['', '_sum', '_count']
+          : [''];
+    for (const suffix of suffixes) names.add(name! + suffix);
+  }
+  return names;
 }
 
 function family(e: Exposition, name: string): MetricFamily {
@@ -49,11 +73,17 @@ function family(e: Exposition, name: string): MetricFamily {
 const labelsOf = (m: MetricFamily['metric'][number]) =>
   Object.fromEntries((m.label ?? []).map((l) => [l.name, l.value]));
 
-/** Sum of the counter or gauge samples of `name` whose labels include `labels`. */
-function total(e: Exposition, name: string, labels: Record<string, string> = {}): number {
-  return family(e, name)
-    .metric.filter((m) => Object.entries(labels).every(([k, v]) => labelsOf(m)[k] === v))
+/** Sum of the counter or gauge samples of `name` whose labels include `labels` (0: none yet). */
+function sumOf(e: Exposition, name: string, labels: Record<string, string> = {}): number {
+  return (e.families.find((x) => x.name === name)?.metric ?? [])
+    .filter((m) => Object.entries(labels).every(([k, v]) => labelsOf(m)[k] === v))
     .reduce((sum, m) => sum + (m.counter?.value ?? m.gauge?.value ?? 0), 0);
+}
+
+/** The same, for a metric that must be exported. */
+function total(e: Exposition, name: string, labels: Record<string, string> = {}): number {
+  family(e, name);
+  return sumOf(e, name, labels);
 }
 
 /** Observations and their sum in the histogram `name` whose labels include `labels`. */
@@ -143,7 +173,7 @@ describe('worker metrics', { skip: tools.skip }, () => {
         250,
       );
       assert.equal((await handle.describe()).status.name, 'RUNNING', 'scraped while the campaign ran');
-      assert.ok(total(during, 'moerl_activity_attempts_total', { activity: 'rolloutShard' }) >= 1);
+      assert.ok(total(during, 'moerl_activity_attempts_total', { stage: 'rollout' }) >= 1);
 
       await handle.result();
       const state = await handle.query<CampaignState>('status');
@@ -158,29 +188,24 @@ describe('worker metrics', { skip: tools.skip }, () => {
       );
       for (const f of ours) {
         if (f.type === 'COUNTER') assert.match(f.name, /_total$/);
-        if (f.name.endsWith('_seconds') && f.name.startsWith('moerl_activity'))
-          assert.equal(f.type, 'HISTOGRAM', f.name);
+        if (f.name.endsWith('_duration_seconds')) assert.equal(f.type, 'HISTOGRAM', f.name);
       }
 
-      // Every attempt is counted once and timed once.
-      for (const activity of [
-        'preparePolicy',
-        'rolloutShard',
-        'computeRewards',
-        'updatePolicy',
-        'commitCheckpoint',
-      ]) {
-        const attempts = total(e, 'moerl_activity_attempts_total', { activity });
-        assert.ok(attempts >= 1, `${activity} attempts (${attempts})`);
-        const all = observed(e, 'moerl_activity_duration_seconds', { activity });
-        assert.equal(all.count, attempts, `${activity}: one duration per attempt`);
-        const ok = observed(e, 'moerl_activity_duration_seconds', { activity, outcome: 'ok' });
-        assert.ok(ok.count >= 1 && ok.sum > 0, `${activity} succeeded at least once, in ${ok.sum} s`);
+      // Every attempt is counted once and timed once, by stage.
+      for (const stage of ['prepare', 'rollout', 'reward', 'update', 'checkpoint']) {
+        const attempts = total(e, 'moerl_activity_attempts_total', { stage });
+        assert.ok(attempts >= 1, `${stage} attempts (${attempts})`);
+        const all = observed(e, 'moerl_stage_duration_seconds', { stage });
+        assert.equal(all.count, attempts, `${stage}: one duration per attempt`);
+        const ok = observed(e, 'moerl_stage_duration_seconds', { stage, outcome: 'ok' });
+        assert.ok(ok.count >= 1 && ok.sum > 0, `${stage} succeeded at least once, in ${ok.sum} s`);
       }
-      assert.ok(
-        total(e, 'moerl_activity_attempts_total', { activity: 'rolloutShard' }) >= 2 * spec.rolloutShards,
-      );
-      assert.ok(total(e, 'moerl_activity_attempts_total', { activity: 'updatePolicy' }) >= spec.iterations);
+      assert.ok(total(e, 'moerl_activity_attempts_total', { stage: 'rollout' }) >= 2 * spec.rolloutShards);
+      assert.ok(total(e, 'moerl_activity_attempts_total', { stage: 'update' }) >= spec.iterations);
+      // Retries are the attempts beyond the first that the workflow saw, each with its reason.
+      const retried = Object.values(state.retries).reduce((s, n) => s + n, 0);
+      assert.equal(sumOf(e, 'moerl_activity_retries_total'), retried);
+      assert.equal(sumOf(e, 'moerl_activity_retries_total', { reason: 'unknown' }), 0);
 
       // The rollout counters add up to what the workflow recorded per iteration.
       const tokens = state.recentIterations.reduce((s, it) => s + it.tokens, 0);
@@ -197,11 +222,31 @@ describe('worker metrics', { skip: tools.skip }, () => {
       // Checkpoints: at least the bytes of the latest one were committed; the campaign gauges.
       assert.ok(state.latestCheckpoint);
       assert.ok(total(e, 'moerl_checkpoint_commit_bytes_total') > 0);
+      const commits = observed(e, 'moerl_checkpoint_commit_duration_seconds', {});
+      assert.equal(
+        commits.count,
+        observed(e, 'moerl_stage_duration_seconds', { stage: 'checkpoint', outcome: 'ok' }).count,
+      );
+      assert.ok(commits.sum > 0);
       assert.equal(total(e, 'moerl_campaign_iteration', { campaign: state.campaignId }), spec.iterations);
       assert.equal(
         total(e, 'moerl_campaign_mean_reward', { campaign: state.campaignId }),
         state.latestCheckpoint.meanReward,
       );
+      // The status gauge reads the server: the finished campaign shows completed, and only that.
+      const statuses = await waitFor(
+        'moerl_campaign_status shows the campaign completed',
+        async () => {
+          const now = await scrape(url);
+          return sumOf(now, 'moerl_campaign_status', { campaign: state.campaignId, status: 'completed' }) ===
+            1
+            ? now
+            : undefined;
+        },
+        30_000,
+        500,
+      );
+      assert.equal(total(statuses, 'moerl_campaign_status', { campaign: state.campaignId }), 1);
 
       // EP figures of the latest update: those its trainer reported; 2 ranks exchange tokens.
       const last = state.recentIterations.at(-1)!.trainMetrics;
@@ -224,10 +269,30 @@ describe('worker metrics', { skip: tools.skip }, () => {
         sdkNames.some((n) => n.startsWith('temporal_') && n.endsWith('_total')),
         `Temporal SDK counters: ${sdkNames.join(', ')}`,
       );
+      // The Grafana dashboard reads only metrics these two ports serve, in valid PromQL.
+      const served = new Set([...selectableNames(e), ...selectableNames(sdk)]);
+      const queries = dashboardQueries(dashboardPath);
+      assert.ok(queries.length >= 20, `${queries.length} dashboard queries`);
+      const parsed = await parsePromQL(queries.map((q) => q.expr));
+      const dashboardMetrics = new Set<string>();
+      parsed.forEach((p, i) => {
+        assert.equal(p.error, undefined, `${queries[i]!.where}: ${p.expr}`);
+        assert.ok(p.metrics.length > 0, `${queries[i]!.where} reads a metric`);
+        for (const m of p.metrics) {
+          assert.ok(served.has(m), `${queries[i]!.where} reads ${m}, which the worker does not serve`);
+          dashboardMetrics.add(m);
+        }
+      });
+      // And it shows every moerl_ family the worker serves.
+      for (const f of ours)
+        assert.ok(
+          [...dashboardMetrics].some((m) => m === f.name || m.startsWith(`${f.name}_`)),
+          `the dashboard shows ${f.name}`,
+        );
       console.log(
         `worker metrics: ${ours.length} moerl_ families, ${sdk.families.length} SDK families; ` +
           `rollout ${tokens} tokens, ${samples} samples; rollout attempt time ` +
-          `${observed(e, 'moerl_activity_duration_seconds', { activity: 'rolloutShard' }).sum.toFixed(2)} s`,
+          `${observed(e, 'moerl_stage_duration_seconds', { stage: 'rollout' }).sum.toFixed(2)} s`,
       );
     } finally {
       await worker.stop(10_000);

@@ -1,6 +1,7 @@
 // Prometheus's own exposition parser and metric linter (test/support/promparse, a small Go
 // program on github.com/prometheus/common/expfmt and client_golang's promlint), built once into
 // the tools cache under a name derived from its source and pinned modules, so an edit rebuilds it.
+// `goHelper` builds the sibling Go helpers (test/support/promql) the same way.
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, renameSync } from 'node:fs';
@@ -34,17 +35,24 @@ export interface Exposition {
   problems: { metric: string; text: string }[];
 }
 
-let built: Promise<string> | undefined;
+const built = new Map<string, Promise<string>>();
 
-async function build(): Promise<string> {
-  const src = join(repoRoot(), 'test', 'support', 'promparse');
+/** The binary of the Go program in test/support/<name>, built into the tools cache when missing. */
+export function goHelper(name: string): Promise<string> {
+  let bin = built.get(name);
+  if (!bin) built.set(name, (bin = build(name)));
+  return bin;
+}
+
+async function build(name: string): Promise<string> {
+  const src = join(repoRoot(), 'test', 'support', name);
   const hash = createHash('sha256');
   for (const f of ['go.mod', 'go.sum', 'main.go']) hash.update(readFileSync(join(src, f)));
   const tools =
     process.env.MOERL_TOOLS_DIR ??
     join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'moerl', 'tools');
-  const dir = join(tools, `promparse-${hash.digest('hex').slice(0, 12)}`);
-  const bin = join(dir, 'promparse');
+  const dir = join(tools, `${name}-${hash.digest('hex').slice(0, 12)}`);
+  const bin = join(dir, name);
   if (existsSync(bin)) return bin;
   mkdirSync(dir, { recursive: true });
   // Built next to its final name and renamed: a concurrent test never runs a half-written file.
@@ -54,17 +62,16 @@ async function build(): Promise<string> {
     env: { ...process.env, GOFLAGS: '', CGO_ENABLED: '0' },
   }).catch((err: unknown) => {
     throw new Error(
-      `building test/support/promparse with go failed: ${(err as { stderr?: string }).stderr ?? String(err)}`,
+      `building test/support/${name} with go failed: ${(err as { stderr?: string }).stderr ?? String(err)}`,
     );
   });
   renameSync(partial, bin);
   return bin;
 }
 
-/** Parses and lints a text exposition with Prometheus's own code. */
-export async function parseExposition(text: string): Promise<Exposition> {
-  built ??= build();
-  const bin = await built;
+/** Runs a helper with `input` on stdin and returns its stdout. */
+export async function runHelper(name: string, input: string): Promise<string> {
+  const bin = await goHelper(name);
   const child = execFile(bin, { maxBuffer: 64 << 20 });
   const out = new Promise<string>((resolve, reject) => {
     let stdout = '';
@@ -73,9 +80,14 @@ export async function parseExposition(text: string): Promise<Exposition> {
     child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
     child.once('error', reject);
     child.once('exit', (code) =>
-      code === 0 ? resolve(stdout) : reject(new Error(`promparse exited with ${code}: ${stderr.trim()}`)),
+      code === 0 ? resolve(stdout) : reject(new Error(`${name} exited with ${code}: ${stderr.trim()}`)),
     );
   });
-  child.stdin!.end(text);
-  return JSON.parse(await out) as Exposition;
+  child.stdin!.end(input);
+  return out;
+}
+
+/** Parses and lints a text exposition with Prometheus's own code. */
+export async function parseExposition(text: string): Promise<Exposition> {
+  return JSON.parse(await runHelper('promparse', text)) as Exposition;
 }

@@ -1,14 +1,15 @@
 // The metrics wrapper around a worker's activities, with fake activities in Temporal's mock
-// activity environment: outcomes, retries, failure reasons, rank failures and the bound on
-// per-campaign gauges. The real activities and a real worker are in
+// activity environment and a fake server description: outcomes, retries and their reasons,
+// failure reasons, rank failures, campaign statuses and the bound on per-campaign gauges. The real activities and a real worker are in
 // test/integration/worker-metrics.test.ts.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { ApplicationFailure, CancelledFailure } from '@temporalio/common';
+import { ApplicationFailure, CancelledFailure, defaultPayloadConverter } from '@temporalio/common';
 import { MockActivityEnvironment } from '@temporalio/testing';
 import type { CampaignActivities, CheckpointInput } from '../../activities/types.js';
 import { parseWorkerArgs } from '../../workers/main.js';
 import { createWorkerMetrics, parsePort, serveMetrics } from '../../workers/metrics.js';
+import type { DescribeWorkflow } from '../../workers/metrics.js';
 
 /** Fake activities: each fails with `failure` when it is set, else returns a fixed output. */
 function fakeActivities(failure: { current: unknown }): CampaignActivities {
@@ -34,6 +35,21 @@ const commitInput = (campaignId: string, iteration: number) =>
     meanReward: 0.25,
     staged: { manifest: { files: [{ bytes: 100 }, { bytes: 23 }] }, iteration },
   }) as unknown as CheckpointInput;
+
+async function waitUntil(ok: () => Promise<boolean>) {
+  for (const deadline = Date.now() + 5_000; !(await ok());)
+    if (Date.now() > deadline) throw new Error('condition not met in 5 s');
+    else await new Promise((r) => setTimeout(r, 10));
+}
+
+/** A fake server: describes every workflow with `answer` (or fails when it is an Error). */
+function fakeDescribe(answer: () => unknown): DescribeWorkflow {
+  return async () => {
+    const a = answer();
+    if (a instanceof Error) throw a;
+    return a as Awaited<ReturnType<DescribeWorkflow>>;
+  };
+}
 
 async function value(
   m: ReturnType<typeof createWorkerMetrics>,
@@ -64,31 +80,22 @@ describe('worker metrics wrapper (fake activities)', () => {
     failure.current = new CancelledFailure('cancelled');
     await assert.rejects(new MockActivityEnvironment({ attempt: 1 }).run(a.rolloutShard, {} as never));
 
+    assert.equal(await value(m, 'moerl_activity_attempts_total', { stage: 'update' }), 3);
+    // Without a server to ask, a retry's reason is unknown.
+    await waitUntil(async () => (await value(m, 'moerl_activity_retries_total')) === 2);
+    assert.equal(await value(m, 'moerl_activity_retries_total', { stage: 'update', reason: 'unknown' }), 2);
     assert.equal(
-      await value(m, 'moerl_activity_attempts_total', { activity: 'updatePolicy', retry: 'false' }),
+      await value(m, 'moerl_activity_failures_total', { stage: 'update', reason: 'TrainerRankFailed' }),
       1,
     );
-    assert.equal(
-      await value(m, 'moerl_activity_attempts_total', { activity: 'updatePolicy', retry: 'true' }),
-      2,
-    );
-    assert.equal(
-      await value(m, 'moerl_activity_failures_total', {
-        activity: 'updatePolicy',
-        reason: 'TrainerRankFailed',
-      }),
-      1,
-    );
-    assert.equal(
-      await value(m, 'moerl_activity_failures_total', { activity: 'updatePolicy', reason: 'other' }),
-      1,
-    );
-    assert.equal(await value(m, 'moerl_train_job_rank_failures_total'), 1);
-    const count = (activity: string, outcome: string) =>
-      value(m, 'moerl_activity_duration_seconds', { activity, outcome, le: '+Inf' });
-    assert.equal(await count('updatePolicy', 'ok'), 1);
-    assert.equal(await count('updatePolicy', 'failed'), 2);
-    assert.equal(await count('rolloutShard', 'cancelled'), 1);
+    assert.equal(await value(m, 'moerl_activity_failures_total', { stage: 'update', reason: 'other' }), 1);
+    assert.equal(await value(m, 'moerl_train_job_rank_failures_total', { stage: 'update' }), 1);
+    assert.equal(await value(m, 'moerl_train_job_rank_failures_total', { stage: 'prepare' }), 0);
+    const count = (stage: string, outcome: string) =>
+      value(m, 'moerl_stage_duration_seconds', { stage, outcome, le: '+Inf' });
+    assert.equal(await count('update', 'ok'), 1);
+    assert.equal(await count('update', 'failed'), 2);
+    assert.equal(await count('rollout', 'cancelled'), 1);
     assert.equal(await value(m, 'moerl_rollout_tokens_total'), 30);
     assert.equal(await value(m, 'moerl_rollout_samples_total'), 4);
     assert.equal(await value(m, 'moerl_rollout_chunks_redone_total'), 1);
@@ -107,6 +114,77 @@ describe('worker metrics wrapper (fake activities)', () => {
     assert.ok(!iterations.some((v) => v.labels.campaign === 'c0'), 'the oldest campaign is dropped');
     assert.equal(await value(m, 'moerl_campaign_iteration', { campaign: 'c69' }), 70);
     assert.equal(await value(m, 'moerl_campaign_mean_reward', { campaign: 'c69' }), 0.25);
+  });
+
+  test('fake server: a retry counts under how the server says the previous attempt ended', async () => {
+    let lastFailure: unknown = { timeoutFailureInfo: { timeoutType: 4 } };
+    const m = createWorkerMetrics(
+      fakeDescribe(() =>
+        lastFailure instanceof Error
+          ? lastFailure
+          : { pendingActivities: [{ activityId: '7', attempt: 2, lastFailure }] },
+      ),
+    );
+    const a = m.instrument(fakeActivities({ current: undefined }));
+    const retry = (activityId = '7') =>
+      new MockActivityEnvironment({
+        attempt: 2,
+        activityId,
+        workflowExecution: { workflowId: 'c1', runId: 'r1' },
+      }).run(a.rolloutShard, {} as never);
+    const retries = (reason: string) =>
+      value(m, 'moerl_activity_retries_total', { stage: 'rollout', reason });
+
+    await retry();
+    await waitUntil(async () => (await retries('HeartbeatTimeout')) === 1);
+    lastFailure = { message: 'SIGTERM', applicationFailureInfo: { type: 'WorkerShuttingDown' } };
+    await retry();
+    await waitUntil(async () => (await retries('WorkerShuttingDown')) === 1);
+    lastFailure = { message: 'x', applicationFailureInfo: { type: 'SomethingNew' } };
+    await retry();
+    await waitUntil(async () => (await retries('other')) === 1);
+    // Another activity's record, or no answer: unknown.
+    await retry('8');
+    lastFailure = new Error('unavailable');
+    await retry();
+    await waitUntil(async () => (await retries('unknown')) === 2);
+    assert.equal(await value(m, 'moerl_activity_retries_total'), 5);
+    // A first attempt is no retry and asks nothing.
+    await new MockActivityEnvironment({ attempt: 1 }).run(a.rolloutShard, {} as never);
+    assert.equal(await value(m, 'moerl_activity_retries_total'), 5);
+  });
+
+  test('fake server: campaign status from the search attribute while running, the execution status after', async () => {
+    let described = 0;
+    let answer: { status: number; attribute?: string } = { status: 1, attribute: 'paused' };
+    const m = createWorkerMetrics(
+      fakeDescribe(() => {
+        described++;
+        const indexedFields = answer.attribute
+          ? { CampaignStatus: defaultPayloadConverter.toPayload(answer.attribute) }
+          : {};
+        return { workflowExecutionInfo: { status: answer.status, searchAttributes: { indexedFields } } };
+      }),
+    );
+    const a = m.instrument(fakeActivities({ current: undefined }));
+    await new MockActivityEnvironment().run(a.commitCheckpoint, commitInput('c1', 1));
+    const status = async (campaigns = 1) => {
+      const values = (await m.registry.getSingleMetric('moerl_campaign_status')!.get()).values;
+      const on = values.filter((v) => v.value === 1).map((v) => `${v.labels.campaign}:${v.labels.status}`);
+      assert.equal(values.length, 7 * campaigns, 'one series per campaign and status');
+      return on;
+    };
+    assert.deepEqual(await status(), ['c1:paused']);
+    // Read again only after the refresh interval: a scrape does not describe every campaign.
+    answer = { status: 5 };
+    assert.deepEqual(await status(), ['c1:paused']);
+    assert.equal(described, 1);
+    // A new campaign is read at the next scrape.
+    await new MockActivityEnvironment().run(a.commitCheckpoint, commitInput('c2', 1));
+    assert.deepEqual((await status(2)).sort(), ['c1:terminated', 'c2:terminated']);
+    answer = { status: 2, attribute: 'cancelled' };
+    await new MockActivityEnvironment().run(a.commitCheckpoint, commitInput('c3', 1));
+    assert.ok((await status(3)).includes('c3:cancelled'));
   });
 
   test('serves /metrics on 127.0.0.1 and answers 404 elsewhere; ports are checked', async () => {
