@@ -30,6 +30,7 @@ DEBIAN_PACKAGES=(
   nlohmann-json3-dev libssl-dev libcli11-dev  # JSON, sha256 (libcrypto), tool flags
   python3  # the golden-reference test regenerates model_tiny.golden
   runc  # the test node's container runtime (containerd 2 is built from Go modules)
+  chromium  # headless browser: the report test renders moerl report's page in it
 )
 ALL_STEPS=(packages npm tools kube-tools ts native native-asan)
 
