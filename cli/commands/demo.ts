@@ -139,6 +139,9 @@ campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
             say(
               `history    npx moerl dev --state-dir ${stateDir}, then open its web UI or run npx moerl history ${campaign.campaignId}`,
             );
+            say(
+              `report     with that dev server running: npx moerl report ${campaign.campaignId} (writes .moerl/reports/${campaign.campaignId}/report.html)`,
+            );
             if (ctx.json)
               ctx.io.stdout.write(
                 `${JSON.stringify({
