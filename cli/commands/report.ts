@@ -55,22 +55,22 @@ The page needs no network: the charting library is inside it. With --json the re
   positionals: { min: 1, max: 1 },
   campaignIdArgument: true,
   async run(ctx: CommandContext) {
-    const client = await ctx.client();
     const id = ctx.positionals[0] as string;
+    const flags = {
+      file: ctx.string('prices'),
+      rolloutPrice: ctx.string('rollout-price'),
+      trainPrice: ctx.string('train-price'),
+      rolloutNodes: ctx.string('rollout-nodes'),
+      trainNodes: ctx.string('train-nodes'),
+      currency: ctx.string('currency'),
+    };
+    // Bad prices or a bad URL fail before anything is read; node counts default from the spec.
+    resolvePrices(flags, undefined);
+    const ui = uiLink(ctx.string('ui') ?? ctx.io.env.MOERL_TEMPORAL_UI, ctx.temporal().namespace, id);
+    const client = await ctx.client();
     await describeCampaign(client, id);
     const source = await collectReport(client, id);
-    const prices = resolvePrices(
-      {
-        file: ctx.string('prices'),
-        rolloutPrice: ctx.string('rollout-price'),
-        trainPrice: ctx.string('train-price'),
-        rolloutNodes: ctx.string('rollout-nodes'),
-        trainNodes: ctx.string('train-nodes'),
-        currency: ctx.string('currency'),
-      },
-      source.spec,
-    );
-    const ui = uiLink(ctx.string('ui') ?? ctx.io.env.MOERL_TEMPORAL_UI, ctx.temporal().namespace, id);
+    const prices = resolvePrices(flags, source.spec);
     const report = buildReport(source, prices, ui);
     const dir = resolve(ctx.string('out') ?? join('.moerl', 'reports', id));
     const paths = writeReport(report, dir);
