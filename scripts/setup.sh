@@ -10,7 +10,7 @@
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
 #   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
 #   kube-tools   the test cluster's binaries: Kubernetes, etcd, kwok, containerd, CNI plugins,
-#                CoreDNS (scripts/tools.sh; built once, cached; not a default step: the demo
+#                CoreDNS, Kueue (scripts/tools.sh; built once, cached; not a default step: the demo
 #                does not need them, the tests do)
 #   ts           npm run build (tsc into dist/)
 #   native       cmake + ninja into native/build
@@ -138,10 +138,11 @@ step_tools() {
 }
 
 # The test cluster: control plane (one build gives all five Kubernetes binaries), etcd, kwok,
-# and the real node's containerd, CNI plugins and CoreDNS. Built once into the tools cache.
+# the real node's containerd, CNI plugins and CoreDNS, and Kueue for the queueing tests. Built
+# once into the tools cache.
 step_kube_tools() {
   local tool path
-  for tool in kube-apiserver etcd kwok containerd cni-plugins coredns; do
+  for tool in kube-apiserver etcd kwok containerd cni-plugins coredns kueue; do
     path="$(run_tool "$tool")" || return 1
     say "tools: $tool $path"
   done

@@ -11,6 +11,8 @@
 #   containerd ctr cni-plugins coredns      a real node's runtime (one build: containerd, ctr and
 #                                           containerd-shim-runc-v2), pod network plugins
 #                                           (bridge loopback host-local portmap), cluster DNS
+#   kueue                                   Kueue's controller manager (its CRDs beside it, in
+#                                           kueue-crds/), the job queue of the queueing tests
 #
 # Order: the override variable (the name upper-cased with - as _, plus _PATH: KUBELET_PATH,
 # KUBE_APISERVER_PATH, ...; but TEMPORAL_CLI_PATH, and CNI_PLUGINS_DIR for the folder), then
@@ -30,6 +32,9 @@ KWOK_VERSION=v0.8.0
 CONTAINERD_VERSION=v2.4.2
 CNI_PLUGINS_VERSION=v1.10.0
 COREDNS_VERSION=v1.15.0
+# Kueue's own go.mod pins its k8s.io modules (v0.35, one minor below the test cluster's API
+# server: within client skew); it has no replace directives, so `go install` builds it.
+KUEUE_VERSION=v0.17.0
 # Kubernetes and etcd replace their own sub-modules with local paths, so `go install` refuses
 # them; they are built from wrapper modules whose go.mod (with go.sum) pins them instead:
 # k8s.io/kubernetes in scripts/kube-tools/kubernetes/go.mod, which also replaces each staging
@@ -54,7 +59,7 @@ usage() {
 # The build (a cache folder) that provides a tool, and the files that build must produce.
 build_of() {
   case "$1" in
-    temporal | versitygw | kwok | etcd | coredns) echo "$1" ;;
+    temporal | versitygw | kwok | etcd | coredns | kueue) echo "$1" ;;
     kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl) echo kubernetes ;;
     containerd | ctr) echo containerd ;;
     cni-plugins) echo cni-plugins ;;
@@ -67,6 +72,7 @@ build_outputs() {
     kubernetes) echo "${KUBERNETES_COMMANDS[*]}" ;;
     containerd) echo containerd ctr containerd-shim-runc-v2 ;;
     cni-plugins) basename -a "${CNI_PLUGINS[@]}" | tr '\n' ' ' ;;
+    kueue) echo kueue kueue-crds ;;
     *) echo "$1" ;;
   esac
 }
@@ -97,6 +103,7 @@ build_version() {
     containerd) echo "$CONTAINERD_VERSION" ;;
     cni-plugins) echo "$CNI_PLUGINS_VERSION" ;;
     coredns) echo "$COREDNS_VERSION" ;;
+    kueue) echo "$KUEUE_VERSION" ;;
     kubernetes) wrapper_version kubernetes k8s.io/kubernetes ;;
     etcd) wrapper_version etcd go.etcd.io/etcd/server/v3 ;;
   esac
@@ -111,6 +118,11 @@ go_command() {
     versitygw) printf '%s\n' install "github.com/versity/versitygw/cmd/versitygw@$version" ;;
     kwok) printf '%s\n' install -trimpath '-ldflags=-s -w' "sigs.k8s.io/kwok/cmd/kwok@$version" ;;
     coredns) printf '%s\n' install -trimpath '-ldflags=-s -w' "github.com/coredns/coredns@$version" ;;
+    kueue)
+      printf '%s\n' install -trimpath \
+        "-ldflags=-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version -X sigs.k8s.io/kueue/pkg/version.GitCommit=" \
+        "sigs.k8s.io/kueue/cmd/kueue@$version"
+      ;;
     containerd)
       # Without cgo the btrfs, devmapper and zfs snapshotters cannot work; the tags leave
       # them out (overlayfs and native remain), and the CLI's man-page generator with them.
@@ -196,6 +208,7 @@ build_with_go() {
     die "building $build $version failed (see the go output above)."
   fi
   trap - TERM INT HUP
+  if [[ "$build" == kueue ]]; then copy_kueue_crds "$version" "$tmp/kueue-crds"; fi
   build_complete "$tmp" "$build" || die "go finished but did not produce all of: $(build_outputs "$build") (in $tmp)."
   # Another process may have finished the same build meanwhile; its binaries are as good.
   if ! build_complete "$final_dir" "$build"; then
@@ -205,6 +218,18 @@ build_with_go() {
   rm -rf "$tmp"
   trap - EXIT
   log "built $build $version in $((SECONDS - started))s"
+}
+
+# Kueue's CustomResourceDefinitions, from the module `go install` just fetched, kept beside the
+# binary so a cached build needs neither the module cache nor the network.
+copy_kueue_crds() {
+  local dir
+  # Outside any module: the download must not touch a go.mod.
+  dir="$(cd "$(dirname "$2")" && GOWORK=off go mod download -json "sigs.k8s.io/kueue@$1" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -d "$dir/config/components/crd/bases" ]] || die "the sigs.k8s.io/kueue@$1 module has no config/components/crd/bases."
+  mkdir -p "$2"
+  cp "$dir"/config/components/crd/bases/*.yaml "$2/"
 }
 
 resolve() {
