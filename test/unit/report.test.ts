@@ -1,0 +1,232 @@
+// moerl report's formulas on a hand-made history (docs/report.md, "Formulas"): waiting time,
+// pool busy time as a union of intervals, costs, interruption losses, EP share; and the prices'
+// bad-input errors.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, it } from 'node:test';
+import { UsageError } from '../../cli/errors.js';
+import { historyFromRecords, type ActivityRecord, type CampaignRecords } from '../../cli/history.js';
+import type { ReportSource } from '../../cli/report/collect.js';
+import { buildReport, iterationsCsv } from '../../cli/report/index.js';
+import { unionSeconds } from '../../cli/report/economics.js';
+import { resolvePrices } from '../../cli/report/prices.js';
+import { testSpec } from '../support/campaign-harness.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'moerl-report-unit-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+const spec = testSpec({ iterations: 1, rolloutShards: 2, orchestration: { rolloutHeartbeatSeconds: 5 } });
+const s = (x: number) => x * 1000; // seconds → ms since the campaign started (at 0)
+
+function act(
+  p: Partial<ActivityRecord> & Pick<ActivityRecord, 'activity' | 'stage' | 'iteration'>,
+): ActivityRecord {
+  return {
+    activityId: String(Math.random()),
+    runId: 'run-1',
+    scheduledAt: 0,
+    startedAt: 0,
+    closedAt: 0,
+    outcome: 'completed',
+    attempts: 1,
+    failures: [],
+    heartbeatTimeouts: 0,
+    result: {},
+    ...p,
+  };
+}
+
+const checkpoint = (iteration: number, removed: string[] = []) => ({
+  checkpoint: { campaignId: 'c', iteration, key: `k${iteration}`, manifestSha256: 'x', meanReward: 0.5 },
+  removed,
+  attempt: 1,
+});
+
+// prepare 0-10 s, commit 10-11; iteration 1: shard 0 10 s of 10 chunks, shard 1 interrupted
+// (heartbeat timeout, restarted at 20 s, 2 chunks redone), reward, update, commit.
+const activities: ActivityRecord[] = [
+  act({ activity: 'preparePolicy', stage: 'prepare', iteration: 0, scheduledAt: 0, closedAt: s(10) }),
+  act({
+    activity: 'commitCheckpoint',
+    stage: 'checkpoint',
+    iteration: 0,
+    scheduledAt: s(10),
+    closedAt: s(11),
+    result: checkpoint(0),
+  }),
+  act({
+    activity: 'rolloutShard',
+    stage: 'rollout',
+    iteration: 1,
+    shard: 0,
+    scheduledAt: s(12),
+    startedAt: s(12),
+    closedAt: s(22),
+    result: {
+      shard: 0,
+      chunks: 10,
+      samples: 8,
+      tokens: 1000,
+      tokensPerSecond: 100,
+      chunksRedone: 0,
+      attempt: 1,
+    },
+  }),
+  act({
+    activity: 'rolloutShard',
+    stage: 'rollout',
+    iteration: 1,
+    shard: 1,
+    scheduledAt: s(12),
+    startedAt: s(20),
+    closedAt: s(30),
+    attempts: 2,
+    heartbeatTimeouts: 1,
+    failures: ['attempt 1: activity Heartbeat timeout'],
+    result: {
+      shard: 1,
+      chunks: 10,
+      samples: 8,
+      tokens: 800,
+      tokensPerSecond: 100,
+      chunksRedone: 2,
+      attempt: 2,
+    },
+  }),
+  act({
+    activity: 'computeRewards',
+    stage: 'reward',
+    iteration: 1,
+    scheduledAt: s(30),
+    closedAt: s(31),
+    result: { meanReward: 0.5, stdReward: 0.1, passRate: 0.25, attempt: 1 },
+  }),
+  act({
+    activity: 'updatePolicy',
+    stage: 'update',
+    iteration: 1,
+    scheduledAt: s(31),
+    closedAt: s(41),
+    result: { metrics: { loss: 1 }, attempt: 1 },
+  }),
+  act({
+    activity: 'commitCheckpoint',
+    stage: 'checkpoint',
+    iteration: 1,
+    scheduledAt: s(45),
+    closedAt: s(46),
+    result: checkpoint(1, ['k0']),
+  }),
+];
+const records: CampaignRecords = {
+  campaignId: 'c',
+  runSpans: [
+    {
+      runId: 'run-1',
+      startedAt: new Date(0).toISOString(),
+      lastEventAt: new Date(s(50)).toISOString(),
+      closedAs: 'completed',
+    },
+  ],
+  activities,
+  changes: [],
+  signals: [],
+  input: { campaignId: 'c', spec, taskQueues: { control: 'c', rollout: 'r', train: 't' } },
+};
+const steps = [
+  { tokens: 300, seconds: 4, ep_seconds: 1, ep_bytes: 10, loss: 1, expert_load_layers: [[0.5, 0.5]] },
+  { tokens: 300, seconds: 6, ep_seconds: 2, ep_bytes: 20, loss: 3, expert_load_layers: [[0.7, 0.3]] },
+];
+const source: ReportSource = {
+  records,
+  history: historyFromRecords(records),
+  spec,
+  store: 'fs:x',
+  trainSteps: new Map([[1, steps]]),
+  metricsMissing: [],
+  updatesSkipped: [],
+  readAt: s(50),
+};
+
+describe('report formulas', () => {
+  it('union of intervals', () => {
+    assert.equal(
+      unionSeconds([
+        [0, 1000],
+        [500, 2000],
+        [3000, 4000],
+        [3500, 3600],
+      ]),
+      3,
+    );
+    assert.equal(unionSeconds([]), 0);
+  });
+
+  it('per iteration, pools, costs, interruptions and EP share from a known history', () => {
+    const prices = resolvePrices({ rolloutPrice: '36', trainPrice: '72', trainNodes: '2' }, spec);
+    const r = buildReport(source, prices, null);
+    const it = r.iterations[0]!;
+    assert.equal(r.iterations.length, 1);
+    assert.deepEqual(it.stageSeconds, { rollout: 18, reward: 1, update: 10, checkpoint: 1 });
+    assert.equal(it.waitingSeconds, 35 - 30, 'span 11 s → 46 s minus the stages');
+    assert.deepEqual(
+      [it.retries, it.failures, it.heartbeatTimeouts, it.tokens, it.chunksRedone],
+      [1, 1, 1, 1800, 2],
+    );
+    assert.deepEqual(it.train?.expertLoadLayers, [[0.6, 0.4]]);
+    assert.deepEqual([it.train?.loss, it.train?.tokens, it.train?.seconds], [2, 600, 10]);
+    assert.deepEqual(
+      r.header.checkpointsKept.map((c) => c.iteration),
+      [1],
+      'retention removed checkpoint 0',
+    );
+
+    const e = r.economics;
+    assert.equal(e.wallSeconds, 50);
+    assert.equal(e.pools.rollout.busySeconds, 19, 'rollout 12-30 s and reward 30-31 s');
+    assert.equal(e.pools.train.busySeconds, 20);
+    assert.equal(e.pools.rollout.busyFraction, 19 / 50);
+    assert.equal(e.pools.rollout.nodes, 2, 'one rollout node per shard by default');
+    assert.equal(e.pools.rollout.cost, 2 * 36 * (50 / 3600));
+    assert.equal(e.pools.train.cost, 2 * 72 * (50 / 3600));
+    assert.equal(e.totalCost, 1 + 2);
+    assert.equal(e.costPerMillionGeneratedTokens, 3 / (1800 / 1e6));
+    assert.equal(e.trainCostPerMillionTrainedTokens, 2 / (600 / 1e6));
+    const i = e.interruptions;
+    assert.equal(i.retryDelaySeconds, 8, 'scheduled at 12 s, the successful attempt started at 20 s');
+    assert.equal(i.heartbeatWaitSeconds, 5, 'one heartbeat timeout of 5 s');
+    assert.equal(i.redoneChunkSeconds, 2 * (1000 / 100 / 10), 'seconds per chunk of the uninterrupted shard');
+    assert.equal(i.lostSeconds.rollout, 10);
+    assert.equal(i.lostCost, (10 / 3600) * 36);
+    assert.deepEqual([e.update?.epSeconds, e.update?.epShare, e.update?.computeShare], [3, 0.3, 0.7]);
+    assert.match(
+      iterationsCsv(r).split('\n')[1] ?? '',
+      /^1,1,0\.5,0\.25,16,1800,200,2,18,1,10,1,5,1,1,1,2,600,2,/,
+    );
+  });
+
+  it('without prices costs are null, the rest is computed', () => {
+    const r = buildReport(source, resolvePrices({}, spec), null);
+    assert.equal(r.economics.totalCost, null);
+    assert.equal(r.economics.interruptions.lostCost, null);
+    assert.equal(r.economics.pools.train.busySeconds, 20);
+  });
+
+  it('bad prices name the flag or the file and field', () => {
+    const file = join(dir, 'p.yaml');
+    writeFileSync(file, 'train: { nodeHourPrice: -1 }\n');
+    assert.throws(
+      () => resolvePrices({ file }, spec),
+      (e: Error) => e instanceof UsageError && /p\.yaml: train\.nodeHourPrice: /.test(e.message),
+    );
+    assert.throws(
+      () => resolvePrices({ trainNodes: '0' }, spec),
+      /--train-nodes: got "0"; expected a whole number of nodes/,
+    );
+    assert.throws(() => resolvePrices({ rolloutPrice: '' }, spec), /--rollout-price: got ""/);
+    writeFileSync(file, 'rollout: { nodeHourPrice: 2 }\n');
+    assert.deepEqual(resolvePrices({ file, trainPrice: '3' }, spec).rollout, { nodeHourPrice: 2, nodes: 2 });
+  });
+});
