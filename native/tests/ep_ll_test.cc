@@ -171,6 +171,42 @@ TEST(EpLowLatencyFp8, RowQuantizerMatchesReference) {
     ASSERT_EQ(q[i], q_ref[i]) << "channel " << i << " x " << x[i];
 }
 
+// Adversarial rows: channels whose x / scale lies within a few ulps of a rounding midpoint
+// between two e4m3 codes (normal and subnormal range), for block maxima from 1e-37 (scale
+// subnormal) to 1e38. (A reciprocal multiply instead of the division fails this test.)
+TEST(EpLowLatencyFp8, RowQuantizerMatchesReferenceNearMidpoints) {
+  Rng rng(8);
+  const int64_t T = 256, C = 256;
+  std::vector<float> x(size_t(T * C));
+  std::vector<float> midpoints;
+  for (uint32_t code = 0; code < 0x7e; ++code)
+    midpoints.push_back((fp8_e4m3_to_f32(uint8_t(code)) + fp8_e4m3_to_f32(uint8_t(code + 1))) / 2);
+  for (int64_t blk = 0; blk < T * C / 128; ++blk) {
+    float* xb = &x[size_t(blk * 128)];
+    const float amax = std::ldexp(float(1.0 + rng.uniform()), rng.below(250) - 124);
+    const float scale = amax / 448.0f;
+    xb[0] = amax;
+    for (int i = 1; i < 128; ++i) {
+      float v = midpoints[size_t(rng.below(int(midpoints.size())))] * scale;
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      bits += uint32_t(rng.below(13)) - 6u;  // within 6 ulps either side
+      std::memcpy(&v, &bits, 4);
+      v = std::fmin(v, amax);
+      xb[i] = rng.below(2) ? v : -v;
+    }
+  }
+  std::vector<uint8_t> q_ref(x.size()), q(x.size());
+  std::vector<float> s_ref(size_t(T * C / 128)), s(s_ref.size());
+  quantize_fp8(x.data(), T, C, q_ref.data(), s_ref.data());
+  for (int64_t t = 0; t < T; ++t)
+    quantize_fp8_row(&x[size_t(t * C)], C, &q[size_t(t * C)], &s[size_t(t * C / 128)]);
+  ASSERT_EQ(std::memcmp(s.data(), s_ref.data(), s.size() * 4), 0);
+  for (size_t i = 0; i < q.size(); ++i)
+    ASSERT_EQ(q[i], q_ref[i]) << "channel " << i << " x " << x[i] << " scale "
+                              << s_ref[i / 128];
+}
+
 LowLatencyConfig small_config(DType dtype) {
   LowLatencyConfig c;
   c.num_max_dispatch_tokens_per_rank = 4;
