@@ -13,6 +13,8 @@ export interface Chart {
 }
 
 const width = 760;
+/** Stack order of the stage chart, bottom up: the loop's stages in order, then waiting. */
+const stageLabels = ['rollout', 'reward', 'update', 'commit', 'waiting'];
 const iterationAxis = {
   field: 'iteration',
   type: 'quantitative',
@@ -57,12 +59,13 @@ export function charts(model: ReportModel): Chart[] {
     { iteration: it.iteration, series: 'pass rate', value: it.passRate },
   ]);
   const stages = its.flatMap((it) => [
-    ...loopStages.map((s) => ({
+    ...loopStages.map((s, order) => ({
       iteration: it.iteration,
       stage: s === 'checkpoint' ? 'commit' : s,
+      order,
       seconds: it.stageSeconds[s],
     })),
-    { iteration: it.iteration, stage: 'waiting', seconds: it.waitingSeconds },
+    { iteration: it.iteration, stage: 'waiting', order: loopStages.length, seconds: it.waitingSeconds },
   ]);
   const interruptions = its.flatMap((it) => [
     { iteration: it.iteration, what: 'retries', count: it.retries },
@@ -156,8 +159,8 @@ export function charts(model: ReportModel): Chart[] {
                     stack: 'zero',
                     title: 'seconds',
                   },
-                  color: { field: 'stage', type: 'nominal', sort: [...loopStages, 'waiting'] },
-                  order: { field: 'stage' },
+                  color: { field: 'stage', type: 'nominal', sort: stageLabels },
+                  order: { field: 'order' },
                   tooltip: [{ field: 'iteration' }, { field: 'stage' }, { field: 'seconds', format: '.2f' }],
                 },
               },
