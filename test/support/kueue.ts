@@ -17,7 +17,7 @@ import { spawnGroup, waitUntilReady } from './process-group.js';
 /** Kueue's fixed metrics certificate folder (cmd/kueue/main.go), inside its mount namespace. */
 const metricsCertDir = '/etc/kueue/metrics/certs';
 /** The namespace Kueue's configuration names (leader election is off; nothing is put there). */
-export const kueueNamespace = 'kueue-system';
+const kueueNamespace = 'kueue-system';
 
 export interface Kueue {
   logFile: string;
@@ -29,7 +29,7 @@ export class KueueError extends Error {
 }
 
 /** Why Kueue cannot run on this machine, or undefined when it can. */
-export function kueueUnavailable(): string | undefined {
+function kueueUnavailable(): string | undefined {
   if (process.platform !== 'linux') return 'Kueue runs in a Linux mount namespace';
   if (process.getuid?.() !== 0)
     return 'Kueue runs in a mount namespace of its own (/etc overlaid for its fixed metrics certificate path), which needs root';
