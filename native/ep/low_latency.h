@@ -1,10 +1,10 @@
 // Low-latency expert-parallel exchange for decode-sized batches, after DeepEP's low-latency
 // mode: fixed-capacity receive slots per (local expert, source rank), allocated once with the
-// buffer; every (token, top-k slot) pair is written straight into its slot; one signal
-// message per peer carries the slot counts (no separate count exchange, no layout round
-// trip, no allocation per call); combine sends each expert output back to the source, which
-// reduces a token's K outputs in top-k slot order 0..K-1 (fp32, one rounding): bitwise
-// reproducible whatever the arrival order.
+// buffer; every (token, top-k slot) pair lands straight in its slot (one message per
+// (peer, expert), no unpacking at the receiver); one signal message per peer carries the slot
+// counts (no separate count exchange, no layout round trip, no allocation per call); combine
+// sends each expert output back to the source, which reduces a token's K outputs in top-k
+// slot order 0..K-1 (fp32, one rounding): bitwise reproducible whatever the arrival order.
 //
 // Dimensions: R ranks, E experts (rank r holds [r*L, (r+1)*L)), L = E/R local experts,
 // T <= T_max tokens on this rank per call, K top-k, C channels, S = C/128 fp8 scale blocks,
@@ -49,8 +49,9 @@ struct LowLatencyRecv {
 
 class LowLatencyBuffer {
  public:
-  // Allocates (and, where the provider needs it, registers) every slot once. Local: no
-  // communication. Throws BadInput naming the field for an impossible config.
+  // Allocates every slot and staging block once. Local: no communication. Throws BadInput
+  // naming the field for an impossible config. (On efa the communicator still registers each
+  // message's memory when it is posted, as for the normal mode.)
   LowLatencyBuffer(transport::Communicator& comm, const LowLatencyConfig& config);
   ~LowLatencyBuffer();
   LowLatencyBuffer(const LowLatencyBuffer&) = delete;
@@ -60,8 +61,8 @@ class LowLatencyBuffer {
   int num_ranks() const { return comm_.world_size(); }
   int num_local_experts() const { return config_.num_experts / comm_.world_size(); }
   int slot_capacity() const { return capacity_; }  // P
-  // "tagged" (libfabric tagged messages into the slots) or "local" (one rank): the path the
-  // exchange takes, for logs and benchmark lines.
+  // "tagged" (libfabric tagged messages into the slots; RMA is not used yet) or "local" (one
+  // rank): the path the exchange takes, for logs and benchmark lines.
   const char* transport_path() const;
 
   // ---- dispatch ----------------------------------------------------------------------
