@@ -94,10 +94,12 @@ TEST(EpLowLatencyOverflow, IsAClearErrorOnEveryRank) {
 }
 
 // A rank SIGKILLed while the group loops over low-latency dispatch + combine: every other
-// rank exits non-zero within the deadline, naming the dead rank.
+// rank exits non-zero well within the deadline, naming the dead rank. The deadline is 10 s
+// so that start-up on a loaded host cannot hit it; the failure detector (the dead rank's
+// bootstrap connection) has to stop the others within 5 s of the kill.
 TEST(EpLowLatencyFailure, KilledPeerIsNamedWithinTheDeadline) {
   for (const char* provider : {"shm", "tcp"}) {
-    const double timeout_s = 2;
+    const double timeout_s = 10;
     const int world = 3, victim = 1;
     bool killed = false;
     double ready_at = -1, killed_at = 0;
@@ -120,11 +122,11 @@ TEST(EpLowLatencyFailure, KilledPeerIsNamedWithinTheDeadline) {
             killed = true;
           }
         });
-    ASSERT_TRUE(killed) << provider;
+    ASSERT_TRUE(killed) << provider << "\n" << describe(results);
     for (int r = 0; r < world; ++r) {
       if (r == victim) continue;
       EXPECT_NE(results[size_t(r)].exit_code, 0) << provider << "\n" << describe(results);
-      EXPECT_LT(results[size_t(r)].seconds, killed_at + timeout_s + 2) << describe(results);
+      EXPECT_LT(results[size_t(r)].seconds, killed_at + 5) << describe(results);
       EXPECT_NE(results[size_t(r)].stderr_text.find("rank 1 died"), std::string::npos)
           << provider << "\n" << describe(results);
     }
