@@ -14,6 +14,7 @@ import { setCommand } from './commands/set.js';
 import { specCommand } from './commands/spec.js';
 import { startCommand } from './commands/start.js';
 import { statusCommand } from './commands/status.js';
+import { watchCommand } from './commands/watch.js';
 import { CommandContext, reasonOf, type CliIo, type Command, type OptionsConfig } from './command.js';
 import { CliError, UsageError } from './errors.js';
 
@@ -23,6 +24,7 @@ export const commands: Command[] = [
   startCommand,
   listCommand,
   statusCommand,
+  watchCommand,
   pauseCommand,
   resumeCommand,
   setCommand,

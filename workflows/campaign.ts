@@ -11,6 +11,7 @@ import {
   continueAsNew,
   isCancellation,
   proxyActivities,
+  setCurrentDetails,
   setHandler,
   upsertSearchAttributes,
   workflowInfo,
@@ -23,6 +24,7 @@ import { campaignStatusKey, iterationKey, meanRewardKey } from './search-attribu
 import { validateHyperparameterChange } from './spec.js';
 import type { CampaignSpec } from './spec.js';
 import * as st from './state.js';
+import * as summaries from './summaries.js';
 import type { CampaignInput, CampaignState, RolloutPhaseResult, StageName, TaskQueues } from './types.js';
 
 export interface CampaignResult {
@@ -83,8 +85,20 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     : st.initialState(input);
   const acts = stageActivities(spec, input.taskQueues);
 
-  setHandler(pauseSignal, ({ reason }) => st.requestPause(state, reason ?? 'paused by user'));
-  setHandler(resumeSignal, () => st.resume(state));
+  // What the UI and `temporal workflow metadata` show as the campaign's current details.
+  // Setting them records nothing in the history: replay is unaffected.
+  const progress = new Map<string, summaries.StageProgress>();
+  const stageTries = new Map<string, number>();
+  const showDetails = () => setCurrentDetails(summaries.currentDetails(state, spec, progress));
+
+  setHandler(pauseSignal, ({ reason }) => {
+    st.requestPause(state, reason ?? 'paused by user');
+    showDetails();
+  });
+  setHandler(resumeSignal, () => {
+    st.resume(state);
+    showDetails();
+  });
   setHandler(
     setHyperparametersUpdate,
     (req) => st.applyHyperparameterChange(state, req, validateHyperparameterChange(req.changes), new Date()),
@@ -100,6 +114,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
 
   let lastStatus = '';
   const publishStatus = () => {
+    showDetails();
     if (state.status === lastStatus) return;
     lastStatus = state.status;
     upsertSearchAttributes([{ key: campaignStatusKey, value: state.status }]);
@@ -121,14 +136,21 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   /**
    * One try of a stage's activity (Temporal retries it per its retry policy). A failure that
    * outlives the retry policy pauses the campaign with the reason recorded and yields null: the
-   * caller decides what to run again once the campaign is resumed.
+   * caller decides what to run again once the campaign is resumed. `part` tells apart the
+   * activities of one stage (a rollout's shards) for counting tries.
    */
   async function attemptStage<T extends { attempt: number }>(
     iteration: number,
     stage: StageName,
     call: () => Promise<T>,
+    part = '',
   ): Promise<T | null> {
     await boundary();
+    const key = summaries.stageKey(iteration, stage);
+    const tries = (stageTries.get(`${key}/${part}`) ?? 0) + 1;
+    stageTries.set(`${key}/${part}`, tries);
+    const p = progress.get(key) ?? { tries: 0 };
+    progress.set(key, { ...p, tries: Math.max(p.tries, tries) });
     st.stageStarted(state, iteration, stage, new Date());
     try {
       const out = await call();
@@ -158,9 +180,10 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     iteration: number,
     stage: StageName,
     call: () => Promise<T>,
+    part = '',
   ): Promise<T> {
     for (;;) {
-      const out = await attemptStage(iteration, stage, call);
+      const out = await attemptStage(iteration, stage, call, part);
       if (out) return out;
     }
   }
@@ -174,14 +197,19 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     // being cancelled, so the store never holds debris of a commit cut in half.
     const out = await CancellationScope.nonCancellable(() =>
       attemptStage(staged.iteration, 'checkpoint', () =>
-        acts.control.commitCheckpoint({
-          campaignId,
-          spec,
-          staged,
-          meanReward,
-          referenceIteration: state.referenceCheckpoint?.iteration ?? staged.iteration,
-          protectIterations: protect,
-        }),
+        acts.control.commitCheckpoint.executeWithOptions(
+          { summary: summaries.checkpointSummary(staged.iteration) },
+          [
+            {
+              campaignId,
+              spec,
+              staged,
+              meanReward,
+              referenceIteration: state.referenceCheckpoint?.iteration ?? staged.iteration,
+              protectIterations: protect,
+            },
+          ],
+        ),
       ),
     );
     if (out) st.checkpointCommitted(state, out);
@@ -196,7 +224,10 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     // A commit that fails for good (a staged file corrupt) means preparing again.
     for (;;) {
       const out = await runStage(iteration, 'prepare', () =>
-        acts.train.preparePolicy({ campaignId, spec, source }),
+        acts.train.preparePolicy.executeWithOptions(
+          { summary: summaries.prepareSummary(spec, iteration, input.forkFrom) },
+          [{ campaignId, spec, source }],
+        ),
       );
       const committed = await commit(out.staged, null);
       if (committed) {
@@ -227,19 +258,32 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     hyperparameters: RolloutPhaseResult['hyperparameters'],
   ): Promise<RolloutPhaseResult | null> {
     const started = new Date();
+    const key = summaries.stageKey(iteration, 'rollout');
+    progress.set(key, { tries: progress.get(key)?.tries ?? 0, shardsDone: 0 });
     const shards = await Promise.all(
-      st
-        .shardRanges(spec)
-        .map((range) =>
-          runStage(iteration, 'rollout', () =>
-            acts.rollout.rolloutShard({ campaignId, iteration, spec, policy, hyperparameters, ...range }),
-          ),
-        ),
+      st.shardRanges(spec).map(async (range) => {
+        const out = await runStage(
+          iteration,
+          'rollout',
+          () =>
+            acts.rollout.rolloutShard.executeWithOptions(
+              { summary: summaries.rolloutSummary(spec, iteration, range.shard) },
+              [{ campaignId, iteration, spec, policy, hyperparameters, ...range }],
+            ),
+          String(range.shard),
+        );
+        const p = progress.get(key);
+        if (p) p.shardsDone = (p.shardsDone ?? 0) + 1;
+        showDetails();
+        return out;
+      }),
     );
     const rolloutSeconds = secondsSince(started);
     const rewardStarted = new Date();
     const reward = await attemptStage(iteration, 'reward', () =>
-      acts.rollout.computeRewards({ campaignId, iteration, spec, chunksPerShard: st.chunksPerShard(shards) }),
+      acts.rollout.computeRewards.executeWithOptions({ summary: summaries.rewardSummary(spec, iteration) }, [
+        { campaignId, iteration, spec, chunksPerShard: st.chunksPerShard(shards) },
+      ]),
     );
     if (!reward) return null;
     return {
@@ -261,15 +305,17 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     const { iteration } = phase;
     const started = new Date();
     const update = await attemptStage(iteration, 'update', () =>
-      acts.train.updatePolicy({
-        campaignId,
-        iteration,
-        spec,
-        policy: state.latestCheckpoint!,
-        reference: state.referenceCheckpoint!,
-        chunksPerShard: st.chunksPerShard(phase.shards),
-        hyperparameters: phase.hyperparameters,
-      }),
+      acts.train.updatePolicy.executeWithOptions({ summary: summaries.updateSummary(spec, iteration) }, [
+        {
+          campaignId,
+          iteration,
+          spec,
+          policy: state.latestCheckpoint!,
+          reference: state.referenceCheckpoint!,
+          chunksPerShard: st.chunksPerShard(phase.shards),
+          hyperparameters: phase.hyperparameters,
+        },
+      ]),
     );
     if (!update) return false;
     const updateSeconds = secondsSince(started);
@@ -297,6 +343,12 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       },
       trainMetrics: update.metrics,
     });
+    for (const k of [...progress.keys(), ...stageTries.keys()])
+      if (k.startsWith(`${iteration}/`)) {
+        progress.delete(k);
+        stageTries.delete(k);
+      }
+    showDetails();
     upsertSearchAttributes([
       { key: iterationKey, value: iteration },
       { key: meanRewardKey, value: phase.reward.meanReward },

@@ -5,27 +5,18 @@ import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { taskQueuesFrom } from '../../workers/temporal-options.js';
-import { stageNames } from '../../workflows/types.js';
 import type { StageName } from '../../workflows/types.js';
-import type { CampaignState, IterationSummary } from '../../workflows/types.js';
-import { queryState } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { connectClient } from '../../workers/temporal-options.js';
 import { decimal, seconds, table } from '../format.js';
 import { stopOnSignals, withLocalStack } from '../local-stack.js';
+import { followCampaign, inFlightText, iterationLine, iterationStages as stages } from '../progress.js';
 import { loadSpecFile, parseOverride } from '../spec-file.js';
 import { startCampaign } from './start.js';
 
 export const demoSpecPath = fileURLToPath(new URL('../../../examples/demo.yaml', import.meta.url));
 
-/** The stages of every iteration (prepare runs once, before the first). */
-const stages = stageNames.filter((s) => s !== 'prepare');
 const pollMs = 500;
-
-function progressBar(done: number, total: number, width = 24): string {
-  const filled = Math.round((width * done) / Math.max(1, total));
-  return `[${'#'.repeat(filled)}${'.'.repeat(width - filled)}]`;
-}
 
 export const demoCommand: Command = {
   name: 'demo',
@@ -68,42 +59,27 @@ campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
             say(
               `campaign ${campaign.campaignId}: ${spec.iterations} GRPO iterations of ${spec.promptsPerIteration} prompts × ${spec.groupSize} samples, ${spec.epWorldSize} EP ranks, ${spec.rolloutShards} rollout shards`,
             );
-            const handle = client.workflow.getHandle(campaign.campaignId);
-            const done = handle.result().then(
-              () => 'completed',
-              (err: unknown) => `failed: ${(err as Error).message}`,
-            );
-            const seen = new Map<number, IterationSummary>();
             let prepareSeconds: number | null = null;
             let lastLine = '';
-            let state: CampaignState | null = null;
-            let outcome: string | null = null;
-            while (outcome === null && !stop.signal.aborted) {
-              outcome = await Promise.race([
-                done,
-                new Promise<null>((r) => setTimeout(() => r(null), pollMs)),
-              ]);
-              state = await queryState(client, handle).catch(() => state);
-              if (!state) continue;
-              if (prepareSeconds === null && state.committedIteration >= 0)
-                prepareSeconds = (Date.now() - started) / 1000;
-              for (const it of state.recentIterations) {
-                if (seen.has(it.iteration)) continue;
-                seen.set(it.iteration, it);
-                say(
-                  `${progressBar(it.iteration, spec.iterations)} iteration ${String(it.iteration).padStart(3)}/${spec.iterations}  reward ${decimal(it.meanReward)}  rollout ${Math.round(it.rolloutTokensPerSecond)} tok/s  ` +
-                    stages.map((s) => `${s} ${seconds(it.stageSeconds[s])}`).join('  '),
-                );
-              }
-              const active = state.activeStages.map((a) => `${a.stage} ${a.iteration}`).join(', ');
-              const line = state.status === 'paused' ? `paused: ${state.pauseReason}` : active;
-              if (line && line !== lastLine) ctx.note(`  … ${line}`);
-              lastLine = line;
-              if (state.status === 'paused' && state.lastFailure?.nonRetryable)
-                outcome = `paused: ${state.pauseReason}`;
-            }
+            const followed = await followCampaign(client, campaign.campaignId, {
+              intervalMs: pollMs,
+              signal: stop.signal,
+              onChange({ snapshot, state, newIterations }) {
+                if (prepareSeconds === null && state.committedIteration >= 0)
+                  prepareSeconds = (Date.now() - started) / 1000;
+                for (const it of newIterations) say(iterationLine(it, spec.iterations));
+                const line = inFlightText(snapshot);
+                if (line && line !== lastLine) ctx.note(`  … ${line}`);
+                lastLine = line;
+              },
+              // A stage that failed for good waits for an operator: the demo reports it instead.
+              stopWhen: (state) =>
+                state.status === 'paused' && state.lastFailure?.nonRetryable
+                  ? `paused: ${state.pauseReason}`
+                  : null,
+            });
+            const { outcome, state, iterations } = followed;
             const wallS = (Date.now() - started) / 1000;
-            const iterations = [...seen.values()].sort((a, b) => a.iteration - b.iteration);
             const stageSeconds = Object.fromEntries(
               stages.map((s) => [s, iterations.reduce((sum, it) => sum + (it.stageSeconds[s] ?? 0), 0)]),
             ) as Record<StageName, number>;
