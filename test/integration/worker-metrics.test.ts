@@ -3,18 +3,14 @@
 // parser and linter. The counters must agree with what the workflow recorded.
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
-import { freePort } from '../../cli/dev-server.js';
 import { repoRoot } from '../../cli/temporal-tools.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { startCampaign, tinyRealSpec, uniqueTaskQueues, waitFor } from '../support/campaign-harness.js';
 import { nativeTools } from '../support/native-tools.js';
-import { spawnGroup, waitUntilReady } from '../support/process-group.js';
+import { startMetricsWorker, startRewardModel } from '../support/metrics-worker.js';
 import { parseExposition } from '../support/promparse.js';
 import { dashboardQueries, parsePromQL } from '../support/promql.js';
 import type { Exposition, MetricFamily } from '../support/promparse.js';
@@ -22,7 +18,6 @@ import { startTestEnvironment } from '../support/temporal.js';
 import type { TestEnvironment } from '../support/temporal.js';
 
 const tools = nativeTools(['moe_generate', 'moe_reward', 'moe_train']);
-const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
 const dashboardPath = join(repoRoot(), 'k8s', 'monitoring', 'grafana-dashboard.json');
 
 let t: TestEnvironment;
@@ -98,60 +93,13 @@ function observed(e: Exposition, name: string, labels: Record<string, string>) {
   return { count, sum };
 }
 
-/** A reward model on the HTTP protocol (docs/rewards.md) scoring every other sample 1. */
-async function startRewardModel() {
-  const server = createServer((req, res) => {
-    let body = '';
-    req.on('data', (d: Buffer) => (body += d.toString()));
-    req.on('end', () => {
-      const { samples } = JSON.parse(body) as { samples: { sample_index: number }[] };
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ rewards: samples.map((x) => x.sample_index % 2) }));
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return {
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/score`,
-    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
-  };
-}
-
 describe('worker metrics', { skip: tools.skip }, () => {
   test('moerl-worker --metrics-port: activity, rollout, checkpoint and update metrics during and after a real campaign', async () => {
     const queues = uniqueTaskQueues();
     const rewardModel = await startRewardModel();
-    const [port, sdkPort] = [await freePort(), await freePort()];
-    const url = `http://127.0.0.1:${port}/metrics`;
-    const worker = spawnGroup(
-      'moerl-worker',
-      process.execPath,
-      [
-        workerMain,
-        '--role',
-        'all',
-        '--address',
-        t.address,
-        '--shutdown-grace-seconds',
-        '5',
-        '--metrics-port',
-        String(port),
-        '--sdk-metrics-port',
-        String(sdkPort),
-      ],
-      join(dir, 'worker.log'),
-      {
-        ...tools.env,
-        MOERL_TASK_QUEUE_PREFIX: queues.control.slice(0, -'control'.length),
-        MOERL_CACHE_DIR: join(dir, 'cache'),
-      },
-    );
+    const worker = await startMetricsWorker({ address: t.address, queues, dir, env: tools.env });
+    const { url, sdkPort } = worker;
     try {
-      await waitUntilReady(
-        worker,
-        Date.now() + 60_000,
-        async () => (await fetch(url)).ok || 'not 200 yet',
-        (message) => new Error(message),
-      );
       // Rewards that differ within every group, so each update takes optimizer steps (an
       // untrained policy's exact-match rewards are all 0, and GRPO then has nothing to learn).
       const spec = tinyRealSpec('metrics', dir, {
@@ -295,9 +243,9 @@ describe('worker metrics', { skip: tools.skip }, () => {
           `${observed(e, 'moerl_stage_duration_seconds', { stage: 'rollout' }).sum.toFixed(2)} s`,
       );
     } finally {
-      await worker.stop(10_000);
+      await worker.process.stop(10_000);
       await rewardModel.close();
     }
-    assert.equal(worker.exitReason, 'code 0', 'the worker shuts down cleanly on SIGTERM');
+    assert.equal(worker.process.exitReason, 'code 0', 'the worker shuts down cleanly on SIGTERM');
   });
 });

@@ -22,11 +22,14 @@ const grafanaVariables: Record<string, string> = {
   __range: '1h',
 };
 
-/** An expression as Grafana sends it: `$x`/`${x}` replaced (a selected value: "value"). */
-export function expandGrafanaVariables(expr: string): string {
+/**
+ * An expression as Grafana sends it: `$x`/`${x}` replaced by its interval, or else by
+ * `selected` (the value of a variable such as `$campaign`; ".*" for "All").
+ */
+export function expandGrafanaVariables(expr: string, selected = 'value'): string {
   return expr.replace(/\$\{(\w+)\}|\$(\w+)/g, (_, a: string | undefined, b: string | undefined) => {
     const name = (a ?? b)!;
-    return grafanaVariables[name] ?? 'value';
+    return grafanaVariables[name] ?? selected;
   });
 }
 
@@ -40,7 +43,7 @@ export interface DashboardQuery {
  * Every PromQL expression of a Grafana dashboard: panel targets (also inside collapsed rows) and
  * the metric of each `label_values(metric, label)` variable query, Grafana variables expanded.
  */
-export function dashboardQueries(path: string): DashboardQuery[] {
+export function dashboardQueries(path: string, selected?: string): DashboardQuery[] {
   interface Panel {
     title?: string;
     targets?: { refId?: string; expr?: string }[];
@@ -60,7 +63,10 @@ export function dashboardQueries(path: string): DashboardQuery[] {
     for (const p of panels ?? []) {
       for (const t of p.targets ?? [])
         if (t.expr !== undefined)
-          queries.push({ where: `panel "${p.title}" ${t.refId}`, expr: expandGrafanaVariables(t.expr) });
+          queries.push({
+            where: `panel "${p.title}" ${t.refId}`,
+            expr: expandGrafanaVariables(t.expr, selected),
+          });
       walk(p.panels);
     }
   };
@@ -71,7 +77,7 @@ export function dashboardQueries(path: string): DashboardQuery[] {
     const m = /^label_values\((.+),\s*\w+\)$/.exec(text.trim());
     if (!m)
       throw new Error(`${path}: variable "${v.name}": query "${text}" is not label_values(expr, label)`);
-    queries.push({ where: `variable "${v.name}"`, expr: expandGrafanaVariables(m[1]!) });
+    queries.push({ where: `variable "${v.name}"`, expr: expandGrafanaVariables(m[1]!, selected) });
   }
   return queries;
 }
