@@ -204,7 +204,12 @@ export function charts(model: ReportModel): Chart[] {
                 encoding: {
                   x: { ...iterationAxis, type: 'ordinal' },
                   xOffset: { field: 'what' },
-                  y: { field: 'count', type: 'quantitative', title: 'count' },
+                  y: {
+                    field: 'count',
+                    type: 'quantitative',
+                    title: 'count',
+                    axis: { format: 'd', tickMinStep: 1 },
+                  },
                   color: { field: 'what', type: 'nominal', title: null },
                   tooltip: [{ field: 'iteration' }, { field: 'what' }, { field: 'count' }],
                 },
@@ -249,6 +254,7 @@ export function charts(model: ReportModel): Chart[] {
                     type: 'quantitative',
                     title: 'attempts',
                     scale: { scheme: 'orangered', domainMin: 1 },
+                    legend: { format: 'd', tickMinStep: 1 },
                   },
                   tooltip: [
                     { field: 'stage' },
