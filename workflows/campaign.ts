@@ -152,6 +152,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     const p = progress.get(key) ?? { tries: 0 };
     progress.set(key, { ...p, tries: Math.max(p.tries, tries) });
     st.stageStarted(state, iteration, stage, new Date());
+    showDetails();
     try {
       const out = await call();
       st.countRetries(state, stage, out.attempt);
