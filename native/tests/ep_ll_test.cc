@@ -133,6 +133,17 @@ TEST(EpLowLatencyFailure, KilledPeerIsNamedWithinTheDeadline) {
   }
 }
 
+// No allocation per call: after warm-up, dispatch + combine (fp8, split and whole) make no
+// C++ allocation on any rank (counted by a global operator new in the rank program; the
+// huge-page buffers, which use aligned_alloc, are sized once by the constructor).
+TEST(EpLowLatencyMemory, SteadyStateAllocatesNothing) {
+  for (const char* provider : {"shm", "tcp"}) {
+    const auto results = run_ranks(3, provider, 20, {MOERL_EP_LL_TEST_RANK, "noalloc", "48"});
+    for (const auto& r : results)
+      ASSERT_EQ(r.exit_code, 0) << provider << "\n" << describe(results);
+  }
+}
+
 // The vectorizable encoder matches dtype.h's reference on every class of input.
 TEST(EpLowLatencyFp8, FastEncoderMatchesReference) {
   Rng rng(5);

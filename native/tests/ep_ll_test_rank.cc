@@ -6,13 +6,16 @@
 // usage: ep_ll_test_rank ll <experts> <topk> <hidden> <tokens> <token_rule> <routing> <dtype>
 //                           <seed> <max_tokens_per_rank> <slot_capacity> plain|overlap
 //        ep_ll_test_rank loop <tokens>   (dispatch + combine until a peer fails)
+//        ep_ll_test_rank noalloc <tokens> (no operator new in steady-state dispatch + combine)
 // overlap runs two micro-batches through two buffers with their sends and receives
 // interleaved. A slot overflow is caught, followed by a barrier (the group must still be
 // usable), and exits 2 with the message.
 #include <cstdio>   // std::fprintf
 #include <cstdlib>  // std::atoi, std::atoll
 #include <cstring>  // std::memcmp
+#include <atomic>
 #include <memory>
+#include <new>
 #include <string>
 
 #include "common/check.h"
@@ -24,6 +27,18 @@
 using namespace moerl;
 using namespace moerl::ep;
 using namespace moerl::ep::testing;
+
+// Every C++ allocation of this process is counted, for the "no allocation per call" check
+// (libfabric's own malloc calls are not: they are the provider's business).
+std::atomic<long> g_allocations{0};
+
+void* operator new(size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -160,6 +175,43 @@ int run_ll(transport::Communicator& comm, const Case& base, const LowLatencyConf
   return 0;
 }
 
+// Two micro-batches' worth of warm-up, then dispatch + combine (split hooks too) must not
+// allocate: slots, staging, signals, message records and outputs are all reused.
+int run_noalloc(transport::Communicator& comm, int64_t tokens) {
+  Case c;
+  c.world_size = comm.world_size();
+  c.tokens = tokens;
+  c.num_experts = 4 * c.world_size;
+  c.num_topk = 3;
+  c.dtype = DType::BF16;
+  const RankInputs in = make_inputs(c, comm.rank());
+  LowLatencyConfig config;
+  config.num_max_dispatch_tokens_per_rank = int(tokens);
+  config.hidden = int(c.hidden);
+  config.num_experts = c.num_experts;
+  config.num_topk = c.num_topk;
+  config.dispatch_dtype = DType::F8E4M3;
+  LowLatencyBuffer buffer(comm, config);
+  LowLatencyRecv recv;
+  Tensor y, out;
+  y.resize(DType::BF16, int64_t(buffer.num_local_experts()) * c.world_size *
+                            buffer.slot_capacity(), c.hidden);
+  const TensorView x{in.x.data(), DType::BF16, in.num_tokens, c.hidden};
+  long before = 0;
+  for (int i = 0; i < 6; ++i) {
+    if (i == 2) before = g_allocations.load();
+    buffer.dispatch_send(x, in.topk_idx.data());
+    buffer.dispatch_recv(recv);
+    buffer.combine_send(y.view());
+    buffer.combine_recv(in.topk_weights.data(), out);
+    buffer.dispatch(x, in.topk_idx.data(), recv);
+    buffer.combine(y.view(), nullptr, out);
+  }
+  const long allocated = g_allocations.load() - before;
+  EXPECT_SAME(allocated == 0, "%ld allocations in 4 steady-state rounds", allocated);
+  return 0;
+}
+
 int run_loop(transport::Communicator& comm, int64_t tokens) {
   Case c;
   c.world_size = comm.world_size();
@@ -194,6 +246,7 @@ int main(int argc, char** argv) {
     const std::string mode = argv[1];
     transport::Communicator comm(config);
     if (mode == "loop" && argc == 3) return run_loop(comm, std::atoll(argv[2]));
+    if (mode == "noalloc" && argc == 3) return run_noalloc(comm, std::atoll(argv[2]));
     MOERL_CHECK_INPUT(mode == "ll" && argc == 13, "bad arguments for mode ", mode);
     Case c;
     c.world_size = config.world_size;
