@@ -56,6 +56,11 @@ LowLatencyBuffer::LowLatencyBuffer(transport::Communicator& comm, const LowLaten
   const int64_t S = c.dispatch_dtype == DType::F8E4M3 ? C / kFp8BlockSize : 0;
   capacity_ = c.num_max_tokens_per_slot > 0 ? c.num_max_tokens_per_slot : int(T_max);
   row_bytes_ = size_t(C) * dtype_bytes(c.dispatch_dtype);
+  // A slot is received as one message, posted at full size while the sender sends only the
+  // rows it has: both must be one chunk for the communicator (it splits above 1 GiB).
+  MOERL_CHECK_INPUT(size_t(capacity_) * row_bytes_ <= (size_t(1) << 30), "low-latency buffer: a "
+                    "slot of ", capacity_, " rows x ", row_bytes_, " bytes exceeds 1 GiB; lower "
+                    "num_max_tokens_per_slot");
   const int64_t slot_rows = int64_t(L) * R * capacity_;
   recv_x_.resize(size_t(slot_rows) * row_bytes_);
   recv_x_scales_.resize(size_t(slot_rows * S));
