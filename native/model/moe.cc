@@ -19,9 +19,9 @@ bool token_valid(const SeqInfo& seq, int i) {
 
 }  // namespace
 
-void moe_forward(float* out, const float* inp, int N, const ModelConfig& cfg,
-                 const LayerWeights& lw, const SeqInfo& seq, ExpertComm& comm, MoeActs& a) {
-  const int C = cfg.dim, E = cfg.num_experts, K = cfg.top_k, F = cfg.expert_dim;
+void moe_route(const float* inp, int N, const ModelConfig& cfg, const LayerWeights& lw,
+               MoeActs& a) {
+  const int C = cfg.dim, E = cfg.num_experts, K = cfg.top_k;
 
   // router: logits [N,E] -> probs, logsumexp for the z-loss
   a.logits.resize((size_t)N * E);
@@ -62,6 +62,13 @@ void moe_forward(float* out, const float* inp, int N, const ModelConfig& cfg,
       a.expert_load[idx[k]]++;
     }
   }
+}
+
+void moe_forward(float* out, const float* inp, int N, const ModelConfig& cfg,
+                 const LayerWeights& lw, const SeqInfo& seq, ExpertComm& comm, MoeActs& a) {
+  const int C = cfg.dim, E = cfg.num_experts, K = cfg.top_k, F = cfg.expert_dim;
+
+  moe_route(inp, N, cfg, lw, a);
 
   // losses for metrics (gradients in backward)
   a.aux_sum = 0.0;

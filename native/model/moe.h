@@ -37,6 +37,12 @@ struct MoeActs {
   std::vector<int64_t> expert_load;  // [E] (token, slot) assignments made by this rank
 };
 
+// Router and top-k of inp [N,C]: fills a.logits, a.probs, a.lse [N,E], a.topk_idx,
+// a.topk_w [N,K] and a.expert_load [E]. Part of moe_forward; also the EP decode path's first
+// step (moe_decode.h).
+void moe_route(const float* inp, int N, const ModelConfig& cfg, const LayerWeights& lw,
+               MoeActs& a);
+
 // out [N,C] = MoE(inp [N,C]). Saves what backward needs into `a`.
 void moe_forward(float* out, const float* inp, int N, const ModelConfig& cfg,
                  const LayerWeights& lw, const SeqInfo& seq, ExpertComm& comm, MoeActs& a);

@@ -33,7 +33,7 @@ struct KvCache {
 
 // One decode step: rows [n] feed token tokens[i] at position pos[i] of sequence seq[i].
 // Writes logits [n,V].
-void decode_step(ParamStore& ps, ExpertComm& comm, KvCache& cache, const std::vector<int32_t>& seq,
+void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vector<int32_t>& seq,
                  const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos,
                  std::vector<float>& logits) {
   const ModelConfig& cfg = ps.layout.cfg;
@@ -43,7 +43,6 @@ void decode_step(ParamStore& ps, ExpertComm& comm, KvCache& cache, const std::ve
   std::vector<float> x((size_t)n * C), h((size_t)n * C), rstd(n), qkv((size_t)n * 3 * C),
       att((size_t)n * C), proj((size_t)n * C), scores(cfg.max_seq_len);
   embedding_forward(x.data(), tokens.data(), pos.data(), w.wte, w.wpe, n, C);
-  MoeActs moe;
   for (int l = 0; l < cfg.num_layers; l++) {
     const LayerWeights& lw = w.layers[l];
     rmsnorm_forward(h.data(), rstd.data(), x.data(), lw.ln1, n, C, cfg.norm_eps);
@@ -81,7 +80,7 @@ void decode_step(ParamStore& ps, ExpertComm& comm, KvCache& cache, const std::ve
     matmul_forward(proj.data(), att.data(), lw.wo, n, C, C);
     for (size_t j = 0; j < x.size(); j++) x[j] += proj[j];
     rmsnorm_forward(h.data(), rstd.data(), x.data(), lw.ln2, n, C, cfg.norm_eps);
-    moe_forward(proj.data(), h.data(), n, cfg, lw, SeqInfo{}, comm, moe);
+    moe.forward(proj.data(), h.data(), n, cfg, lw);
     for (size_t j = 0; j < x.size(); j++) x[j] += proj[j];
   }
   rmsnorm_forward(h.data(), rstd.data(), x.data(), w.lnf, n, C, cfg.norm_eps);
@@ -144,9 +143,12 @@ uint64_t sample_seed(uint64_t campaign_seed, uint64_t iteration, uint64_t prompt
   return splitmix64(s);
 }
 
-void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>& requests,
-              const SampleParams& sp, std::vector<SampleResult>& results,
-              const GenerateProgress& progress) {
+namespace {
+
+// comm: the normal-mode communicator for the recompute path (null: KV cache only).
+void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
+                   const std::vector<SampleRequest>& requests, const SampleParams& sp,
+                   std::vector<SampleResult>& results, const GenerateProgress& progress) {
   const ModelConfig& cfg = ps.layout.cfg;
   const int S = (int)requests.size(), V = cfg.vocab_size;
   results.assign(S, SampleResult{});
@@ -185,10 +187,11 @@ void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>
       row_tok.push_back(seqs[s][fed[s]]);
       row_pos.push_back(fed[s]);
     }
-    if (row_seq.empty()) break;
+    // every rank steps until the last sequence of any rank is done (the MoE is collective)
+    if (!moe.any(!row_seq.empty())) break;
     const int n = (int)row_seq.size();
     if (sp.use_kv_cache) {
-      decode_step(ps, comm, cache, row_seq, row_tok, row_pos, logits);
+      decode_step(ps, moe, cache, row_seq, row_tok, row_pos, logits);
     } else {
       // recompute: full forward over every active sequence's whole prefix
       int T = 0;
@@ -198,7 +201,7 @@ void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>
         lengths[i] = row_pos[i] + 1;
         std::copy_n(seqs[row_seq[i]].begin(), lengths[i], tokens.begin() + (size_t)i * T);
       }
-      model_forward(ps, comm, tokens.data(), lengths.data(), n, T, acts);
+      model_forward(ps, *comm, tokens.data(), lengths.data(), n, T, acts);
       logits.resize((size_t)n * V);
       for (int i = 0; i < n; i++)
         std::copy_n(acts.logits.data() + ((size_t)i * T + row_pos[i]) * V, V,
@@ -226,6 +229,23 @@ void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>
     }
     if (progress) progress(furthest, new_tokens);
   }
+}
+
+}  // namespace
+
+void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>& requests,
+              const SampleParams& sp, std::vector<SampleResult>& results,
+              const GenerateProgress& progress) {
+  NormalMoeDecode moe(comm);
+  generate_with(ps, &comm, moe, requests, sp, results, progress);
+}
+
+void generate(ParamStore& ps, MoeDecode& moe, const std::vector<SampleRequest>& requests,
+              const SampleParams& sp, std::vector<SampleResult>& results,
+              const GenerateProgress& progress) {
+  MOERL_CHECK_INPUT(sp.use_kv_cache, "expert-parallel generation (", moe.name(),
+                    ") needs the KV cache: drop --no-kv-cache");
+  generate_with(ps, nullptr, moe, requests, sp, results, progress);
 }
 
 }  // namespace moerl::model

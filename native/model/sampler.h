@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/expert_comm.h"
+#include "model/moe_decode.h"
 #include "model/weights.h"
 
 namespace moerl::model {
@@ -45,6 +46,12 @@ uint64_t sample_seed(uint64_t campaign_seed, uint64_t iteration, uint64_t prompt
 using GenerateProgress = std::function<void(int step, int64_t tokens)>;
 
 void generate(ParamStore& ps, ExpertComm& comm, const std::vector<SampleRequest>& requests,
+              const SampleParams& params, std::vector<SampleResult>& results,
+              const GenerateProgress& progress = nullptr);
+
+// The same decode loop with the MoE of each layer through `moe` (on R ranks: this rank's
+// requests; every rank steps until all ranks' samples are done). KV cache only.
+void generate(ParamStore& ps, MoeDecode& moe, const std::vector<SampleRequest>& requests,
               const SampleParams& params, std::vector<SampleResult>& results,
               const GenerateProgress& progress = nullptr);
 

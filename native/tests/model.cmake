@@ -21,6 +21,7 @@ gtest_discover_tests(checkpoint_tests DISCOVERY_TIMEOUT 60)
 # directories (shm provider), command lines, list files, progress lines.
 add_executable(model_ep_tests
   ${CMAKE_CURRENT_LIST_DIR}/model_ep_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/model_ep_generate_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint_ranks_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/tools_test.cc)
 target_link_libraries(model_ep_tests PRIVATE moerl_io GTest::gtest_main)

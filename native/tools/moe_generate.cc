@@ -5,7 +5,7 @@
 //                [--iteration I] [--first-prompt 0] [--num-prompts 64] [--samples 8]
 //                [--chunk-size 16] [--start-chunk 0] [--temperature 1] [--top-p 1]
 //                [--top-k 0] [--max-new-tokens 16] [--no-kv-cache] [--ignore-eos]
-//                [--prompts FILE]                                  (--help lists them all)
+//                [--prompts FILE] [--ep-mode auto|ll|normal]       (--help lists them all)
 //
 // --prompts FILE: JSONL lines {"prompt_id":p,"prompt":"text"} replace the built-in generator
 // (a dataset task); --first-prompt/--num-prompts then index lines of the file and --task is
@@ -22,16 +22,29 @@
 //       once chunk k's file is written
 //   {"done":true,"chunks":n,"new_tokens":n,"seconds":s,"tokens_per_s":x}  at the end
 // Exit 0 done (or --help), 2 bad input, 1 anything else (retryable).
-// Runs on one process (all experts local): the EP core with world size 1.
+//
+// Expert parallel on R ranks under the rank contract of moe_train (MOERL_RANK,
+// MOERL_WORLD_SIZE, MOERL_COORDINATOR, MOERL_FI_PROVIDER; none set: one rank): every rank
+// gets the same flags, holds the dense weights and experts [r*E/R, (r+1)*E/R), and generates
+// a contiguous share of each chunk's samples; each MoE layer of each decode step is one
+// collective dispatch + combine (--ep-mode: ll = low-latency buffer, the default on R > 1;
+// normal = ep::Buffer, the default on one rank, whose output it leaves unchanged). Rank 0
+// gathers the chunk, writes the file and prints the lines above, so the file format and
+// --start-chunk resumption do not depend on R. Samples stay seeded by (seed, iteration,
+// prompt id, sample index); with ll, tokens and log-probs do not depend on R either as long
+// as the GEMMs round a row the same whatever the batch (docs/native-model.md).
 #include <algorithm>  // std::min, std::max
 #include <chrono>   // steady_clock
 #include <cstdio>   // std::printf
+#include <cstring>  // std::memcpy for log-prob bits
+#include <memory>   // std::unique_ptr for the MoE exchange
 #include <sstream>  // std::ostringstream
 
 #include "common/check.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
 #include "model/expert_comm.h"
+#include "model/moe_decode.h"
 #include "model/sampler.h"
 #include "tasks/tasks.h"
 #include "tasks/tokenizer.h"
@@ -42,7 +55,7 @@ namespace moerl::tools {
 namespace {
 
 struct Options {
-  std::string checkpoint, out_dir, task, prompts_file, split = "train";
+  std::string checkpoint, out_dir, task, prompts_file, split = "train", ep_mode = "auto";
   uint64_t seed = 0;
   int64_t iteration = 0, first = 0, num_prompts = 64, samples = 8, chunk = 16, start_chunk = 0;
   bool no_kv_cache = false, ignore_eos = false;
@@ -78,6 +91,61 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--ignore-eos", o.ignore_eos, "always generate --max-new-tokens (benchmark only)");
   app.add_option("--progress-interval", o.progress_interval, "seconds between progress lines")
       ->check(kNonNegative);
+  app.add_option("--ep-mode", o.ep_mode,
+                 "MoE exchange: ll (low-latency), normal, auto = normal on 1 rank, ll on more")
+      ->check(CLI::IsMember({"auto", "ll", "normal"}));
+}
+
+// This rank's results, flattened for the gather to rank 0: per sample [n, stopped,
+// tokens[n], logprobs[n] as bits], int32 words.
+std::vector<int32_t> pack_results(const std::vector<model::SampleResult>& res) {
+  std::vector<int32_t> w;
+  for (const model::SampleResult& r : res) {
+    w.push_back((int32_t)r.tokens.size());
+    w.push_back(r.stopped ? 1 : 0);
+    w.insert(w.end(), r.tokens.begin(), r.tokens.end());
+    for (float lp : r.logprobs) {
+      int32_t bits;
+      std::memcpy(&bits, &lp, sizeof bits);
+      w.push_back(bits);
+    }
+  }
+  return w;
+}
+
+// Rank 0: every rank's results in rank order (ranks hold contiguous shares of the chunk).
+std::vector<model::SampleResult> gather_results(transport::Communicator& comm,
+                                                const std::vector<model::SampleResult>& mine,
+                                                const std::vector<int64_t>& counts) {
+  const int R = comm.world_size();
+  if (R == 1) return mine;
+  std::vector<int32_t> words = pack_results(mine);
+  // gather takes equal sizes: agree on the longest, pad to it
+  uint64_t size = words.size(), longest = 0;
+  std::vector<uint64_t> sizes(comm.rank() == 0 ? R : 0);
+  comm.gather(&size, sizeof size, sizes.data(), 0);
+  if (comm.rank() == 0) longest = *std::max_element(sizes.begin(), sizes.end());
+  comm.broadcast(&longest, sizeof longest, 0);
+  words.resize(longest, 0);
+  std::vector<int32_t> all(comm.rank() == 0 ? (size_t)R * longest : 0);
+  comm.gather(words.data(), longest * sizeof(int32_t), all.data(), 0);
+  std::vector<model::SampleResult> out;
+  if (comm.rank() != 0) return out;
+  for (int r = 0; r < R; r++) {
+    const int32_t* w = all.data() + (size_t)r * longest;
+    for (int64_t i = 0; i < counts[r]; i++) {
+      model::SampleResult s;
+      const int32_t n = *w++;
+      s.stopped = *w++ != 0;
+      s.tokens.assign(w, w + n);
+      w += n;
+      s.logprobs.resize(n);
+      std::memcpy(s.logprobs.data(), w, (size_t)n * sizeof(float));
+      w += n;
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
 }
 
 int run(Options& o) {
@@ -94,12 +162,22 @@ int run(Options& o) {
   MOERL_CHECK_INPUT(sp.top_p > 0.0f && sp.top_p <= 1.0f, "--top-p must be in (0, 1], got ", sp.top_p);
 
   model::ModelConfig cfg = io::read_checkpoint_config(ckpt);
-  transport::Config tcfg;  // generation is single-process: world size 1, no network
+  const transport::Config tcfg = transport::Config::from_env();
+  MOERL_CHECK_INPUT(tcfg.world_size == 1 || !o.no_kv_cache, "--no-kv-cache runs on one rank ",
+                    "only; MOERL_WORLD_SIZE is ", tcfg.world_size);
   transport::Communicator comm(tcfg);
+  const int R = comm.world_size(), rank = comm.rank();
+  const bool is_root = rank == 0;
+  const std::string mode = o.ep_mode == "auto" ? (R == 1 ? "normal" : "ll") : o.ep_mode;
   model::ExpertComm ep(comm, cfg.num_experts);
-  model::ParamStore ps(model::make_layout(cfg, 0, cfg.num_experts));
+  model::ParamStore ps(model::make_layout(cfg, ep.first_expert(), ep.num_local_experts()));
   io::OptimizerState opt;
   io::load_checkpoint(ckpt, ps, opt);
+  // The most samples one rank holds in a chunk: the low-latency slots' capacity.
+  const int max_rows = (int)((chunk * samples + R - 1) / R);
+  std::unique_ptr<model::MoeDecode> moe;
+  if (mode == "ll") moe = std::make_unique<model::LowLatencyMoeDecode>(comm, cfg, max_rows);
+  else moe = std::make_unique<model::NormalMoeDecode>(ep);
 
   std::vector<tasks::Prompt> file_prompts;
   if (!prompts_file.empty()) {
@@ -114,12 +192,12 @@ int run(Options& o) {
                       file_prompts.size(), " prompts; --first-prompt + --num-prompts is ",
                       first + num_prompts);
   }
-  io::make_dirs(out_dir);
+  if (is_root) io::make_dirs(out_dir);
   const int64_t num_chunks = (num_prompts + chunk - 1) / chunk;
   MOERL_CHECK_INPUT(start_chunk <= num_chunks, "--start-chunk ", start_chunk, " beyond the ",
                     num_chunks, " chunks");
   int64_t total_tokens = 0;
-  double total_s = 0.0;
+  double total_s = 0.0, generate_s = 0.0;
   Progress progress(o.progress_interval);
   for (int64_t k = start_chunk; k < num_chunks; k++) {
     auto t0 = std::chrono::steady_clock::now();
@@ -133,14 +211,27 @@ int run(Options& o) {
                         model::sample_seed(seed, (uint64_t)iteration,
                                            (uint64_t)prompts.back().prompt_id, (uint64_t)s)});
     }
+    // rank r generates samples [S*r/R, S*(r+1)/R) of the chunk
+    const int64_t S = (int64_t)reqs.size();
+    std::vector<int64_t> counts(R);
+    for (int r = 0; r < R; r++) counts[r] = S * (r + 1) / R - S * r / R;
+    std::vector<model::SampleRequest> mine(reqs.begin() + S * rank / R,
+                                           reqs.begin() + S * (rank + 1) / R);
     std::vector<model::SampleResult> res;
-    model::generate(ps, ep, reqs, sp, res, [&](int step, int64_t tokens) {
+    auto on_step = [&](int step, int64_t tokens) {
+      if (!is_root) return;
       progress.maybe_print([&] {
         return "{\"chunk\":" + std::to_string(k) + ",\"progress\":true,\"step\":" +
                std::to_string(step) + ",\"steps\":" + std::to_string(sp.max_new_tokens) +
                ",\"tokens\":" + std::to_string(tokens) + "}";
       });
-    });
+    };
+    auto g0 = std::chrono::steady_clock::now();
+    if (o.no_kv_cache) model::generate(ps, ep, mine, sp, res, on_step);  // one rank only
+    else model::generate(ps, *moe, mine, sp, res, on_step);
+    generate_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count();
+    res = gather_results(comm, res, counts);
+    if (!is_root) continue;
     std::ostringstream os;
     int64_t chunk_tokens = 0, stopped = 0;
     for (size_t i = 0; i < res.size(); i++) {
@@ -170,9 +261,15 @@ int run(Options& o) {
                 chunk_tokens / std::max(s, 1e-9));
     std::fflush(stdout);
   }
-  std::printf("{\"done\":true,\"chunks\":%lld,\"new_tokens\":%lld,\"seconds\":%.4f,\"tokens_per_s\":%.1f}\n",
+  if (!is_root) return 0;
+  // generate_seconds: the decode loops alone (rank 0), split into the MoE's experts and EP
+  // exchange; the rest is attention, norms, LM head and sampling
+  const model::DecodeTimes& t = moe->times;
+  std::printf("{\"done\":true,\"chunks\":%lld,\"new_tokens\":%lld,\"seconds\":%.4f,\"tokens_per_s\":%.1f,"
+              "\"ranks\":%d,\"ep_mode\":\"%s\",\"generate_seconds\":%.4f,\"experts_seconds\":%.4f,"
+              "\"ep_seconds\":%.4f}\n",
               (long long)(num_chunks - start_chunk), (long long)total_tokens, total_s,
-              total_tokens / std::max(total_s, 1e-9));
+              total_tokens / std::max(total_s, 1e-9), R, mode.c_str(), generate_s, t.experts, t.ep);
   return 0;
 }
 
