@@ -148,7 +148,8 @@ async function main(): Promise<void> {
       stop.abort();
     });
   let activities = createActivities(workerActivityDeps(stop.signal));
-  const connection = await connectWorkerConnection(args.temporal);
+  const connection = await connectPatiently(args.temporal, stop.signal);
+  if (!connection) return; // stopped before the server was reachable
   let server: MetricsServer | undefined;
   try {
     if (metrics.port !== undefined) {
@@ -180,6 +181,37 @@ async function main(): Promise<void> {
   } finally {
     await connection.close();
     await server?.close();
+  }
+}
+
+// Refused, reset, unresolvable or silent: the server is not there yet (or restarting); bad
+// credentials, TLS settings or namespaces are not waited out.
+const unreachable = /connection refused|tcp connect error|connection reset|dns error|unavailable|timed out/i;
+
+/**
+ * A worker started while its Temporal server is down (started together with it, or during a
+ * restart) waits for it, retrying every 0.5 s doubling to 10 s, instead of exiting; null when
+ * stopped (SIGTERM) before it connected.
+ */
+async function connectPatiently(
+  opts: Parameters<typeof connectWorkerConnection>[0],
+  signal: AbortSignal,
+): Promise<Awaited<ReturnType<typeof connectWorkerConnection>> | null> {
+  for (let waitMs = 500; ; waitMs = Math.min(waitMs * 2, 10_000)) {
+    try {
+      return await connectWorkerConnection(opts);
+    } catch (err) {
+      const reason = err instanceof Error ? err.message : String(err);
+      if (!unreachable.test(reason)) throw err;
+      console.error(
+        `moerl-worker: Temporal at ${opts.address} unreachable (${reason}); retrying in ${waitMs / 1000}s`,
+      );
+    }
+    await new Promise((resolve) => {
+      const timer = setTimeout(resolve, waitMs);
+      signal.addEventListener('abort', () => (clearTimeout(timer), resolve(undefined)), { once: true });
+    });
+    if (signal.aborted) return null;
   }
 }
 
