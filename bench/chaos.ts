@@ -46,7 +46,9 @@ const s3Rate = Number(values['s3-rate']);
 for (const [name, v] of Object.entries({ trials, faultsPerTrial, firstSeed, s3Trials, s3Rate }))
   if (!Number.isFinite(v) || v < 0) throw new Error(`chaos bench: --${name} must be a number ≥ 0`);
 
-Runtime.install({ logger: new DefaultLogger('ERROR') });
+Runtime.install({ logger: new DefaultLogger('ERROR'), shutdownSignals: [] });
+// Exiting runs the harness's exit handlers, which stop the servers and worker groups it started.
+for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => process.exit(130));
 const dir = mkdtempSync(join(tmpdir(), 'moerl-chaos-bench-'));
 const gw = await startVersitygw();
 const proxy = await startFaultProxy(gw.endpoint, firstSeed, { rate: 0 });

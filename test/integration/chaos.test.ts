@@ -4,12 +4,15 @@
 // trial must end with a final checkpoint whose files equal the uninterrupted run's (sha256),
 // and with the same rollouts and rewards. The long form is bench/chaos.ts.
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { freePort, startDevServer } from '../../cli/dev-server.js';
 import { openStore } from '../../activities/store/index.js';
-import { artifacts } from '../support/campaign-harness.js';
+import { artifacts, waitFor } from '../support/campaign-harness.js';
 import {
   chaosSpec,
   checkpointDigests,
@@ -64,6 +67,43 @@ describe('chaos: seeded process and server faults', { skip: tools.skip, timeout:
       const got = await artifacts(store, outcome.campaignId);
       assert.equal(got.size, wantArtifacts.size, `seed ${seed}: as many rollout and rewards files`);
       for (const [key, text] of wantArtifacts) assert.equal(got.get(key), text, `seed ${seed}: ${key}`);
+    }
+  });
+
+  test('a worker started while the server is down waits for it instead of exiting', async () => {
+    const port = await freePort();
+    const worker = spawn(
+      process.execPath,
+      [fileURLToPath(new URL('../../workers/main.js', import.meta.url)), '--role', 'rollout'],
+      {
+        env: { ...process.env, TEMPORAL_ADDRESS: `127.0.0.1:${port}`, MOERL_TASK_QUEUE_PREFIX: 'wait-' },
+        stdio: ['ignore', 'ignore', 'pipe'],
+      },
+    );
+    let log = '';
+    worker.stderr.on('data', (d: Buffer) => (log += d.toString()));
+    const exited = new Promise<number | null>((resolve) => worker.once('exit', (code) => resolve(code)));
+    try {
+      await waitFor(
+        'the worker to find the server unreachable',
+        async () => (/unreachable/.test(log) ? true : undefined),
+        60_000,
+      );
+      assert.equal(worker.exitCode, null, `the worker waits: ${log}`);
+      const server = await startDevServer({ port });
+      try {
+        await waitFor(
+          'the worker to connect',
+          async () => (/roles rollout on/.test(log) ? true : undefined),
+          60_000,
+        );
+      } finally {
+        worker.kill('SIGTERM');
+        assert.equal(await exited, 0, `a clean exit on SIGTERM: ${log}`);
+        await server.stop();
+      }
+    } finally {
+      worker.kill('SIGKILL');
     }
   });
 });
