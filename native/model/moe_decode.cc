@@ -15,9 +15,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // Global OR through the communicator (sum of 0/1 in rank order); no traffic on one rank.
-bool any_rank(transport::Communicator& comm, bool active) {
+bool any_rank(transport::Communicator& comm, bool active, DecodeTimes& times) {
+  auto t0 = std::chrono::steady_clock::now();
   float v = active ? 1.0f : 0.0f;
   comm.allreduce_sum(&v, 1);
+  times.ep += seconds_since(t0);
   return v > 0.0f;
 }
 
@@ -56,7 +58,7 @@ void NormalMoeDecode::forward(float* out, const float* inp, int n, const ModelCo
   times.experts += seconds_since(t0) - ep;
 }
 
-bool NormalMoeDecode::any(bool active) { return any_rank(comm_.communicator(), active); }
+bool NormalMoeDecode::any(bool active) { return any_rank(comm_.communicator(), active, times); }
 
 // ----------------------------------------------------------------------------
 // low-latency mode
@@ -121,6 +123,6 @@ void LowLatencyMoeDecode::forward(float* out, const float* inp, int n, const Mod
   times.ep += seconds_since(t0);
 }
 
-bool LowLatencyMoeDecode::any(bool active) { return any_rank(comm_, active); }
+bool LowLatencyMoeDecode::any(bool active) { return any_rank(comm_, active, times); }
 
 }  // namespace moerl::model

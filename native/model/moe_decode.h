@@ -26,7 +26,8 @@ namespace moerl::model {
 // Seconds spent on this rank, summed over calls: where a decode step's MoE time goes.
 struct DecodeTimes {
   double experts = 0.0;  // router, top-k, grouping rows by expert, the experts' GEMMs
-  double ep = 0.0;       // dispatch + combine (includes waiting for the slowest rank)
+  double ep = 0.0;       // dispatch + combine + the per-step any() (includes waiting for
+                         //   the slowest rank)
 };
 
 class MoeDecode {
