@@ -31,6 +31,7 @@ DEBIAN_PACKAGES=(
   python3  # the golden-reference test regenerates model_tiny.golden
   runc  # the test node's container runtime (containerd 2 is built from Go modules)
   chromium  # headless browser: the report test renders moerl report's page in it
+  tmux  # the pseudo-terminal the watch test runs moerl watch in
 )
 ALL_STEPS=(packages npm tools kube-tools ts native native-asan)
 
