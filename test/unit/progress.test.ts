@@ -1,0 +1,131 @@
+// The progress rendering shared by `moerl demo` and `moerl watch`, and the workflow's current
+// details, on hand-built states: what each line says for stages in flight, retries, a pause.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import type { WorkflowExecutionDescription } from '@temporalio/client';
+import { etaSeconds, progressBar, progressLine, snapshotOf } from '../../cli/progress.js';
+import { currentDetails, stageKey } from '../../workflows/summaries.js';
+import type { CampaignState, IterationSummary } from '../../workflows/types.js';
+import { testSpec } from '../support/campaign-harness.js';
+
+function iteration(i: number, stageSeconds: IterationSummary['stageSeconds']): IterationSummary {
+  return {
+    iteration: i,
+    policyIteration: i - 1,
+    meanReward: 0.1 * i,
+    passRate: 0.1 * i,
+    samples: 8,
+    tokens: 80,
+    rolloutTokensPerSecond: 1234.4,
+    chunksRedone: 0,
+    stageSeconds,
+    attempts: {},
+    trainMetrics: {},
+  };
+}
+
+function state(overrides: Partial<CampaignState> = {}): CampaignState {
+  return {
+    campaignId: 'c-1',
+    name: 'c',
+    status: 'running',
+    pauseRequested: false,
+    pauseReason: null,
+    hyperparameters: testSpec().hyperparameters,
+    hyperparameterChanges: [],
+    nextIteration: 4,
+    committedIteration: 2,
+    latestCheckpoint: null,
+    referenceCheckpoint: null,
+    checkpoints: [],
+    activeStages: [
+      { iteration: 3, stage: 'update', startedAt: '2026-12-01T00:00:00.000Z' },
+      { iteration: 4, stage: 'rollout', startedAt: '2026-12-01T00:00:01.000Z' },
+      { iteration: 4, stage: 'rollout', startedAt: '2026-12-01T00:00:01.000Z' },
+    ],
+    retries: { prepare: 0, rollout: 0, reward: 0, update: 0, checkpoint: 0 },
+    lastFailure: null,
+    recentIterations: [
+      iteration(1, { rollout: 2, reward: 1, update: 4, checkpoint: 1 }),
+      iteration(2, { rollout: 4, reward: 1, update: 2, checkpoint: 1 }),
+    ],
+    carriedRollout: null,
+    runs: 1,
+    forkedFrom: null,
+    ...overrides,
+  };
+}
+
+const description = (pending: unknown[] = []) =>
+  ({
+    status: { name: 'RUNNING' },
+    raw: { pendingActivities: pending },
+  }) as unknown as WorkflowExecutionDescription;
+
+describe('campaign progress rendering', () => {
+  it('the ETA: remaining iterations × the sum of stages, or the longer half with staleness 1', () => {
+    assert.equal(etaSeconds(state(), 10, 0), 8 * 8);
+    assert.equal(etaSeconds(state(), 10, 1), 8 * 5); // max(3, 5) and max(5, 3)
+    assert.equal(etaSeconds(state({ status: 'paused' }), 10, 0), null);
+    assert.equal(etaSeconds(state({ recentIterations: [] }), 10, 0), null);
+  });
+
+  it('stages in flight with the attempt and last failure the server reports', () => {
+    const snap = snapshotOf(
+      state(),
+      description([
+        { activityType: { name: 'rolloutShard' }, attempt: 1 },
+        {
+          activityType: { name: 'rolloutShard' },
+          attempt: 3,
+          lastFailure: { message: 'spot reclaimed', applicationFailureInfo: { type: 'Error' } },
+        },
+        { activityType: { name: 'updatePolicy' }, attempt: 1 },
+      ]),
+      { iterations: 10, staleness: 1 },
+    );
+    assert.deepEqual(
+      snap.inFlight.map((s) => [s.iteration, s.stage, s.activities, s.attempt, s.lastFailure]),
+      [
+        [3, 'update', 1, 1, null],
+        [4, 'rollout', 2, 3, 'Error: spot reclaimed'],
+      ],
+    );
+    assert.equal(
+      progressLine(snap),
+      `${progressBar(2, 10)} 2/10  update 3, rollout 4 (2 shards) attempt 3 (last failure: Error: spot reclaimed)  reward 0.200  1234 tok/s  ETA 40.0s`,
+    );
+  });
+
+  it('a pause shows its reason and no ETA; a closed execution shows how it ended', () => {
+    const paused = state({
+      status: 'paused',
+      pauseRequested: true,
+      pauseReason: 'inspect',
+      activeStages: [],
+    });
+    const snap = snapshotOf(paused, description(), { iterations: 10, staleness: 0 });
+    assert.equal(progressLine(snap), `${progressBar(2, 10)} 2/10  paused: inspect  reward 0.200  1234 tok/s`);
+    const done = snapshotOf(
+      state({ status: 'cancelled', activeStages: [] }),
+      { ...description(), status: { name: 'CANCELED' } } as unknown as WorkflowExecutionDescription,
+      undefined,
+    );
+    assert.equal(progressLine(done), '2 committed  cancelled  reward 0.200  1234 tok/s');
+  });
+
+  it("the workflow's current details: status, then the stages in flight per iteration", () => {
+    const progress = new Map([
+      [stageKey(3, 'update'), { tries: 2 }],
+      [stageKey(4, 'rollout'), { tries: 1, shardsDone: 1 }],
+    ]);
+    assert.equal(
+      currentDetails(state(), testSpec({ iterations: 10, rolloutShards: 2 }), progress),
+      [
+        'running — 2/10 iterations committed, mean reward 0.200 (iteration 2)',
+        'iteration 3: update, try 2',
+        'iteration 4: rollout, 1/2 shards done',
+      ].join('\n'),
+    );
+  });
+});
