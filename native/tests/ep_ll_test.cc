@@ -134,7 +134,7 @@ TEST(EpLowLatencyFailure, KilledPeerIsNamedWithinTheDeadline) {
 }
 
 // No allocation per call: after warm-up, dispatch + combine (fp8, split and whole) make no
-// C++ allocation on any rank (counted by a global operator new in the rank program; the
+// C++ allocation on any rank's calling thread (a global operator new in the rank program; the
 // huge-page buffers, which use aligned_alloc, are sized once by the constructor).
 TEST(EpLowLatencyMemory, SteadyStateAllocatesNothing) {
   for (const char* provider : {"shm", "tcp"}) {
