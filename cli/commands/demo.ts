@@ -40,7 +40,7 @@ campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
     const say = (line: string) => (ctx.json ? ctx.note(line) : ctx.io.stdout.write(`${line}\n`));
     const started = Date.now();
     try {
-      await withLocalStack(
+      return await withLocalStack(
         {
           stateDir,
           namespace: 'default',
