@@ -13,6 +13,8 @@
 #                                           (bridge loopback host-local portmap), cluster DNS
 #   kueue                                   Kueue's controller manager (its CRDs beside it, in
 #                                           kueue-crds/), the job queue of the queueing tests
+#   prometheus                              a Prometheus server without service discovery
+#                                           (static targets), for the opt-in scrape test
 #
 # Order: the override variable (the name upper-cased with - as _, plus _PATH: KUBELET_PATH,
 # KUBE_APISERVER_PATH, ...; but TEMPORAL_CLI_PATH, and CNI_PLUGINS_DIR for the folder), then
@@ -35,6 +37,8 @@ COREDNS_VERSION=v1.15.0
 # Kueue's own go.mod pins its k8s.io modules (v0.35, one minor below the test cluster's API
 # server: within client skew); it has no replace directives, so `go install` builds it.
 KUEUE_VERSION=v0.17.0
+# Prometheus 3's Go module versions are v0.3MM.P for v3.MM.P: v0.316.0 is Prometheus 3.16.0.
+PROMETHEUS_VERSION=v0.316.0
 # Kubernetes and etcd replace their own sub-modules with local paths, so `go install` refuses
 # them; they are built from wrapper modules whose go.mod (with go.sum) pins them instead:
 # k8s.io/kubernetes in scripts/kube-tools/kubernetes/go.mod, which also replaces each staging
@@ -59,7 +63,7 @@ usage() {
 # The build (a cache folder) that provides a tool, and the files that build must produce.
 build_of() {
   case "$1" in
-    temporal | versitygw | kwok | etcd | coredns | kueue) echo "$1" ;;
+    temporal | versitygw | kwok | etcd | coredns | kueue | prometheus) echo "$1" ;;
     kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl) echo kubernetes ;;
     containerd | ctr) echo containerd ;;
     cni-plugins) echo cni-plugins ;;
@@ -104,6 +108,7 @@ build_version() {
     cni-plugins) echo "$CNI_PLUGINS_VERSION" ;;
     coredns) echo "$COREDNS_VERSION" ;;
     kueue) echo "$KUEUE_VERSION" ;;
+    prometheus) echo "$PROMETHEUS_VERSION" ;;
     kubernetes) wrapper_version kubernetes k8s.io/kubernetes ;;
     etcd) wrapper_version etcd go.etcd.io/etcd/server/v3 ;;
   esac
@@ -122,6 +127,15 @@ go_command() {
       printf '%s\n' install -trimpath \
         "-ldflags=-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version -X sigs.k8s.io/kueue/pkg/version.GitCommit=" \
         "sigs.k8s.io/kueue/cmd/kueue@$version"
+      ;;
+    prometheus)
+      # remove_all_sd leaves out every service-discovery plugin (the cloud SDKs are most of the
+      # build); static_configs, all a test on 127.0.0.1 needs, remain. The web UI's assets are
+      # not embedded (no builtinassets tag): the HTTP API is complete without them.
+      local v="${version#v0.}"
+      printf '%s\n' install -trimpath -tags=remove_all_sd \
+        "-ldflags=-s -w -X github.com/prometheus/common/version.Version=3.$((10#${v%%.*} - 300)).${v#*.}" \
+        "github.com/prometheus/prometheus/cmd/prometheus@$version"
       ;;
     containerd)
       # Without cgo the btrfs, devmapper and zfs snapshotters cannot work; the tags leave
