@@ -63,12 +63,12 @@ status, execution, pauseReason, committedIteration, totalIterations, inFlight, l
     if (!ctx.json) {
       const state = result.state;
       const last = state?.recentIterations.at(-1);
-      out.write(
-        `campaign ${id} ${result.outcome ?? 'still running (watch stopped)'} ` +
-          `(${Math.max(0, state?.committedIteration ?? 0)} iterations committed` +
-          (last ? `, mean reward ${decimal(last.meanReward)} at iteration ${last.iteration})` : ')') +
-          '\n',
-      );
+      // Without a state (the status query never answered) there is nothing to count.
+      const committed = state
+        ? ` (${Math.max(0, state.committedIteration)} iterations committed` +
+          (last ? `, mean reward ${decimal(last.meanReward)} at iteration ${last.iteration})` : ')')
+        : '';
+      out.write(`campaign ${id} ${result.outcome ?? 'still running (watch stopped)'}${committed}\n`);
     }
     if (result.outcome === null) return 1;
     if (result.execution === 'completed') return watchExitCodes.completed;
