@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -41,6 +41,8 @@ let dir: string;
 before(async () => {
   t = await startTestEnvironment();
   dir = mkdtempSync(join(tmpdir(), 'moerl-report-'));
+  rmSync(outputDir, { recursive: true, force: true });
+  mkdirSync(outputDir, { recursive: true });
 });
 after(async () => {
   await t?.teardown();
@@ -56,7 +58,12 @@ function spawnRolloutWorker(queues: TaskQueues, name: string): ChildProcess {
     [workerMain, '--role', 'rollout', '--address', t.address, '--shutdown-grace-seconds', '5'],
     {
       detached: true,
-      stdio: 'ignore',
+      // Its output goes beside the report, for when the campaign does not get going.
+      stdio: [
+        'ignore',
+        openSync(join(outputDir, `worker-${name}.log`), 'w'),
+        openSync(join(outputDir, `worker-${name}.log`), 'a'),
+      ],
       env: { ...process.env, MOERL_TASK_QUEUE_PREFIX: prefix, MOERL_CACHE_DIR: join(dir, `cache-${name}`) },
     },
   );
@@ -84,7 +91,7 @@ const close = (a: number | null, b: number | null, what: string) =>
     ? assert.equal(a, b, what)
     : assert.ok(Math.abs(a - b) < 1e-9, `${what}: ${a} vs ${b}`);
 
-describe('moerl report', { skip: native.skip || chromiumSkip(), timeout: 240_000 }, () => {
+describe('moerl report', { skip: native.skip || chromiumSkip(), timeout: 300_000 }, () => {
   test('a campaign with a Spot interruption, a pause, a hyperparameter change and a continue-as-new', async () => {
     const spec = tinyRealSpec('report', dir, {
       model: { layers: 2, hidden: 128, heads: 4, experts: 8, topK: 2, contextLength: 32 },
@@ -111,39 +118,56 @@ describe('moerl report', { skip: native.skip || chromiumSkip(), timeout: 240_000
         const first = spawnRolloutWorker(queues, 'first');
         const handle = await startCampaign(t.client, spec, queues);
         const id = handle.workflowId;
-        await waitFor(
-          'iteration 1 rollout to be under way',
-          async () => {
-            let n = 0;
-            for await (const _ of store.list(`${keys.rolloutShardPrefix(id, 1, 0)}/`)) n++;
-            return n >= 2 ? true : undefined;
-          },
-          60_000,
-          20,
-        );
-        process.kill(-first.pid!, 'SIGKILL'); // the Spot node is gone
-        await exited(first);
-        const second = spawnRolloutWorker(queues, 'second');
+        // A wait that times out says where the campaign was.
+        const explain = async (err: unknown) => {
+          const s = await handle.query<CampaignState>('status').catch(() => null);
+          const where = s && {
+            status: s.status,
+            active: s.activeStages,
+            failure: s.lastFailure,
+            retries: s.retries,
+          };
+          throw new Error(`${(err as Error).message}; campaign: ${JSON.stringify(where)}`);
+        };
+        let second: ChildProcess | null = null;
         try {
-          await waitForState(handle, 'iteration 1 committed', (s) => s.committedIteration >= 1, 90_000);
+          await waitFor(
+            'iteration 1 rollout to be under way (after the warm start)',
+            async () => {
+              let n = 0;
+              for await (const _ of store.list(`${keys.rolloutShardPrefix(id, 1, 0)}/`)) n++;
+              return n >= 2 ? true : undefined;
+            },
+            180_000,
+            20,
+          ).catch(explain);
+          process.kill(-first.pid!, 'SIGKILL'); // the Spot node is gone
+          await exited(first);
+          second = spawnRolloutWorker(queues, 'second');
+          await waitForState(handle, 'iteration 1 committed', (s) => s.committedIteration >= 1, 90_000).catch(
+            explain,
+          );
           await cli(['pause', id, '--reason', 'inspect rollouts']);
-          await waitForState(handle, 'the campaign paused', (s) => s.status === 'paused', 60_000);
+          await waitForState(handle, 'the campaign paused', (s) => s.status === 'paused', 60_000).catch(
+            explain,
+          );
           await cli(['set', id, 'temperature=0.9', '--reason', 'report test']);
           await new Promise((r) => setTimeout(r, pauseSeconds * 1000));
           await cli(['resume', id]);
           await handle.result();
           return { id, state: await handle.query<CampaignState>('status') };
         } finally {
-          second.kill('SIGTERM');
-          await exited(second);
+          for (const worker of [first, second]) {
+            if (!worker || worker.exitCode !== null || worker.signalCode !== null) continue;
+            process.kill(-worker.pid!, 'SIGKILL');
+            await exited(worker);
+          }
         }
       },
       queues,
       ['control', 'train'],
     );
 
-    rmSync(outputDir, { recursive: true, force: true });
-    mkdirSync(outputDir, { recursive: true });
     const prices = join(dir, 'prices.yaml');
     writeFileSync(
       prices,
