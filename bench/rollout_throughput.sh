@@ -5,7 +5,8 @@
 #   normal moe_generate --ep-mode normal  (ep::Buffer: layout, dispatch, combine)
 #   mpi    rollout_bench_mpi under mpirun (Megatron's MPI_Alltoallv dispatcher)
 # over shm and over tcp (loopback). Repeats are interleaved (ll, normal, mpi, ll, ...) so load
-# drift on a shared host hits every mode alike; medians are reported. Throughput is new
+# drift on a shared host hits every mode alike; medians are reported, and ratios are medians
+# of the per-repeat ratios. Throughput is new
 # tokens of the whole fleet / rank 0's decode-loop seconds; each decode step is split into
 # experts (router, top-k, grouping, expert GEMMs), EP (dispatch + combine, including waiting
 # for the other rank) and the rest (attention, norms, LM head, sampling: "attention").
@@ -55,11 +56,13 @@ ROLLOUT=(--checkpoint ckpt --task "$TASK" --seed "$SEED" --num-prompts "$PROMPTS
 # ranks PROVIDER ARGS... : runs ARGS as RANKS processes under the rank contract; prints rank
 # 0's last stdout line
 ranks() {
-  local provider=$1 port=$((20000 + RANDOM % 30000)) pids=() r rc=0
+  local provider=$1 pids=() r rc=0 port
   shift
+  # a port the kernel just handed out and released (a random one collided with a live server)
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   for ((r = 0; r < RANKS; r++)); do
     MOERL_RANK=$r MOERL_WORLD_SIZE=$RANKS MOERL_COORDINATOR=127.0.0.1:$port \
-      MOERL_FI_PROVIDER=$provider MOERL_TIMEOUT_S=300 "$@" > "rank$r.out" 2> "rank$r.err" &
+      MOERL_FI_PROVIDER=$provider MOERL_TIMEOUT_S=120 "$@" > "rank$r.out" 2> "rank$r.err" &
     pids+=($!)
   done
   for r in "${pids[@]}"; do wait "$r" || rc=1; done
@@ -121,10 +124,11 @@ for provider in sorted({r["provider"] for r in runs}):
                      "ep_ms": ms("ep_seconds"),
                      "attention_ms": round(step - ms("experts_seconds") - ms("ep_seconds"), 3),
                      "tokens_per_s_runs": [round(r["new_tokens"] / r["generate_seconds"], 1) for r in rs]}
-    if "ll" in res and "mpi" in res:
-        res["ll_vs_mpi"] = round(res["ll"]["tokens_per_s"] / res["mpi"]["tokens_per_s"], 3)
-    if "ll" in res and "normal" in res:
-        res["ll_vs_normal"] = round(res["ll"]["tokens_per_s"] / res["normal"]["tokens_per_s"], 3)
+    # side by side: ratio of the runs of one repeat (neighbours in time), then the median
+    for other in ("mpi", "normal"):
+        if "ll" in res and other in res:
+            pairs = zip(res["ll"]["tokens_per_s_runs"], res[other]["tokens_per_s_runs"])
+            res["ll_vs_" + other] = round(med(a / b for a, b in pairs), 3)
     out[provider] = res
 print(json.dumps(out))
 EOF
