@@ -2,13 +2,25 @@
 // small campaign; /metrics is scraped while it runs and after, and read by Prometheus's own
 // parser and linter. The counters must agree with what the workflow recorded.
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
+import { workerActivityDeps } from '../../activities/deps.js';
+import { createActivities } from '../../activities/index.js';
+import * as keys from '../../activities/layout.js';
+import { openStore } from '../../activities/store/index.js';
 import { repoRoot } from '../../cli/temporal-tools.js';
 import type { CampaignState } from '../../workflows/types.js';
-import { startCampaign, tinyRealSpec, uniqueTaskQueues, waitFor } from '../support/campaign-harness.js';
+import {
+  startCampaign,
+  tinyRealSpec,
+  uniqueTaskQueues,
+  waitFor,
+  withWorkers,
+} from '../support/campaign-harness.js';
 import { nativeTools } from '../support/native-tools.js';
 import { startMetricsWorker, startRewardModel } from '../support/metrics-worker.js';
 import { parseExposition } from '../support/promparse.js';
@@ -18,6 +30,7 @@ import { startTestEnvironment } from '../support/temporal.js';
 import type { TestEnvironment } from '../support/temporal.js';
 
 const tools = nativeTools(['moe_generate', 'moe_reward', 'moe_train']);
+const workerMainPath = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
 const dashboardPath = join(repoRoot(), 'k8s', 'monitoring', 'grafana-dashboard.json');
 
 let t: TestEnvironment;
@@ -247,5 +260,91 @@ describe('worker metrics', { skip: tools.skip }, () => {
       await rewardModel.close();
     }
     assert.equal(worker.process.exitReason, 'code 0', 'the worker shuts down cleanly on SIGTERM');
+  });
+
+  test('a rollout worker lost without notice (SIGKILL): its shards retried on a metrics worker count reason HeartbeatTimeout', async () => {
+    const stop = new AbortController();
+    const env = { ...process.env, ...tools.env, MOERL_CACHE_DIR: join(dir, 'cache-lost') };
+    const queues = uniqueTaskQueues();
+    // Big enough that the rollout is still running when its worker is killed.
+    const spec = tinyRealSpec('lost-worker', dir, {
+      model: { layers: 2, hidden: 128, heads: 4, experts: 8, topK: 2, contextLength: 32 },
+      promptsPerIteration: 128,
+      groupSize: 8,
+      orchestration: { rolloutHeartbeatSeconds: 2 },
+    });
+    const store = openStore(spec.store);
+    const state = await withWorkers(
+      t.nativeConnection,
+      t.namespace,
+      createActivities(workerActivityDeps(stop.signal, env)),
+      async () => {
+        // The only rollout worker at first, in its own process group like a pod on its own node.
+        const first = spawn(process.execPath, [workerMainPath, '--role', 'rollout', '--address', t.address], {
+          detached: true,
+          stdio: 'ignore',
+          env: { ...env, MOERL_TASK_QUEUE_PREFIX: queues.rollout.slice(0, -'rollout'.length) },
+        });
+        const killFirst = () => {
+          try {
+            process.kill(-first.pid!, 'SIGKILL'); // the node is gone, with every process on it
+          } catch {
+            // gone already
+          }
+        };
+        let second: Awaited<ReturnType<typeof startMetricsWorker>> | undefined;
+        try {
+          const handle = await startCampaign(t.client, spec, queues);
+          await waitFor(
+            'the rollout under way on the first worker',
+            async () => {
+              let n = 0;
+              for (const shard of [0, 1])
+                for await (const _ of store.list(`${keys.rolloutShardPrefix(handle.workflowId, 1, shard)}/`))
+                  n++;
+              return n >= 2 ? true : undefined;
+            },
+            120_000,
+            20,
+          );
+          killFirst();
+          second = await startMetricsWorker({
+            address: t.address,
+            queues,
+            dir,
+            env,
+            roles: ['rollout'],
+            name: 'second',
+          });
+          await handle.result();
+          const state = await handle.query<CampaignState>('status');
+          const url = second.url;
+          const e = await waitFor(
+            'every retry counted',
+            async () => {
+              const now = await scrape(url);
+              return sumOf(now, 'moerl_activity_retries_total') >= state.retries.rollout ? now : undefined;
+            },
+            30_000,
+            250,
+          );
+          return { state, e };
+        } finally {
+          killFirst();
+          await second?.process.stop(10_000);
+        }
+      },
+      queues,
+      ['control', 'train'],
+    );
+    const retried = state.state.retries.rollout;
+    assert.ok(retried >= 1, "the killed worker's shards were retried");
+    assert.equal(
+      sumOf(state.e, 'moerl_activity_retries_total', { stage: 'rollout', reason: 'HeartbeatTimeout' }),
+      retried,
+      'every rollout retry is counted as a heartbeat timeout',
+    );
+    assert.equal(sumOf(state.e, 'moerl_activity_retries_total'), retried);
+    console.log(`lost worker: ${retried} rollout retries, all reason HeartbeatTimeout`);
   });
 });

@@ -19,28 +19,35 @@ export interface MetricsWorker {
   url: string;
 }
 
-/** Starts `moerl-worker --role all` with --metrics-port and --sdk-metrics-port; resolves once /metrics answers. */
+/**
+ * Starts `moerl-worker` (roles: all unless given) with --metrics-port and --sdk-metrics-port, in
+ * its own process group; resolves once /metrics answers.
+ */
 export async function startMetricsWorker(opts: {
   address: string;
   queues: TaskQueues;
   dir: string;
   env: NodeJS.ProcessEnv;
+  roles?: string[];
+  name?: string;
 }): Promise<MetricsWorker> {
+  const name = opts.name ?? 'worker';
   const [port, sdkPort] = [await freePort(), await freePort()];
   const url = `http://127.0.0.1:${port}/metrics`;
   const proc = spawnGroup(
-    'moerl-worker',
+    `moerl-worker ${name}`,
     process.execPath,
     [
       workerMain,
-      ...['--role', 'all', '--address', opts.address, '--shutdown-grace-seconds', '5'],
+      ...(opts.roles ?? ['all']).flatMap((r) => ['--role', r]),
+      ...['--address', opts.address, '--shutdown-grace-seconds', '5'],
       ...['--metrics-port', String(port), '--sdk-metrics-port', String(sdkPort)],
     ],
-    join(opts.dir, 'worker.log'),
+    join(opts.dir, `${name}.log`),
     {
       ...opts.env,
       MOERL_TASK_QUEUE_PREFIX: opts.queues.control.slice(0, -'control'.length),
-      MOERL_CACHE_DIR: join(opts.dir, 'cache'),
+      MOERL_CACHE_DIR: join(opts.dir, `cache-${name}`),
     },
   );
   try {
