@@ -5,10 +5,11 @@
 //   - aggregate rollout throughput: samples generated ÷ (last checkpoint commit − first rollout),
 //   - mean iteration time over the same window,
 //   - per iteration, the rollout phase R (first shard scheduled → reward done) and the update
-//     phase U (update scheduled → commit done), and for staleness 1 where each iteration waited.
+//     phase U (update scheduled → commit done), and for staleness 1 where each iteration waited,
+//   - a profile: CPU seconds the rollout and the train worker's process trees got in the window,
+//     per iteration and as a share of the time their stage ran, and each core's busy share.
 // The upper bound of the overlap's speed-up is (R + U) ÷ max(R, U) with the staleness 0 run's
-// means, measured in the same invocation. CPU seconds of each worker's process tree and the busy
-// share of each core during every campaign show how much of the machine the campaign had.
+// means, measured in the same invocation.
 // The last line of stdout is one JSON object.
 //
 // usage: node dist/bench/overlap.js [--iterations 12] [--repeats 1] [--set key=value]...
@@ -19,12 +20,14 @@ import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import type { WorkflowHandle } from '@temporalio/client';
 import type { temporal } from '@temporalio/proto';
 import { startDevServer } from '../cli/dev-server.js';
 import { demoSpecPath } from '../cli/commands/demo.js';
 import { startCampaign } from '../cli/commands/start.js';
 import { loadSpecFile, parseOverride } from '../cli/spec-file.js';
 import { connectClient, taskQueuesFrom } from '../workers/temporal-options.js';
+import type { CampaignState } from '../workflows/types.js';
 
 type HistoryEvent = temporal.api.history.v1.IHistoryEvent;
 
@@ -86,6 +89,29 @@ function cpuTicks(): Map<string, { busy: number; total: number }> {
   return out;
 }
 
+/** The campaign's result; a campaign paused by a stage that failed for good ends the benchmark. */
+async function finished(handle: WorkflowHandle): Promise<void> {
+  let done = false;
+  const result = handle.result().finally(() => (done = true));
+  while (!done) {
+    await Promise.race([result, new Promise((r) => setTimeout(r, 2000))]);
+    if (done) break;
+    const state = await handle.query<CampaignState>('status');
+    if (state.status === 'paused' && state.lastFailure)
+      throw new Error(
+        `campaign ${handle.workflowId} paused: ${state.lastFailure.stage} of iteration ${state.lastFailure.iteration}: ${state.lastFailure.message}`,
+      );
+  }
+  await result;
+}
+
+interface Sample {
+  t: number;
+  rollout: number;
+  train: number;
+  ticks: Map<string, { busy: number; total: number }>;
+}
+
 function startWorker(role: string, cpu: string | undefined, address: string): ChildProcess {
   const log = openSync(join(workDir, `worker-${role}.log`), 'a');
   const args = [process.execPath, mainJs, '--role', role, '--shutdown-grace-seconds', '5'];
@@ -141,7 +167,9 @@ function analyse(events: HistoryEvent[]) {
   const its = [...update.keys()].sort((a, b) => a - b);
   const r = its.map((i) => rollout.get(i)!);
   const u = its.map((i) => update.get(i)!);
-  const windowS = (u.at(-1)!.end - r[0]!.start) / 1000;
+  const windowStart = r[0]!.start;
+  const windowEnd = u.at(-1)!.end;
+  const windowS = (windowEnd - windowStart) / 1000;
   // Staleness 1: update i starts once update i-1 is committed and rollout i is done; which came
   // last says what bounded the iteration, the rest of the gap is the control plane's hand-off.
   const waits = its.slice(1).map((_, k) => {
@@ -154,6 +182,10 @@ function analyse(events: HistoryEvent[]) {
     };
   });
   return {
+    windowStart,
+    windowEnd,
+    totalRolloutS: r.reduce((sum, p) => sum + (p.end - p.start) / 1000, 0),
+    totalUpdateS: u.reduce((sum, p) => sum + (p.end - p.start) / 1000, 0),
     iterations: its.length,
     samples,
     windowS: round(windowS, 2),
@@ -174,7 +206,17 @@ const workers = {
   rollout: startWorker('rollout', values['rollout-cpu'], server.address),
   train: startWorker('train', values['train-cpu'], server.address),
 };
-const runs: Record<'0' | '1', ReturnType<typeof analyse> & Record<string, unknown>>[] = [];
+const takeSample = (): Sample => ({
+  t: Date.now(),
+  rollout: treeCpuSeconds(workers.rollout.pid!),
+  train: treeCpuSeconds(workers.train.pid!),
+  ticks: cpuTicks(),
+});
+type Measured = Omit<
+  ReturnType<typeof analyse>,
+  'windowStart' | 'windowEnd' | 'totalRolloutS' | 'totalUpdateS'
+>;
+const runs: Record<'0' | '1', Measured & Record<string, unknown>>[] = [];
 try {
   const { client, connection } = await connectClient({ address: server.address, namespace: 'default' });
   try {
@@ -194,34 +236,48 @@ try {
           taskQueues: taskQueuesFrom({ MOERL_TASK_QUEUE_PREFIX: prefix }),
         });
         const handle = client.workflow.getHandle(started.campaignId);
-        // CPU figures cover the whole campaign (prepare included); the window is read from history.
-        const cpu0 = {
-          rollout: treeCpuSeconds(workers.rollout.pid!),
-          train: treeCpuSeconds(workers.train.pid!),
-        };
-        const ticks0 = cpuTicks();
+        // CPU use is sampled throughout and read at the window's ends (from the history). A
+        // process's CPU time reaches its parent when it exits, and every moe_generate and rank
+        // process exits inside the window, so the difference is the window's work.
+        const samplesCpu: Sample[] = [];
+        const sample = () => samplesCpu.push(takeSample());
+        sample();
+        const timer = setInterval(sample, 250);
         const load0 = loadavg()[0]!;
         const t0 = Date.now();
-        await handle.result();
+        try {
+          await finished(handle);
+        } finally {
+          clearInterval(timer);
+        }
+        await new Promise((r) => setTimeout(r, 300));
+        sample();
         const wallS = (Date.now() - t0) / 1000;
-        const ticks1 = cpuTicks();
         const { events } = await handle.fetchHistory();
-        const a = analyse(events ?? []);
+        const { windowStart, windowEnd, totalRolloutS, totalUpdateS, ...a } = analyse(events ?? []);
+        const before = samplesCpu.filter((x) => x.t <= windowStart).at(-1) ?? samplesCpu[0]!;
+        const after = samplesCpu.find((x) => x.t >= windowEnd) ?? samplesCpu.at(-1)!;
+        const rolloutCpu = after.rollout - before.rollout;
+        const trainCpu = after.train - before.train;
         const coreBusy = Object.fromEntries(
-          [...ticks1].map(([cpu, t]) => {
-            const before = ticks0.get(cpu)!;
-            return [cpu, round((t.busy - before.busy) / Math.max(1, t.total - before.total), 2)];
+          [...after.ticks].map(([cpu, t]) => {
+            const b = before.ticks.get(cpu)!;
+            return [cpu, round((t.busy - b.busy) / Math.max(1, t.total - b.total), 2)];
           }),
         );
         pair[String(staleness) as '0' | '1'] = {
           ...a,
           campaignId: started.campaignId,
           campaignWallS: round(wallS, 1),
-          cpuSeconds: {
-            rolloutTree: round(treeCpuSeconds(workers.rollout.pid!) - cpu0.rollout, 1),
-            trainTree: round(treeCpuSeconds(workers.train.pid!) - cpu0.train, 1),
+          // The profile: CPU seconds our processes got in the window, per iteration, and as a
+          // share of the time their stage ran (1 = a whole core whenever the stage ran).
+          profile: {
+            rolloutCpuPerIterationS: round(rolloutCpu / a.iterations),
+            trainCpuPerIterationS: round(trainCpu / a.iterations),
+            rolloutCpuShare: round(rolloutCpu / totalRolloutS, 2),
+            trainCpuShare: round(trainCpu / totalUpdateS, 2),
+            coreBusy,
           },
-          coreBusy,
           loadavg1: [round(load0, 1), round(loadavg()[0]!, 1)],
         };
         console.error(
