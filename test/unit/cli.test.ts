@@ -35,6 +35,7 @@ describe('moerl help and usage errors', () => {
         'start',
         'list',
         'status',
+        'watch',
         'pause',
         'resume',
         'set',
