@@ -1,7 +1,8 @@
 // Expert-parallel generation: the real moe_generate on 2 ranks (separate processes, shm
 // provider, experts sharded 2+2, each MoE layer of each decode step through the low-latency
-// buffer) is byte-identical across runs and after a resume, and samples the same tokens as
-// one rank, with log-probs within GEMM rounding (a rank's dense GEMMs see half the rows).
+// buffer) is byte-identical across runs, after a resume and over tcp, and samples the same
+// tokens as one rank, with log-probs within GEMM rounding (a rank's dense GEMMs see half the
+// rows).
 #include <fcntl.h>  // O_* for ep_spawn.h
 
 #include <gtest/gtest.h>
@@ -24,8 +25,8 @@ namespace fs = std::filesystem;
 using ep::testing::describe;
 using ep::testing::run_ranks;
 
-void run(int world, const std::vector<std::string>& args) {
-  auto results = run_ranks(world, "shm", 30, args, 120);
+void run(int world, const std::vector<std::string>& args, const std::string& provider = "shm") {
+  auto results = run_ranks(world, provider, 30, args, 120);
   for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
 }
 
@@ -55,6 +56,7 @@ TEST(ModelEpGenerate, TwoRanksLowLatencyAreReproducibleAndSampleOneRanksTokens) 
   run(2, with({"--out-dir", w + "/two-a"}));
   run(2, with({"--out-dir", w + "/two-b"}));
   run(2, with({"--out-dir", w + "/two-resumed", "--start-chunk", "1"}));
+  run(2, with({"--out-dir", w + "/two-tcp"}), "tcp");
   run(2, with({"--out-dir", w + "/two-normal", "--ep-mode", "normal"}));
   EXPECT_FALSE(fs::exists(w + "/two-resumed/chunk-0.jsonl"));
   EXPECT_FALSE(fs::exists(w + "/two-a/chunk-3.jsonl"));
@@ -65,6 +67,7 @@ TEST(ModelEpGenerate, TwoRanksLowLatencyAreReproducibleAndSampleOneRanksTokens) 
     const std::string name = "/chunk-" + std::to_string(k) + ".jsonl";
     const std::string a = io::read_file(w + "/two-a" + name);
     EXPECT_EQ(a, io::read_file(w + "/two-b" + name)) << name << ": same R, two runs";
+    EXPECT_EQ(a, io::read_file(w + "/two-tcp" + name)) << name << ": tcp vs shm";
     if (k > 0) {
       EXPECT_EQ(a, io::read_file(w + "/two-resumed" + name)) << name << ": resumed";
     }
