@@ -96,7 +96,11 @@ export const cancelCommand: Command = {
         () => true,
         () => true,
       );
-      stopped = await Promise.race([closed, sleep(waitSeconds * 1000, false)]);
+      // The timer is cleared once the campaign closes, or it would keep the process alive.
+      const timer = new AbortController();
+      const timedOut = sleep(waitSeconds * 1000, false, { signal: timer.signal }).catch(() => false);
+      stopped = await Promise.race([closed, timedOut]);
+      timer.abort();
     }
     const checkpoint = await lastCommittedCheckpoint(client, id);
     const status = stopped ? executionStatus((await describeCampaign(client, id)).description) : 'cancelling';

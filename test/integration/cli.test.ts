@@ -392,46 +392,68 @@ describe('moerl CLI on the dev server', () => {
     );
   });
 
-  it('cancel: stops the campaign and reports its latest committed checkpoint', async () => {
-    const out = await cliJson<{
-      status: string;
-      latestCheckpoint: { iteration: number; key: string } | null;
-    }>('cancel', mainId);
-    assert.equal(out.status, 'cancelled');
-    const committed = recording.calls.filter(
-      (c) => c.campaignId === mainId && c.activity === 'commitCheckpoint' && c.outcome === 'ok',
-    );
-    const last = Math.max(...committed.map((c) => c.iteration));
-    assert.ok(last >= 2);
-    assert.equal(out.latestCheckpoint?.iteration, last);
-    assert.equal(
-      out.latestCheckpoint?.key,
-      `campaigns/${mainId}/checkpoints/${String(last).padStart(6, '0')}`,
-    );
-    assertOneLineError(await cli('cancel', mainId), 1, /is cancelled; there is nothing to cancel/);
-    assertOneLineError(await cli('pause', mainId), 1, /is cancelled; there is nothing to pause/);
-    const listed = await waitFor('cancelled in visibility', async () => {
-      const list = await cliJson<{ campaigns: { campaignId: string }[] }>('list', '--status', 'cancelled');
-      return list.campaigns.some((c) => c.campaignId === mainId) ? true : undefined;
-    });
-    assert.ok(listed);
-
-    const others = (
-      await cliJson<{ campaigns: { campaignId: string }[] }>('list', '--status', 'running')
-    ).campaigns
-      .map((c) => c.campaignId)
-      .filter((id) => id.startsWith(`${name}-`));
-    for (const id of others) {
-      const text = await cli('cancel', id);
-      // The short fork may complete between the list and the cancel.
-      if (text.code === 1 && /is completed; there is nothing to cancel/.test(text.stderr)) continue;
-      assert.equal(text.code, 0, text.stderr);
-      assert.match(
-        text.stdout,
-        new RegExp(`^${id} is (cancelled|completed)\\nlatest committed checkpoint: iteration \\d+ at `),
+  it(
+    'cancel (subprocess): stops the campaign, reports its latest committed checkpoint and exits without waiting out --wait-seconds',
+    { timeout: 120_000 },
+    async () => {
+      // A wait timer left running kept the process alive for the whole --wait-seconds.
+      const r = await new Promise<CliResult>((resolve, reject) => {
+        const args = ['cancel', mainId, '--wait-seconds', '600', '--json'];
+        const child = spawn(
+          process.execPath,
+          [bin, ...args, '--address', t.address, '--namespace', t.namespace],
+          {
+            cwd: root,
+          },
+        );
+        let stdout = '';
+        let stderr = '';
+        child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+        child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+        child.on('error', reject);
+        child.on('close', (code) => resolve({ code: code ?? -1, stdout, stderr }));
+      });
+      assert.equal(r.code, 0, r.stderr);
+      const out = JSON.parse(r.stdout) as {
+        status: string;
+        latestCheckpoint: { iteration: number; key: string } | null;
+      };
+      assert.equal(out.status, 'cancelled');
+      const committed = recording.calls.filter(
+        (c) => c.campaignId === mainId && c.activity === 'commitCheckpoint' && c.outcome === 'ok',
       );
-    }
-  });
+      const last = Math.max(...committed.map((c) => c.iteration));
+      assert.ok(last >= 2);
+      assert.equal(out.latestCheckpoint?.iteration, last);
+      assert.equal(
+        out.latestCheckpoint?.key,
+        `campaigns/${mainId}/checkpoints/${String(last).padStart(6, '0')}`,
+      );
+      assertOneLineError(await cli('cancel', mainId), 1, /is cancelled; there is nothing to cancel/);
+      assertOneLineError(await cli('pause', mainId), 1, /is cancelled; there is nothing to pause/);
+      const listed = await waitFor('cancelled in visibility', async () => {
+        const list = await cliJson<{ campaigns: { campaignId: string }[] }>('list', '--status', 'cancelled');
+        return list.campaigns.some((c) => c.campaignId === mainId) ? true : undefined;
+      });
+      assert.ok(listed);
+
+      const others = (
+        await cliJson<{ campaigns: { campaignId: string }[] }>('list', '--status', 'running')
+      ).campaigns
+        .map((c) => c.campaignId)
+        .filter((id) => id.startsWith(`${name}-`));
+      for (const id of others) {
+        const text = await cli('cancel', id);
+        // The short fork may complete between the list and the cancel.
+        if (text.code === 1 && /is completed; there is nothing to cancel/.test(text.stderr)) continue;
+        assert.equal(text.code, 0, text.stderr);
+        assert.match(
+          text.stdout,
+          new RegExp(`^${id} is (cancelled|completed)\\nlatest committed checkpoint: iteration \\d+ at `),
+        );
+      }
+    },
+  );
 
   it('an unknown campaign is a one-line error', async () => {
     for (const command of ['status', 'history', 'pause', 'resume', 'cancel'])
