@@ -35,6 +35,8 @@ export interface ToolRun {
 
 export interface RunToolOptions {
   env?: NodeJS.ProcessEnv;
+  /** The process sees `env` only, not the worker's environment with `env` added. */
+  replaceEnv?: boolean;
   /** Called for each stdout line that parses as a JSON object. */
   onRecord?: (record: Record<string, unknown>) => void | Promise<void>;
   /** Aborting kills the process (SIGTERM, then SIGKILL after 2 s). */
@@ -47,7 +49,7 @@ const stderrTailBytes = 4096;
 export function runTool(path: string, args: string[], opts: RunToolOptions = {}): Promise<ToolRun> {
   return new Promise((resolve, reject) => {
     const child = spawn(path, args, {
-      env: { ...process.env, ...opts.env },
+      env: opts.replaceEnv ? opts.env : { ...process.env, ...opts.env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let stderr = '';

@@ -8,11 +8,13 @@ import { ApplicationFailure, Context } from '@temporalio/activity';
 import { acquireCheckpoint } from './checkpoints.js';
 import { heartbeatUntilStopped } from './heartbeat.js';
 import * as keys from './layout.js';
-import { nativeToolPath, runTool, toolFailure } from './native.js';
+import { nativeToolPath } from './native.js';
 import { parseRolloutLine } from './rewards/rollout-record.js';
+import { runGenerateRanks } from './rollout-ranks.js';
 import type { ActivityDeps } from './deps.js';
 import type { ObjectStore } from './store/types.js';
 import type { RolloutShardInput, RolloutShardOutput } from './types.js';
+import type { CampaignSpec } from '../workflows/spec.js';
 
 /** Progress carried in heartbeat details from one attempt to the next. */
 interface RolloutProgress {
@@ -129,7 +131,7 @@ export async function rolloutShard(
       ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
       try {
         // prettier-ignore
-        const run = await runTool(
+        await runGenerateRanks(
           nativeToolPath('moe_generate', deps.binDir),
           [
             '--checkpoint', policyDir,
@@ -148,6 +150,9 @@ export async function rolloutShard(
             '--max-new-tokens', String(hp.maxNewTokens),
           ],
           {
+            // Specs of campaigns started before the field existed lack it: one rank, as then.
+            worldSize: (input.spec as Partial<CampaignSpec>).rolloutEpWorldSize ?? 1,
+            what: `moe_generate (iteration ${input.iteration}, shard ${input.shard})`,
             env: { OPENBLAS_NUM_THREADS: '1' },
             signal: stop.signal,
             onRecord: async (rec) => {
@@ -175,8 +180,6 @@ export async function rolloutShard(
             message: `rollout of iteration ${input.iteration} shard ${input.shard} stopped at chunk ${progress.chunksStored}/${total}: ${why}`,
           });
         }
-        if (run.code !== 0)
-          throw toolFailure(`moe_generate (iteration ${input.iteration}, shard ${input.shard})`, run);
       } finally {
         deps.shutdown.removeEventListener('abort', onShutdown);
         ctx.cancellationSignal.removeEventListener('abort', onShutdown);

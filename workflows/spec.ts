@@ -153,6 +153,9 @@ export const campaignSpecSchema = z
       'prompts per rollout chunk, all samples of each (the unit of redone work)',
     ),
     epWorldSize: positiveInt(4096),
+    rolloutEpWorldSize: positiveInt(4096)
+      .default(1)
+      .describe('moe_generate ranks per rollout shard (expert parallel; must divide model.experts)'),
     reward: rewardSchema
       .default({ kind: 'verifier' })
       .describe("the task's verifier, or an HTTP reward model"),
@@ -177,6 +180,12 @@ export const campaignSpecSchema = z
         code: 'custom',
         path: ['epWorldSize'],
         message: `model.experts (${s.model.experts}) must be divisible by epWorldSize (${s.epWorldSize})`,
+      });
+    if (s.model.experts % s.rolloutEpWorldSize !== 0)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['rolloutEpWorldSize'],
+        message: `model.experts (${s.model.experts}) must be divisible by rolloutEpWorldSize (${s.rolloutEpWorldSize})`,
       });
     if (s.rolloutShards > s.promptsPerIteration)
       ctx.addIssue({

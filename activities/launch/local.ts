@@ -38,7 +38,7 @@ export function rankEnvironment(env: NodeJS.ProcessEnv): Record<string, string> 
   );
 }
 
-function freeLoopbackPort(): Promise<number> {
+export function freeLoopbackPort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
     server.once('error', reject);
