@@ -171,6 +171,75 @@ describe('interruptions', () => {
     for (const r of redone) assert.ok(r <= 2, `at most one chunk per interrupted shard was redone (${r})`);
   });
 
+  test('Spot reclaim (SIGKILL) of a rollout on 2 expert-parallel ranks: identical results, at most one chunk redone', async () => {
+    const stop = new AbortController();
+    const deps = workerActivityDeps(stop.signal, {
+      ...process.env,
+      MOERL_CACHE_DIR: join(dir, 'cache-ep-main'),
+    });
+    const store = openStore(spec('x').store);
+    const epSpec = (name: string) => ({ ...spec(name), iterations: 1, rolloutEpWorldSize: 2 });
+    const reference = await withWorkers(
+      t.nativeConnection,
+      t.namespace,
+      createActivities(deps),
+      async (queues) => {
+        const handle = await startCampaign(t.client, epSpec('ep-reference'), queues);
+        await handle.result();
+        return handle.workflowId;
+      },
+    );
+
+    const queues = uniqueTaskQueues();
+    const generators = (worker: string) =>
+      execFileSync('ps', ['-eo', 'pid=,args='], { encoding: 'utf8' })
+        .split('\n')
+        .filter((l) => l.includes('moe_generate') && l.includes(join(dir, `cache-${worker}`)));
+    const outcome = await withWorkers(
+      t.nativeConnection,
+      t.namespace,
+      createActivities(deps),
+      async () => {
+        const first = spawnRolloutWorker(queues, 'ep-first');
+        const handle = await startCampaign(t.client, epSpec('ep-interrupted'), queues);
+        const id = handle.workflowId;
+        await waitFor(
+          'iteration 1 rollout to be under way',
+          async () => ((await chunksStored(store, id, 1)) >= 2 ? true : undefined),
+          60_000,
+          20,
+        );
+        const running = generators('ep-first').length;
+        process.kill(-first.pid!, 'SIGKILL'); // the node is gone, with every rank on it
+        await exited(first);
+        const second = spawnRolloutWorker(queues, 'ep-second');
+        try {
+          await handle.result();
+          return { id, running, state: await handle.query<CampaignState>('status') };
+        } finally {
+          second.kill('SIGTERM');
+          await exited(second);
+        }
+      },
+      queues,
+      ['control', 'train'],
+    );
+
+    assert.equal(outcome.running, 2 * 2, 'each of the 2 shards ran on 2 moe_generate ranks');
+    assert.deepEqual(generators('ep-first'), [], 'no rank outlived its worker');
+    const [want, got] = [await artifacts(store, reference), await artifacts(store, outcome.id)];
+    assert.ok(want.size >= 2 * 32 + 2, `rollout chunks and rewards files (${want.size})`);
+    assert.equal(got.size, want.size);
+    for (const [key, text] of want)
+      assert.equal(got.get(key), text, `${key} matches the uninterrupted EP-2 run`);
+    const redone = outcome.state.recentIterations.map((it) => it.chunksRedone);
+    console.log(
+      `spot interruption, rollout EP 2: rollout retries ${outcome.state.retries.rollout}, chunks redone ${JSON.stringify(redone)} (2 shards interrupted, 32 chunks each)`,
+    );
+    assert.ok(outcome.state.retries.rollout >= 2, 'both interrupted shards were retried');
+    for (const r of redone) assert.ok(r <= 2, `at most one chunk per interrupted shard was redone (${r})`);
+  });
+
   test('a trainer rank killed mid-update: the update is retried and commits what an uninterrupted run commits', async () => {
     const stop = new AbortController();
     const cache = join(dir, 'cache-train');
