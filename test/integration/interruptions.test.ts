@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import * as keys from '../../activities/layout.js';
+import { parseRolloutLine } from '../../activities/rewards/rollout-record.js';
 import { openStore } from '../../activities/store/index.js';
 import type { ObjectStore } from '../../activities/store/index.js';
 import type { CampaignSpec } from '../../workflows/spec.js';
@@ -179,14 +180,19 @@ describe('interruptions', () => {
     });
     const store = openStore(spec('x').store);
     const epSpec = (name: string) => ({ ...spec(name), iterations: 1, rolloutEpWorldSize: 2 });
-    const reference = await withWorkers(
+    // Uninterrupted references: the same campaign, and one whose rollout runs on one rank.
+    const [reference, oneRank] = await withWorkers(
       t.nativeConnection,
       t.namespace,
       createActivities(deps),
       async (queues) => {
-        const handle = await startCampaign(t.client, epSpec('ep-reference'), queues);
-        await handle.result();
-        return handle.workflowId;
+        const ids: string[] = [];
+        for (const s of [epSpec('ep-reference'), { ...epSpec('ep1-reference'), rolloutEpWorldSize: 1 }]) {
+          const handle = await startCampaign(t.client, s, queues);
+          await handle.result();
+          ids.push(handle.workflowId);
+        }
+        return ids;
       },
     );
 
@@ -227,14 +233,31 @@ describe('interruptions', () => {
 
     assert.equal(outcome.running, 2 * 2, 'each of the 2 shards ran on 2 moe_generate ranks');
     assert.deepEqual(generators('ep-first'), [], 'no rank outlived its worker');
-    const [want, got] = [await artifacts(store, reference), await artifacts(store, outcome.id)];
+    const [want, got] = [await artifacts(store, reference!), await artifacts(store, outcome.id)];
     assert.ok(want.size >= 2 * 32 + 2, `rollout chunks and rewards files (${want.size})`);
     assert.equal(got.size, want.size);
     for (const [key, text] of want)
       assert.equal(got.get(key), text, `${key} matches the uninterrupted EP-2 run`);
+    // One rank samples the same tokens; log-probs differ by rounding only (docs/native-model.md).
+    let worst = 0;
+    for (const [key, text] of await artifacts(store, oneRank!)) {
+      if (!key.startsWith('rollouts/')) continue;
+      const [a, b] = [text, want.get(key)!].map((t) =>
+        t
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => parseRolloutLine(l, { source: key, line: 0 })),
+      );
+      assert.equal(a!.length, b!.length, key);
+      a!.forEach((r, i) => {
+        assert.deepEqual(b![i]!.tokens, r.tokens, `${key} sample ${i}: EP 2 samples EP 1's tokens`);
+        r.logprobs.forEach((lp, j) => (worst = Math.max(worst, Math.abs(lp - b![i]!.logprobs[j]!))));
+      });
+    }
+    assert.ok(worst <= 2e-6, `log-probs of EP 1 and EP 2 within rounding (${worst})`);
     const redone = outcome.state.recentIterations.map((it) => it.chunksRedone);
     console.log(
-      `spot interruption, rollout EP 2: rollout retries ${outcome.state.retries.rollout}, chunks redone ${JSON.stringify(redone)} (2 shards interrupted, 32 chunks each)`,
+      `spot interruption, rollout EP 2 (largest |log-prob EP 2 - EP 1| ${worst.toExponential(2)}): rollout retries ${outcome.state.retries.rollout}, chunks redone ${JSON.stringify(redone)} (2 shards interrupted, 32 chunks each)`,
     );
     assert.ok(outcome.state.retries.rollout >= 2, 'both interrupted shards were retried');
     for (const r of redone) assert.ok(r <= 2, `at most one chunk per interrupted shard was redone (${r})`);
