@@ -5,6 +5,7 @@
 import { ApplicationFailure } from '@temporalio/common';
 import { Context } from '@temporalio/activity';
 import { commitCheckpoint } from './checkpoints.js';
+import { withHeartbeat } from './heartbeat.js';
 import type { ActivityDeps } from './deps.js';
 import { computeRewards } from './reward.js';
 import { BadInputError, RewardModelError, toApplicationFailure } from './rewards/errors.js';
@@ -58,14 +59,18 @@ function mapped<I, O>(fn: (deps: ActivityDeps, input: I) => Promise<O>, deps: Ac
 }
 
 async function commit(deps: ActivityDeps, input: CheckpointInput): Promise<CheckpointOutput> {
-  const out = await commitCheckpoint(deps.openStore(input.spec.store), input.staged, {
-    meanReward: input.meanReward,
-    keepLast: input.spec.retention.keepLast,
-    keepBest: input.spec.retention.keepBest,
-    keepIteration: input.referenceIteration,
-    protectIterations: input.protectIterations ?? [],
-    now: new Date(),
-  });
+  const out = await withHeartbeat(
+    () => ({ committing: input.staged.key }),
+    () =>
+      commitCheckpoint(deps.openStore(input.spec.store), input.staged, {
+        meanReward: input.meanReward,
+        keepLast: input.spec.retention.keepLast,
+        keepBest: input.spec.retention.keepBest,
+        keepIteration: input.referenceIteration,
+        protectIterations: input.protectIterations ?? [],
+        now: new Date(),
+      }),
+  );
   return { ...out, attempt: Context.current().info.attempt };
 }
 

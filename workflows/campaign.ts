@@ -21,7 +21,7 @@ import { badInputErrorType } from '../activities/types.js';
 import type { CampaignActivities, CheckpointRef, StagedCheckpoint } from '../activities/types.js';
 import { pauseSignal, resumeSignal, setHyperparametersUpdate, statusQuery } from './messages.js';
 import { campaignStatusKey, iterationKey, meanRewardKey } from './search-attributes.js';
-import { validateHyperparameterChange } from './spec.js';
+import { defaultCommitHeartbeatSeconds, validateHyperparameterChange } from './spec.js';
 import type { CampaignSpec } from './spec.js';
 import * as st from './state.js';
 import * as summaries from './summaries.js';
@@ -59,9 +59,13 @@ function stageActivities(spec: CampaignSpec, queues: TaskQueues) {
       nonRetryableErrorTypes,
     },
   };
+  // A commit heartbeats on a timer, so a control worker lost mid-commit (or a completion the
+  // server never got) is retried within a heartbeat timeout, not after the 30-minute limit.
   const control: ActivityOptions = {
     taskQueue: queues.control,
     startToCloseTimeout: '30 minutes',
+    // A campaign started before the field existed carries a spec without it.
+    heartbeatTimeout: `${(o as Partial<typeof o>).commitHeartbeatSeconds ?? defaultCommitHeartbeatSeconds} seconds`,
     retry: {
       initialInterval: '1 second',
       maximumInterval: '30 seconds',

@@ -123,6 +123,9 @@ const rewardSchema = z.discriminatedUnion('kind', [
   }),
 ]);
 
+/** Also the value for specs of campaigns started before the field existed. */
+export const defaultCommitHeartbeatSeconds = 60;
+
 const orchestrationSchema = z.strictObject({
   continueAsNewEvery: positiveInt(10000)
     .default(50)
@@ -134,6 +137,11 @@ const orchestrationSchema = z.strictObject({
       'attempts of one rollout shard in a row that may fail on a worker that stays alive before the campaign pauses (lost workers do not count)',
     ),
   updateHeartbeatSeconds: positiveInt(3600).default(120),
+  commitHeartbeatSeconds: positiveInt(3600)
+    .default(defaultCommitHeartbeatSeconds)
+    .describe(
+      'heartbeat timeout of a checkpoint commit: how soon a commit on a lost control worker is retried',
+    ),
   updateMaxAttempts: positiveInt(100).default(4),
   stageTimeoutMinutes: positiveInt(7 * 24 * 60).default(240),
 });

@@ -52,6 +52,36 @@ describe('long-campaign defects (workflow)', () => {
     });
   });
 
+  test('a commit attempt whose worker went silent is retried within the commit heartbeat timeout', async () => {
+    // The first commit attempt of iteration 1 neither heartbeats nor answers for 60 s: without a
+    // heartbeat timeout the server waited out the 30-minute start-to-close limit.
+    const { activities, calls } = createRecordingTestActivities({
+      silentMsWhen: (c) =>
+        c.activity === 'commitCheckpoint' && c.iteration === 1 && c.attempt === 1 ? 60_000 : undefined,
+    });
+    await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
+      const spec = testSpec({ iterations: 2, orchestration: { commitHeartbeatSeconds: 2 } });
+      const handle = await startCampaign(t.client, spec, queues);
+      const result = await Promise.race([
+        handle.result(),
+        new Promise<never>((_, reject) => {
+          const timer = setTimeout(
+            () => reject(new Error('the campaign waited on the silent commit')),
+            40_000,
+          );
+          timer.unref();
+        }),
+      ]);
+      assert.equal(result.status, 'completed');
+      const commits = calls.filter((c) => c.activity === 'commitCheckpoint' && c.iteration === 1);
+      assert.deepEqual(
+        commits.map((c) => c.attempt),
+        [1, 2],
+        'the silent attempt, then its retry',
+      );
+    });
+  });
+
   test('retention is told which checkpoints the one-step-off rollout still samples from', async () => {
     const { activities, calls } = createRecordingTestActivities({
       delayMs: { rolloutShard: 200, updatePolicy: 400 },

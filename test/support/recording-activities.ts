@@ -37,6 +37,11 @@ export interface RecordingOptions {
   delayMs?: Partial<Record<ActivityName, number>>;
   /** Return an error to throw for this call (retryable unless it is an ApplicationFailure saying otherwise). */
   failWhen?: (call: RecordedCall) => Error | undefined;
+  /**
+   * Milliseconds this call neither heartbeats nor answers before it goes on: what a lost worker,
+   * or a completion the server never got, looks like to the server.
+   */
+  silentMsWhen?: (call: RecordedCall) => number | undefined;
   /** Mean reward reported for an iteration; default rises with the iteration. */
   rewardFor?: (iteration: number) => number;
 }
@@ -67,6 +72,8 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
     };
     calls.push(call);
     try {
+      const silentMs = opts.silentMsWhen?.(call);
+      if (silentMs !== undefined) await sleep(silentMs); // no heartbeat; ends early on cancellation
       const delay = opts.delayMs?.[activity] ?? 0;
       for (let waited = 0; waited < delay; waited += 50) {
         Context.current().heartbeat();
