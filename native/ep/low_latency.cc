@@ -1,11 +1,16 @@
 // Low-latency dispatch (see low_latency.h): pack every (token, top-k slot) pair into the
-// staging block of its destination, grouped by the destination's local expert, and post one
-// message per (peer, local expert) straight into that slot of the peer's receive buffer, plus
-// one signal per peer with the counts (and fp8 scales). Receives are posted at the same time
-// as the sends, so nothing waits for a count before the payload moves.
+// message of its destination, grouped by the destination's local expert, behind a header
+// with the counts and fp8 scales. Packed (small slot messages, low_latency_detail.h): post
+// ONE message per peer, received at full capacity; the receiver copies each expert's rows
+// into its slot (the slot layout of recv_x is public, so the views cannot point into the
+// message). Per slot: one message per (peer, local expert) straight into the peer's slot,
+// plus the header as a signal. Receives are posted at the same time as the sends, so nothing
+// waits for a count before the payload moves.
 //
-// Tags: a dispatch takes ceil(L/256)+1 operation numbers: (op + e/256, part e%256) is the
-// message for local expert e, the last operation carries the signal. Combine takes ceil(L/256).
+// Tags: packed, a dispatch takes one operation number (part 0). Per slot, it takes
+// ceil(L/256)+1: (op + e/256, part e%256) is the message for local expert e, the last
+// operation carries the signal. Combine (either way one message per slot, straight from y: a
+// gather into one message per peer measured slower) takes ceil(L/256).
 #include "ep/low_latency.h"
 
 #include <algorithm>  // std::min, std::max
@@ -56,11 +61,20 @@ LowLatencyBuffer::LowLatencyBuffer(transport::Communicator& comm, const LowLaten
   const int64_t S = c.dispatch_dtype == DType::F8E4M3 ? C / kFp8BlockSize : 0;
   capacity_ = c.num_max_tokens_per_slot > 0 ? c.num_max_tokens_per_slot : int(T_max);
   row_bytes_ = size_t(C) * dtype_bytes(c.dispatch_dtype);
-  // A slot is received as one message, posted at full size while the sender sends only the
-  // rows it has: both must be one chunk for the communicator (it splits above 1 GiB).
-  MOERL_CHECK_INPUT(size_t(capacity_) * row_bytes_ <= (size_t(1) << 30), "low-latency buffer: a "
-                    "slot of ", capacity_, " rows x ", row_bytes_, " bytes exceeds 1 GiB; lower "
+  // A source sends at most T_max*K pairs in all and at most P per expert, so each message
+  // is bounded by that, whatever the routing; combine's returns likewise (fp32 rows at most).
+  const size_t max_rows = size_t(std::min<int64_t>(T_max * K, int64_t(L) * capacity_));
+  const size_t message_bytes = message::bytes(L, max_rows, row_bytes_, size_t(S));
+  const bool packed = packs_per_peer(c, row_bytes_);
+  // A message is received at full capacity while the sender sends only the rows it has: both
+  // must be one chunk for the communicator (it splits above 1 GiB).
+  MOERL_CHECK_INPUT(!packed || message_bytes <= (size_t(1) << 30), "low-latency buffer: a "
+                    "per-peer message of up to ", max_rows, " rows x ", row_bytes_, " bytes "
+                    "exceeds 1 GiB; lower num_max_dispatch_tokens_per_rank or "
                     "num_max_tokens_per_slot");
+  MOERL_CHECK_INPUT(packed || size_t(capacity_) * row_bytes_ <= (size_t(1) << 30),
+                    "low-latency buffer: a slot of ", capacity_, " rows x ", row_bytes_,
+                    " bytes exceeds 1 GiB; lower num_max_tokens_per_slot");
   const int64_t slot_rows = int64_t(L) * R * capacity_;
   recv_x_.resize(size_t(slot_rows) * row_bytes_);
   recv_x_scales_.resize(size_t(slot_rows * S));
@@ -72,18 +86,14 @@ LowLatencyBuffer::LowLatencyBuffer(transport::Communicator& comm, const LowLaten
   reduce_rows_.assign(size_t(K), nullptr);
   reduce_weights_.assign(size_t(K), 0.0f);
   peers_.resize(size_t(R));
-  // A source sends at most T_max*K pairs in all, so each staging block and signal is bounded
-  // by that, whatever the routing; combine's returns likewise (fp32 rows at most).
   const size_t max_pairs = size_t(T_max * K);
   for (int r = 0; r < R; ++r) {
     Peer& p = peers_[size_t(r)];
     p.count.assign(size_t(L), 0);
     p.offset.assign(size_t(L) + 1, 0);
     if (r == comm_.rank()) continue;
-    p.send_rows.resize(max_pairs * row_bytes_);
-    const size_t signal_bytes = signal::bytes(L, max_pairs * size_t(S));
-    p.signal_out.resize(signal_bytes);
-    p.signal_in.resize(signal_bytes);
+    p.send_msg.resize(message_bytes);
+    p.recv_msg.resize(packed ? message_bytes : message::signal_bytes(L, max_rows, size_t(S)));
   }
   if (R > 1) combine_recv_.resize(max_pairs * size_t(C) * sizeof(float));
 }
@@ -152,8 +162,9 @@ void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
       scales = recv_x_scales_.data() + row * S;
     } else {
       const int64_t row = p.offset[size_t(le)] + pos;
-      dst = p.send_rows.data() + size_t(row) * row_bytes_;
-      scales = signal::scales(p.signal_out.data(), L) + row * S;
+      dst = message::rows(p.send_msg.data(), L, size_t(p.offset[size_t(L)]), size_t(S)) +
+            size_t(row) * row_bytes_;
+      scales = message::scales(p.send_msg.data(), L) + row * S;
     }
     const uint8_t* src = xb + size_t(i / K) * x_row_bytes;
     if (!is_fp8) {
@@ -168,32 +179,41 @@ void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
   for (int e = 0; e < L; ++e)
     recv_count_[size_t(e) * R + self] = std::min(peers_[size_t(self)].count[size_t(e)], P);
 
-  // Post: receives into this rank's slots, sends of the staging blocks, signals.
-  const int expert_ops = (L + 255) / 256;
+  // Post: per peer the receive of its message (packed: all of it; per slot: its signal,
+  // and the slots), then the sends.
+  const bool packed = packs_per_peer(config_, row_bytes_);
+  const int expert_ops = packed ? 0 : (L + 255) / 256;
   uint32_t op = 0;
   for (int i = 0; i < expert_ops + 1; ++i) {
     const uint32_t o = comm_.begin_op();
     if (i == 0) op = o;
   }
+  const uint32_t signal_op = op + uint32_t(expert_ops);
   dispatch_begin_ = comm_.num_posted();
   for (int r = 0; r < R; ++r) {
     if (r == self) continue;
     Peer& p = peers_[size_t(r)];
-    signal::fill(p.signal_out.data(), L, p.count.data(), overflow_.rank, overflow_.local_expert,
-                 overflow_.count);
-    comm_.post_recv(r, p.signal_in.data(), p.signal_in.size(), op + uint32_t(expert_ops), 0);
+    const size_t n = size_t(p.offset[size_t(L)]);
+    message::fill(p.send_msg.data(), L, p.count.data(), overflow_.rank, overflow_.local_expert,
+                  overflow_.count);
+    comm_.post_recv(r, p.recv_msg.data(), p.recv_msg.size(), signal_op, 0);
+    if (packed) {
+      comm_.post_send(r, p.send_msg.data(), message::bytes(L, n, row_bytes_, size_t(S)),
+                      signal_op, 0);
+      continue;
+    }
     for (int e = 0; e < L; ++e) {
       const int64_t row = (int64_t(e) * R + r) * P;
       comm_.post_recv(r, recv_x_.data() + size_t(row) * row_bytes_, size_t(P) * row_bytes_,
                       op + uint32_t(e / 256), e % 256);
     }
+    const uint8_t* rows = message::rows(p.send_msg.data(), L, n, size_t(S));
     for (int e = 0; e < L; ++e) {
-      const int64_t rows = p.offset[size_t(e) + 1] - p.offset[size_t(e)];
-      comm_.post_send(r, p.send_rows.data() + size_t(p.offset[size_t(e)]) * row_bytes_,
-                      size_t(rows) * row_bytes_, op + uint32_t(e / 256), e % 256);
+      const int64_t m = p.offset[size_t(e) + 1] - p.offset[size_t(e)];
+      comm_.post_send(r, rows + size_t(p.offset[size_t(e)]) * row_bytes_, size_t(m) * row_bytes_,
+                      op + uint32_t(e / 256), e % 256);
     }
-    comm_.post_send(r, p.signal_out.data(), signal::bytes(L, size_t(p.offset[size_t(L)] * S)),
-                    op + uint32_t(expert_ops), 0);
+    comm_.post_send(r, p.send_msg.data(), message::signal_bytes(L, n, size_t(S)), signal_op, 0);
   }
   dispatch_end_ = comm_.num_posted();
   topk_idx_ = topk_idx;
@@ -205,6 +225,7 @@ void LowLatencyBuffer::dispatch_recv(LowLatencyRecv& out) {
   MOERL_CHECK_INPUT(state_ == 1, "low-latency dispatch_recv: no dispatch_send in flight");
   const int R = num_ranks(), self = comm_.rank(), L = num_local_experts(), P = capacity_;
   const int64_t S = config_.dispatch_dtype == DType::F8E4M3 ? config_.hidden / kFp8BlockSize : 0;
+  const bool is_packed = packs_per_peer(config_, row_bytes_);
   state_ = 0;  // whatever happens below, this dispatch is over
   if (R > 1) comm_.wait_range(dispatch_begin_, dispatch_end_, "low-latency dispatch");
   // Every rank reports its own overflow to every peer, so every rank throws the same error
@@ -217,18 +238,25 @@ void LowLatencyBuffer::dispatch_recv(LowLatencyRecv& out) {
                                     overflow_.count, P);
       continue;
     }
-    const uint8_t* signal = peers_[size_t(s)].signal_in.data();
-    const int32_t* head = signal::header(signal);
+    const uint8_t* m = peers_[size_t(s)].recv_msg.data();
+    const int32_t* head = message::header(m);
     if (overflow.empty() && head[0] >= 0)
       overflow = overflow_message(s, head[0], head[1], L, head[2], P);
-    const int32_t* counts = signal::counts(signal);
-    const float* scales = signal::scales(signal, L);
+    const int32_t* counts = message::counts(m);
+    size_t total = 0;
+    for (int e = 0; e < L; ++e) total += size_t(std::min(counts[e], P));
+    const uint8_t* rows = message::rows(m, L, total, size_t(S));
+    const float* scales = message::scales(m, L);
     int64_t packed = 0;
     for (int e = 0; e < L; ++e) {
       const int32_t n = std::min(counts[e], P);
       recv_count_[size_t(e) * R + s] = n;
+      const int64_t slot = (int64_t(e) * R + s) * P;
+      if (is_packed)
+        std::memcpy(recv_x_.data() + size_t(slot) * row_bytes_,
+                    rows + size_t(packed) * row_bytes_, size_t(n) * row_bytes_);
       if (S > 0)
-        std::memcpy(recv_x_scales_.data() + ((int64_t(e) * R + s) * P) * S, scales + packed * S,
+        std::memcpy(recv_x_scales_.data() + slot * S, scales + packed * S,
                     size_t(n * S) * sizeof(float));
       packed += n;
     }
