@@ -5,8 +5,6 @@ import { join, resolve } from 'node:path';
 import { describeCampaign } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { UsageError } from '../errors.js';
-import { collectReport } from '../report/collect.js';
-import { buildReport, writeReport } from '../report/index.js';
 import { resolvePrices } from '../report/prices.js';
 
 /** The campaign's page in the Temporal UI, from the UI's base URL. */
@@ -67,6 +65,12 @@ The page needs no network: the charting library is inside it. With --json the re
     // Bad prices or a bad URL fail before anything is read; node counts default from the spec.
     resolvePrices(flags, undefined);
     const ui = uiLink(ctx.string('ui') ?? ctx.io.env.MOERL_TEMPORAL_UI, ctx.temporal().namespace, id);
+    // Loaded only when a report is made: the store's S3 client and the page's renderer would
+    // slow every other command's start.
+    const [{ collectReport }, { buildReport, writeReport }] = await Promise.all([
+      import('../report/collect.js'),
+      import('../report/index.js'),
+    ]);
     const client = await ctx.client();
     await describeCampaign(client, id);
     const source = await collectReport(client, id);
