@@ -149,6 +149,11 @@ describe('LocalLauncher (real rank programs)', { skip: tools.skip }, () => {
     const ranks = await ranksRunning(join(work, 'orphan'));
     const pid = Number(readFileSync(join(work, 'orphan', 'supervisor.pid'), 'utf8'));
     process.kill(pid, 'SIGKILL'); // the supervisor alone: its ranks are orphaned in its group
+    // The signal lands when the kernel next runs it: on a loaded host, not at once.
+    for (let waited = 0; processesNaming(join(work, 'orphan')).includes(pid); waited += 50) {
+      if (waited > 10_000) throw new Error(`the supervisor ${pid} outlived SIGKILL by 10 s`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
     const again = await new LocalLauncher(work, env).launch(spec('orphan', 1));
     assert.equal(again.adopted, false, 'a job without its supervisor is not adopted');
     assert.equal((await again.wait()).state, 'succeeded');
