@@ -1,6 +1,7 @@
 // The contract between the campaign workflow and its activities: inputs and outputs carry keys
 // and small summaries only (each payload well under 64 KB); bulk data lives in the object store.
 import type { CampaignSpec, Hyperparameters } from '../workflows/spec.js';
+import type { StageName } from '../workflows/types.js';
 
 /** Where a campaign's artifacts live: the spec's store section (no credentials, ever). */
 export type StoreLocation = CampaignSpec['store'];
@@ -147,6 +148,15 @@ export interface CampaignActivities {
   updatePolicy(input: UpdateInput): Promise<UpdateOutput>;
   commitCheckpoint(input: CheckpointInput): Promise<CheckpointOutput>;
 }
+
+/** The stage each activity runs: how the history and the metrics name an activity. */
+export const stageOfActivity: Record<keyof CampaignActivities, StageName> = {
+  preparePolicy: 'prepare',
+  rolloutShard: 'rollout',
+  computeRewards: 'reward',
+  updatePolicy: 'update',
+  commitCheckpoint: 'checkpoint',
+};
 
 /** Error type names the workflow treats as non-retryable: the input is wrong, retrying cannot help. */
 export const badInputErrorType = 'BadInput';

@@ -11,6 +11,7 @@ import type {
   RolloutShardOutput,
   UpdateOutput,
 } from '../activities/types.js';
+import { stageOfActivity } from '../activities/types.js';
 import type { CampaignInput, HyperparameterChange, StageName } from '../workflows/types.js';
 import { isNotFound, notFound } from './campaigns.js';
 
@@ -25,14 +26,6 @@ type ProtoFailure = {
 } | null;
 type Timestamp =
   { seconds?: number | { toNumber(): number } | null; nanos?: number | null } | null | undefined;
-
-const stageOf: Record<keyof CampaignActivities, StageName> = {
-  preparePolicy: 'prepare',
-  rolloutShard: 'rollout',
-  computeRewards: 'reward',
-  updatePolicy: 'update',
-  commitCheckpoint: 'checkpoint',
-};
 
 /** One scheduled activity as the history tells it. */
 export interface ActivityRecord {
@@ -224,11 +217,11 @@ export function readRunEvents(
     } else if (event.activityTaskScheduledEventAttributes) {
       const a = event.activityTaskScheduledEventAttributes;
       const activity = a.activityType?.name as keyof CampaignActivities;
-      if (!(activity in stageOf)) continue;
+      if (!(activity in stageOfActivity)) continue;
       const record: ActivityRecord = {
         activityId: a.activityId ?? '',
         activity,
-        stage: stageOf[activity],
+        stage: stageOfActivity[activity],
         ...iterationOf(activity, decode(a.input)),
         runId,
         scheduledAt: at,

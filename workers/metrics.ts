@@ -16,7 +16,7 @@ import type {
   RolloutShardOutput,
   UpdateOutput,
 } from '../activities/types.js';
-import { badInputErrorType } from '../activities/types.js';
+import { badInputErrorType, stageOfActivity } from '../activities/types.js';
 import { campaignStatusKey } from '../workflows/search-attributes.js';
 import type { CampaignStatus, StageName } from '../workflows/types.js';
 
@@ -35,15 +35,6 @@ const knownReasons = new Set([
   'StoreAuth',
   'NotSupported',
 ]);
-
-/** The stage each activity runs, the `stage` label of every per-attempt metric. */
-const stageOf: Record<keyof CampaignActivities, StageName> = {
-  preparePolicy: 'prepare',
-  rolloutShard: 'rollout',
-  computeRewards: 'reward',
-  updatePolicy: 'update',
-  commitCheckpoint: 'checkpoint',
-};
 
 /** Server-side timeouts by TimeoutType wire number (temporal.api.enums.v1.TimeoutType). */
 const timeoutReasons: Record<number, string> = {
@@ -326,7 +317,7 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
   };
 
   function wrap<I, O>(activity: keyof CampaignActivities, fn: (input: I) => Promise<O>) {
-    const stage = stageOf[activity];
+    const stage = stageOfActivity[activity];
     return async (input: I): Promise<O> => {
       const ctx = Context.current();
       attempts.inc({ stage });

@@ -50,6 +50,19 @@ function assertOneLineError(r: CliResult, code: number, pattern: RegExp): void {
 }
 
 const commandNames = commands.map((c) => c.name);
+/** Runs `bin/moerl.js` with `args` as a process of its own. */
+function cliProcess(...args: string[]): Promise<CliResult> {
+  return new Promise<CliResult>((resolve, reject) => {
+    const child = spawn(process.execPath, [bin, ...args], { cwd: root });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code: code ?? -1, stdout, stderr }));
+  });
+}
+
 describe('moerl CLI on the dev server', () => {
   let t: TestEnvironment;
   let dir: string;
@@ -136,15 +149,7 @@ describe('moerl CLI on the dev server', () => {
   });
 
   it('bin/moerl.js --help lists every command (subprocess)', async () => {
-    const r = await new Promise<CliResult>((resolve, reject) => {
-      const child = spawn(process.execPath, [bin, '--help'], { cwd: root });
-      let stdout = '';
-      let stderr = '';
-      child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-      child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-      child.on('error', reject);
-      child.on('close', (code) => resolve({ code: code ?? -1, stdout, stderr }));
-    });
+    const r = await cliProcess('--help');
     assert.equal(r.code, 0, r.stderr);
     for (const command of commandNames) assert.match(r.stdout, new RegExp(`^  ${command} `, 'm'), command);
     assert.match(r.stdout, /--json/);
@@ -397,22 +402,10 @@ describe('moerl CLI on the dev server', () => {
     { timeout: 120_000 },
     async () => {
       // A wait timer left running kept the process alive for the whole --wait-seconds.
-      const r = await new Promise<CliResult>((resolve, reject) => {
-        const args = ['cancel', mainId, '--wait-seconds', '600', '--json'];
-        const child = spawn(
-          process.execPath,
-          [bin, ...args, '--address', t.address, '--namespace', t.namespace],
-          {
-            cwd: root,
-          },
-        );
-        let stdout = '';
-        let stderr = '';
-        child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
-        child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-        child.on('error', reject);
-        child.on('close', (code) => resolve({ code: code ?? -1, stdout, stderr }));
-      });
+      const r = await cliProcess(
+        ...['cancel', mainId, '--wait-seconds', '600', '--json'],
+        ...['--address', t.address, '--namespace', t.namespace],
+      );
       assert.equal(r.code, 0, r.stderr);
       const out = JSON.parse(r.stdout) as {
         status: string;
