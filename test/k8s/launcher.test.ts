@@ -129,6 +129,18 @@ async function replacementOf(namespace: string, name: string, replaced: V1Pod | 
 
 /** What a kubelet reports for a pod whose rank container it stopped: Failed, with the exit code. */
 async function stopLikeKubelet(namespace: string, name: string, exitCode: number): Promise<void> {
+  // Others write the pod's status too (kwok, the eviction's conditions): on a conflict, read it
+  // again and retry, as a kubelet does.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await replacePodStatusStopped(namespace, name, exitCode);
+    } catch (err) {
+      if ((err as { code?: number }).code !== 409 || attempt >= 5) throw err;
+    }
+  }
+}
+
+async function replacePodStatusStopped(namespace: string, name: string, exitCode: number): Promise<void> {
   const pod = await core.readNamespacedPod({ namespace, name });
   const finishedAt = new Date();
   pod.status = {
