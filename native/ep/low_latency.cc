@@ -1,5 +1,5 @@
-// Low-latency dispatch (see low_latency.h): pack every (token, top-k slot) pair into the
-// message of its destination, grouped by the destination's local expert, behind a header
+// Low-latency dispatch (see low_latency.h): quantize each token once (fp8), then pack every
+// (token, top-k slot) pair into the message of its destination, grouped by the destination's local expert, behind a header
 // with the counts and fp8 scales. Packed (small slot messages, low_latency_detail.h): post
 // ONE message per peer, received at full capacity; the receiver copies each expert's rows
 // into its slot (the slot layout of recv_x is public, so the views cannot point into the
@@ -65,14 +65,14 @@ LowLatencyBuffer::LowLatencyBuffer(transport::Communicator& comm, const LowLaten
   // is bounded by that, whatever the routing; combine's returns likewise (fp32 rows at most).
   const size_t max_rows = size_t(std::min<int64_t>(T_max * K, int64_t(L) * capacity_));
   const size_t message_bytes = message::bytes(L, max_rows, row_bytes_, size_t(S));
-  const bool packed = packs_per_peer(c, row_bytes_);
+  packed_ = packs_per_peer(c, row_bytes_);
   // A message is received at full capacity while the sender sends only the rows it has: both
   // must be one chunk for the communicator (it splits above 1 GiB).
-  MOERL_CHECK_INPUT(!packed || message_bytes <= (size_t(1) << 30), "low-latency buffer: a "
+  MOERL_CHECK_INPUT(!packed_ || message_bytes <= (size_t(1) << 30), "low-latency buffer: a "
                     "per-peer message of up to ", max_rows, " rows x ", row_bytes_, " bytes "
                     "exceeds 1 GiB; lower num_max_dispatch_tokens_per_rank or "
                     "num_max_tokens_per_slot");
-  MOERL_CHECK_INPUT(packed || size_t(capacity_) * row_bytes_ <= (size_t(1) << 30),
+  MOERL_CHECK_INPUT(packed_ || size_t(capacity_) * row_bytes_ <= (size_t(1) << 30),
                     "low-latency buffer: a slot of ", capacity_, " rows x ", row_bytes_,
                     " bytes exceeds 1 GiB; lower num_max_tokens_per_slot");
   const int64_t slot_rows = int64_t(L) * R * capacity_;
@@ -81,6 +81,8 @@ LowLatencyBuffer::LowLatencyBuffer(transport::Communicator& comm, const LowLaten
   recv_count_.assign(size_t(L) * R, 0);
   num_recv_tokens_per_expert_.assign(size_t(L), 0);
   pair_row_.assign(size_t(T_max * K), -1);
+  fp8_x_.resize(S > 0 ? size_t(T_max * C) : 0);
+  fp8_scales_.resize(size_t(T_max * S));
   combine_offset_.assign(size_t(R) * L + 1, 0);
   accumulator_.assign(size_t(C), 0.0f);
   reduce_rows_.assign(size_t(K), nullptr);
@@ -93,7 +95,7 @@ LowLatencyBuffer::LowLatencyBuffer(transport::Communicator& comm, const LowLaten
     p.offset.assign(size_t(L) + 1, 0);
     if (r == comm_.rank()) continue;
     p.send_msg.resize(message_bytes);
-    p.recv_msg.resize(packed ? message_bytes : message::signal_bytes(L, max_rows, size_t(S)));
+    p.recv_msg.resize(packed_ ? message_bytes : message::signal_bytes(L, max_rows, size_t(S)));
   }
   if (R > 1) combine_recv_.resize(max_pairs * size_t(C) * sizeof(float));
 }
@@ -145,9 +147,27 @@ void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
     }
   }
 
-  // Pass 2: pack (this rank's own pairs go straight into its slots).
+  // Pass 2 (fp8): quantize each token once into fp8_x_ [T, C] + fp8_scales_ [T, S]; with
+  // top-K a token has up to K pairs, and quantizing costs several memcpys of its row. Tokens
+  // with no expert are skipped.
   const uint8_t* xb = static_cast<const uint8_t*>(x.data);
   const size_t x_row_bytes = size_t(C) * dtype_bytes(x.dtype);
+  for (int64_t t = 0; t < (is_fp8 ? T : 0); ++t) {
+    bool routed = false;
+    for (int k = 0; k < K; ++k) routed |= topk_idx[t * K + k] >= 0;
+    if (!routed) continue;
+    const uint8_t* src = xb + size_t(t) * x_row_bytes;
+    uint8_t* q = fp8_x_.data() + size_t(t * C);
+    float* scales = fp8_scales_.data() + t * S;
+    if (x.dtype == DType::F32)
+      quantize_fp8_row(reinterpret_cast<const float*>(src), C, q, scales);
+    else
+      quantize_fp8_row(reinterpret_cast<const uint16_t*>(src), C, accumulator_.data(), q, scales);
+  }
+
+  // Pass 3: pack, one copy of the token's row [C] (and fp8 scales [S]) per pair; this rank's
+  // own pairs go straight into its slots.
+  const uint8_t* rows_src = is_fp8 ? fp8_x_.data() : xb;  // [T, row_bytes_]
   for (int64_t i = 0; i < T * K; ++i) {
     const topk_idx_t e = topk_idx[i];
     const int32_t pos = pair_row_[size_t(i)];
@@ -166,23 +186,16 @@ void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
             size_t(row) * row_bytes_;
       scales = message::scales(p.send_msg.data(), L) + row * S;
     }
-    const uint8_t* src = xb + size_t(i / K) * x_row_bytes;
-    if (!is_fp8) {
-      std::memcpy(dst, src, row_bytes_);
-    } else if (x.dtype == DType::F32) {
-      quantize_fp8_row(reinterpret_cast<const float*>(src), C, dst, scales);
-    } else {
-      quantize_fp8_row(reinterpret_cast<const uint16_t*>(src), C, accumulator_.data(), dst,
-                       scales);
-    }
+    const int64_t t = i / K;
+    std::memcpy(dst, rows_src + size_t(t) * row_bytes_, row_bytes_);
+    if (is_fp8) std::memcpy(scales, fp8_scales_.data() + t * S, size_t(S) * sizeof(float));
   }
   for (int e = 0; e < L; ++e)
     recv_count_[size_t(e) * R + self] = std::min(peers_[size_t(self)].count[size_t(e)], P);
 
   // Post: per peer the receive of its message (packed: all of it; per slot: its signal,
   // and the slots), then the sends.
-  const bool packed = packs_per_peer(config_, row_bytes_);
-  const int expert_ops = packed ? 0 : (L + 255) / 256;
+  const int expert_ops = packed_ ? 0 : (L + 255) / 256;
   uint32_t op = 0;
   for (int i = 0; i < expert_ops + 1; ++i) {
     const uint32_t o = comm_.begin_op();
@@ -197,7 +210,7 @@ void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
     message::fill(p.send_msg.data(), L, p.count.data(), overflow_.rank, overflow_.local_expert,
                   overflow_.count);
     comm_.post_recv(r, p.recv_msg.data(), p.recv_msg.size(), signal_op, 0);
-    if (packed) {
+    if (packed_) {
       comm_.post_send(r, p.send_msg.data(), message::bytes(L, n, row_bytes_, size_t(S)),
                       signal_op, 0);
       continue;
@@ -225,7 +238,6 @@ void LowLatencyBuffer::dispatch_recv(LowLatencyRecv& out) {
   MOERL_CHECK_INPUT(state_ == 1, "low-latency dispatch_recv: no dispatch_send in flight");
   const int R = num_ranks(), self = comm_.rank(), L = num_local_experts(), P = capacity_;
   const int64_t S = config_.dispatch_dtype == DType::F8E4M3 ? config_.hidden / kFp8BlockSize : 0;
-  const bool is_packed = packs_per_peer(config_, row_bytes_);
   state_ = 0;  // whatever happens below, this dispatch is over
   if (R > 1) comm_.wait_range(dispatch_begin_, dispatch_end_, "low-latency dispatch");
   // Every rank reports its own overflow to every peer, so every rank throws the same error
@@ -252,7 +264,7 @@ void LowLatencyBuffer::dispatch_recv(LowLatencyRecv& out) {
       const int32_t n = std::min(counts[e], P);
       recv_count_[size_t(e) * R + s] = n;
       const int64_t slot = (int64_t(e) * R + s) * P;
-      if (is_packed)
+      if (packed_)
         std::memcpy(recv_x_.data() + size_t(slot) * row_bytes_,
                     rows + size_t(packed) * row_bytes_, size_t(n) * row_bytes_);
       if (S > 0)

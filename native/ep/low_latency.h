@@ -64,6 +64,9 @@ class LowLatencyBuffer {
   // "tagged" (libfabric tagged messages into the slots; RMA is not used yet) or "local" (one
   // rank): the path the exchange takes, for logs and benchmark lines.
   const char* transport_path() const;
+  // Dispatch sends one message per peer (true) or one per (peer, local expert) plus a signal
+  // (false): decided from the config (low_latency_detail.h), for tests and benchmark lines.
+  bool dispatch_packed() const { return packed_; }
 
   // ---- dispatch ----------------------------------------------------------------------
   // x [T, C] F32 | BF16 (must equal dispatch_dtype unless that is F8E4M3), T <= T_max;
@@ -102,6 +105,7 @@ class LowLatencyBuffer {
   LowLatencyConfig config_;
   int capacity_ = 0;                        // P
   size_t row_bytes_ = 0;                    // C * bytes of dispatch_dtype
+  bool packed_ = false;                     // packs_per_peer(config_, row_bytes_)
   HostBytes recv_x_;                        // [L, R*P, C] slots
   std::vector<float> recv_x_scales_;        // [L, R*P, S] (fp8 only)
   std::vector<int32_t> recv_count_;         // [L, R]
@@ -111,6 +115,8 @@ class LowLatencyBuffer {
   const topk_idx_t* topk_idx_ = nullptr;    // [T, K] caller's
   int64_t num_tokens_ = 0;                  // T
   std::vector<int32_t> pair_row_;           // [T, K] row of pair (t, k) in its slot, -1 unused
+  HostBytes fp8_x_;                         // [T_max, C] e4m3: x quantized once per token
+  std::vector<float> fp8_scales_;           // [T_max, S] its scales (fp8 only)
   HostBytes combine_recv_;                  // [T_max*K, C] rows returned by remote ranks
   std::vector<int64_t> combine_offset_;     // [R, L] first row of (rank, expert) in it
   std::vector<float> accumulator_;          // [C]
