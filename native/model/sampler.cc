@@ -31,7 +31,8 @@ struct KvCache {
   float* val(int l, int s, int t) { return v[l].data() + ((size_t)s * T + t) * C; }
 };
 
-// One decode step: rows [n] feed token tokens[i] at position pos[i] of sequence seq[i].
+// One decode step: rows [n] feed token tokens[i] at position pos[i] of the sequence in cache
+// slot seq[i].
 // Writes logits [n,V].
 void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vector<int32_t>& seq,
                  const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos,
@@ -134,6 +135,14 @@ int32_t choose_token(const float* logits, int V, const SampleParams& sp, uint64_
 
 }  // namespace
 
+int decode_slots(const SampleParams& sp, int num_requests) {
+  return sp.max_batch > 0 ? std::min(sp.max_batch, num_requests) : num_requests;
+}
+
+int64_t kv_cache_bytes(const ModelConfig& cfg, int slots) {
+  return 2 * (int64_t)cfg.num_layers * slots * cfg.max_seq_len * cfg.dim * (int64_t)sizeof(float);
+}
+
 uint64_t sample_seed(uint64_t campaign_seed, uint64_t iteration, uint64_t prompt_id,
                      uint64_t sample_index) {
   uint64_t s = campaign_seed;
@@ -162,28 +171,37 @@ void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
     rng[s] = requests[s].rng_seed;
     seqs[s] = requests[s].prompt;
   }
+  MOERL_CHECK_INPUT(sp.max_batch >= 0, "max_batch must be >= 0 (0 = all), got ", sp.max_batch);
+  const int B = decode_slots(sp, S);
   KvCache cache;
   if (sp.use_kv_cache) {
-    cache.S = S;
+    cache.S = B;
     cache.T = cfg.max_seq_len;
     cache.C = cfg.dim;
-    cache.k.assign(cfg.num_layers, std::vector<float>((size_t)S * cfg.max_seq_len * cfg.dim));
+    cache.k.assign(cfg.num_layers, std::vector<float>((size_t)B * cfg.max_seq_len * cfg.dim));
     cache.v = cache.k;
   }
-  std::vector<int> fed(S, 0);  // tokens of seqs[s] already in the cache
-  std::vector<bool> done(S, false);
-  std::vector<int32_t> row_seq, row_tok, row_pos;
+  std::vector<int> fed(S, 0);       // tokens of seqs[s] already in the cache
+  std::vector<int> slot_seq(B, -1);  // the sequence in each cache slot, -1 = idle
+  int next = 0;                      // the first request not started yet
+  std::vector<int32_t> row_seq, row_slot, row_tok, row_pos;
   std::vector<float> logits;
   Activations acts;
   int furthest = 0;        // new tokens of the furthest sample
   int64_t new_tokens = 0;  // new tokens of all samples
   for (;;) {
     row_seq.clear();
+    row_slot.clear();
     row_tok.clear();
     row_pos.clear();
-    for (int s = 0; s < S; s++) {
-      if (done[s]) continue;
+    // rows in slot order; an idle slot takes the next request (a fresh sequence overwrites
+    // the slot's rows from position 0 and attends only to positions it has written)
+    for (int b = 0; b < B; b++) {
+      if (slot_seq[b] < 0 && next < S) slot_seq[b] = next++;
+      const int s = slot_seq[b];
+      if (s < 0) continue;
       row_seq.push_back(s);
+      row_slot.push_back(b);
       row_tok.push_back(seqs[s][fed[s]]);
       row_pos.push_back(fed[s]);
     }
@@ -191,7 +209,7 @@ void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
     if (!moe.any(!row_seq.empty())) break;
     const int n = (int)row_seq.size();
     if (sp.use_kv_cache) {
-      decode_step(ps, moe, cache, row_seq, row_tok, row_pos, logits);
+      decode_step(ps, moe, cache, row_slot, row_tok, row_pos, logits);
     } else {
       // recompute: full forward over every active sequence's whole prefix
       int T = 0;
@@ -219,13 +237,10 @@ void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
       seqs[s].push_back(tok);
       new_tokens++;
       furthest = std::max(furthest, (int)r.tokens.size());
-      if (tok == sp.eos_id) {
-        r.stopped = true;
-        done[s] = true;
-      } else if ((int)r.tokens.size() >= sp.max_new_tokens ||
-                 (int)seqs[s].size() >= cfg.max_seq_len) {
-        done[s] = true;
-      }
+      r.stopped = tok == sp.eos_id;
+      if (r.stopped || (int)r.tokens.size() >= sp.max_new_tokens ||
+          (int)seqs[s].size() >= cfg.max_seq_len)
+        slot_seq[row_slot[i]] = -1;  // free: the next request takes it at the next step
     }
     if (progress) progress(furthest, new_tokens);
   }

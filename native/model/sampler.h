@@ -3,6 +3,10 @@
 // lengths share the GEMMs of each step. Each sample owns an RNG seeded by
 // (campaign seed, iteration, prompt id, sample index) and draws one uniform per generated
 // token, so a sample does not depend on which other samples share its batch's RNG.
+//
+// Continuous batching (SampleParams::max_batch = B > 0): at most B sequences decode at once,
+// in B slots of the KV cache; when a sequence finishes, the next not-yet-started request
+// (request order) takes its slot at the next step, so the schedule is the same on every run.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +26,14 @@ struct SampleParams {
   int max_new_tokens = 16;
   int32_t eos_id = 1;
   bool use_kv_cache = true;  // false: recompute the whole prefix every step (benchmark only)
+  int max_batch = 0;  // sequences decoding at once (KV cache slots); 0 = all requests
 };
+
+// Slots of the KV cache (and rows of a step at most) that generate() uses for n requests.
+int decode_slots(const SampleParams& params, int num_requests);
+
+// Bytes of the KV cache for `slots` sequences: k and v, every layer, max_seq_len rows of dim.
+int64_t kv_cache_bytes(const ModelConfig& cfg, int slots);
 
 struct SampleRequest {
   std::vector<int32_t> prompt;  // non-empty

@@ -1,8 +1,10 @@
 // Sampler: bit-identical regeneration (same requests, same batch), tokens independent of
-// the batch's other samples and of the KV cache (log-probs there: equal up to rounding).
+// the batch's other samples, of continuous batching and of the KV cache (log-probs there:
+// equal up to rounding).
 #include <gtest/gtest.h>
 
-#include <algorithm>  // std::max
+#include <algorithm>  // std::max, std::min
+#include <cstdint>    // SIZE_MAX
 #include <cmath>      // std::fabs
 #include <cstdio>     // std::printf
 
@@ -86,6 +88,43 @@ TEST_F(SamplerTest, SampleDoesNotDependOnItsBatchNeighbours) {
       max_diff = std::max(max_diff, std::fabs((double)full[5 + i].logprobs[j] - tail[i].logprobs[j]));
   }
   std::printf("batch neighbours: max |log-prob difference| %.3g\n", max_diff);
+  EXPECT_LT(max_diff, kRoundingTolerance);
+}
+
+// Continuous batching: 3 slots for 8 requests of varied lengths (sampling stops at <eos>),
+// so finished samples' slots are taken by later requests. Each sample owns its RNG: the
+// tokens are those of the all-at-once batch; log-probs only up to rounding (the GEMMs see
+// other row counts); the same max_batch regenerates bit-identical samples.
+TEST_F(SamplerTest, ContinuousBatchingSamplesTheAllAtOnceTokens) {
+  SampleParams sp;
+  sp.top_p = 0.9f;
+  sp.max_new_tokens = 12;
+  sp.eos_id = -1;
+  std::vector<SampleResult> all, cont, again;
+  generate(ps, comm, requests(8, 0), sp, all);
+  sp.eos_id = all[0].tokens[3];  // a token sampled early on: sample 0 at least stops early
+  generate(ps, comm, requests(8, 0), sp, all);
+  sp.max_batch = 3;
+  generate(ps, comm, requests(8, 0), sp, cont);
+  generate(ps, comm, requests(8, 0), sp, again);
+  ASSERT_EQ(cont.size(), all.size());
+  double max_diff = 0.0;
+  size_t shortest = SIZE_MAX, longest = 0;
+  for (size_t i = 0; i < all.size(); i++) {
+    EXPECT_EQ(cont[i].tokens, all[i].tokens) << "sample " << i;
+    EXPECT_EQ(cont[i].stopped, all[i].stopped) << "sample " << i;
+    ASSERT_EQ(cont[i].logprobs.size(), all[i].logprobs.size()) << "sample " << i;
+    for (size_t j = 0; j < all[i].logprobs.size(); j++)
+      max_diff = std::max(max_diff, std::fabs((double)cont[i].logprobs[j] - all[i].logprobs[j]));
+    EXPECT_EQ(again[i].tokens, cont[i].tokens) << "sample " << i;
+    ASSERT_EQ(again[i].logprobs.size(), cont[i].logprobs.size());
+    for (size_t j = 0; j < cont[i].logprobs.size(); j++)
+      EXPECT_EQ(again[i].logprobs[j], cont[i].logprobs[j]);  // bitwise
+    shortest = std::min(shortest, all[i].tokens.size());
+    longest = std::max(longest, all[i].tokens.size());
+  }
+  EXPECT_LT(shortest, longest) << "lengths should vary, so that slots are reused mid-run";
+  std::printf("max_batch 3 vs all at once: max |log-prob difference| %.3g\n", max_diff);
   EXPECT_LT(max_diff, kRoundingTolerance);
 }
 

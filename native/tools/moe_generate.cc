@@ -5,7 +5,12 @@
 //                [--iteration I] [--first-prompt 0] [--num-prompts 64] [--samples 8]
 //                [--chunk-size 16] [--start-chunk 0] [--temperature 1] [--top-p 1]
 //                [--top-k 0] [--max-new-tokens 16] [--no-kv-cache] [--ignore-eos]
-//                [--prompts FILE] [--ep-mode auto|ll|normal]       (--help lists them all)
+//                [--prompts FILE] [--ep-mode auto|ll|normal] [--max-batch 0]
+//                                                                  (--help lists them all)
+//
+// --max-batch B: at most B samples per rank decode at once (continuous batching: a finished
+// sample's slot takes the rank's next sample of the chunk at the next step); the KV cache and
+// the low-latency slots are sized for B rows instead of the rank's whole share. 0 = all.
 //
 // --prompts FILE: JSONL lines {"prompt_id":p,"prompt":"text"} replace the built-in generator
 // (a dataset task); --first-prompt/--num-prompts then index lines of the file and --task is
@@ -20,7 +25,8 @@
 //       furthest sample's new tokens), n new tokens of the chunk so far
 //   {"chunk":k,"done":true,"samples":n,"new_tokens":n,"stopped":n,"seconds":s,"tokens_per_s":x}
 //       once chunk k's file is written
-//   {"done":true,"chunks":n,"new_tokens":n,"seconds":s,"tokens_per_s":x}  at the end
+//   {"done":true,"chunks":n,"new_tokens":n,"seconds":s,"tokens_per_s":x,...}  at the end
+//       (also the decode-loop seconds and kv_cache_bytes: rank 0's largest KV cache)
 // Exit 0 done (or --help), 2 bad input, 1 anything else (retryable).
 //
 // Expert parallel on R ranks under the rank contract of moe_train (MOERL_RANK,
@@ -94,6 +100,9 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--ep-mode", o.ep_mode,
                  "MoE exchange: ll (low-latency), normal, auto = normal on 1 rank, ll on more")
       ->check(CLI::IsMember({"auto", "ll", "normal"}));
+  app.add_option("--max-batch", o.sp.max_batch,
+                 "samples per rank decoding at once (continuous batching), 0 = the whole share")
+      ->check(kNonNegative);
 }
 
 // This rank's results, flattened for the gather to rank 0: per sample [n, stopped,
@@ -173,8 +182,9 @@ int run(Options& o) {
   model::ParamStore ps(model::make_layout(cfg, ep.first_expert(), ep.num_local_experts()));
   io::OptimizerState opt;
   io::load_checkpoint(ckpt, ps, opt);
-  // The most samples one rank holds in a chunk: the low-latency slots' capacity.
-  const int max_rows = (int)((chunk * samples + R - 1) / R);
+  // The most rows one rank passes to a step (its share of a chunk, or the decode slots): the
+  // low-latency slots' capacity.
+  const int max_rows = model::decode_slots(sp, (int)((chunk * samples + R - 1) / R));
   std::unique_ptr<model::MoeDecode> moe;
   if (mode == "ll") moe = std::make_unique<model::LowLatencyMoeDecode>(comm, cfg, max_rows);
   else moe = std::make_unique<model::NormalMoeDecode>(ep);
@@ -196,7 +206,7 @@ int run(Options& o) {
   const int64_t num_chunks = (num_prompts + chunk - 1) / chunk;
   MOERL_CHECK_INPUT(start_chunk <= num_chunks, "--start-chunk ", start_chunk, " beyond the ",
                     num_chunks, " chunks");
-  int64_t total_tokens = 0;
+  int64_t total_tokens = 0, kv_bytes = 0;
   double total_s = 0.0, generate_s = 0.0;
   Progress progress(o.progress_interval);
   for (int64_t k = start_chunk; k < num_chunks; k++) {
@@ -218,6 +228,8 @@ int run(Options& o) {
     std::vector<model::SampleRequest> mine(reqs.begin() + S * rank / R,
                                            reqs.begin() + S * (rank + 1) / R);
     std::vector<model::SampleResult> res;
+    kv_bytes =
+        std::max(kv_bytes, model::kv_cache_bytes(cfg, model::decode_slots(sp, (int)mine.size())));
     auto on_step = [&](int step, int64_t tokens) {
       if (!is_root) return;
       progress.maybe_print([&] {
@@ -267,9 +279,10 @@ int run(Options& o) {
   const model::DecodeTimes& t = moe->times;
   std::printf("{\"done\":true,\"chunks\":%lld,\"new_tokens\":%lld,\"seconds\":%.4f,\"tokens_per_s\":%.1f,"
               "\"ranks\":%d,\"ep_mode\":\"%s\",\"generate_seconds\":%.4f,\"experts_seconds\":%.4f,"
-              "\"ep_seconds\":%.4f}\n",
+              "\"ep_seconds\":%.4f,\"max_batch\":%d,\"kv_cache_bytes\":%lld}\n",
               (long long)(num_chunks - start_chunk), (long long)total_tokens, total_s,
-              total_tokens / std::max(total_s, 1e-9), R, mode.c_str(), generate_s, t.experts, t.ep);
+              total_tokens / std::max(total_s, 1e-9), R, mode.c_str(), generate_s, t.experts, t.ep,
+              sp.max_batch, (long long)kv_bytes);
   return 0;
 }
 
