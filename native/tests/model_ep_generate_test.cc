@@ -2,7 +2,8 @@
 // provider, experts sharded 2+2, each MoE layer of each decode step through the low-latency
 // buffer) is byte-identical across runs, after a resume and over tcp, and samples the same
 // tokens as one rank, with log-probs within GEMM rounding (a rank's dense GEMMs see half the
-// rows).
+// rows); with --max-batch (continuous batching) it samples the all-at-once tokens and is
+// byte-identical across runs.
 #include <fcntl.h>  // O_* for ep_spawn.h
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -58,42 +60,63 @@ TEST(ModelEpGenerate, TwoRanksLowLatencyAreReproducibleAndSampleOneRanksTokens) 
   run(2, with({"--out-dir", w + "/two-resumed", "--start-chunk", "1"}));
   run(2, with({"--out-dir", w + "/two-tcp"}), "tcp");
   run(2, with({"--out-dir", w + "/two-normal", "--ep-mode", "normal"}));
+  // continuous batching: 4 slots per rank for shares of 6, 6 and 3 samples
+  run(2, with({"--out-dir", w + "/two-b4-a", "--max-batch", "4"}));
+  run(2, with({"--out-dir", w + "/two-b4-b", "--max-batch", "4"}));
   EXPECT_FALSE(fs::exists(w + "/two-resumed/chunk-0.jsonl"));
   EXPECT_FALSE(fs::exists(w + "/two-a/chunk-3.jsonl"));
 
-  double max_dlogprob = 0.0;
+  double max_dlogprob = 0.0, max_dlogprob_b4 = 0.0;
   int samples = 0;
+  std::set<size_t> lengths;
   for (int k : {0, 1, 2}) {
     const std::string name = "/chunk-" + std::to_string(k) + ".jsonl";
     const std::string a = io::read_file(w + "/two-a" + name);
     EXPECT_EQ(a, io::read_file(w + "/two-b" + name)) << name << ": same R, two runs";
     EXPECT_EQ(a, io::read_file(w + "/two-tcp" + name)) << name << ": tcp vs shm";
+    EXPECT_EQ(io::read_file(w + "/two-b4-a" + name), io::read_file(w + "/two-b4-b" + name))
+        << name << ": --max-batch 4, two runs";
     if (k > 0) {
       EXPECT_EQ(a, io::read_file(w + "/two-resumed" + name)) << name << ": resumed";
     }
     std::vector<io::Json> one = records(w + "/one" + name), two = records(w + "/two-a" + name),
-                          normal = records(w + "/two-normal" + name);
+                          normal = records(w + "/two-normal" + name),
+                          b4 = records(w + "/two-b4-a" + name);
     ASSERT_EQ(one.size(), k < 2 ? 12u : 6u) << name;
     ASSERT_EQ(two.size(), one.size()) << name;
     ASSERT_EQ(normal.size(), one.size()) << name;
+    ASSERT_EQ(b4.size(), one.size()) << name;
     for (size_t i = 0; i < one.size(); i++) {
       const std::string what = name + " record " + std::to_string(i);
       EXPECT_EQ(two[i]["prompt_id"], one[i]["prompt_id"]) << what;
       EXPECT_EQ(two[i]["sample_index"], one[i]["sample_index"]) << what;
       EXPECT_EQ(two[i]["tokens"], one[i]["tokens"]) << what << ": ll, 2 ranks vs 1";
       EXPECT_EQ(normal[i]["tokens"], one[i]["tokens"]) << what << ": normal, 2 ranks vs 1";
+      EXPECT_EQ(b4[i]["tokens"], two[i]["tokens"]) << what << ": --max-batch 4 vs all at once";
       EXPECT_EQ(two[i]["finish_reason"], one[i]["finish_reason"]) << what;
+      EXPECT_EQ(b4[i]["finish_reason"], two[i]["finish_reason"]) << what;
       const io::Json::array_t& la = io::array_field(one[i], "logprobs", what);
       const io::Json::array_t& lb = io::array_field(two[i], "logprobs", what);
       ASSERT_EQ(la.size(), lb.size()) << what;
-      for (size_t t = 0; t < la.size(); t++)
+      const io::Json::array_t& lc = io::array_field(b4[i], "logprobs", what);
+      ASSERT_EQ(lc.size(), lb.size()) << what;
+      lengths.insert(la.size());
+      for (size_t t = 0; t < la.size(); t++) {
         max_dlogprob = std::max(max_dlogprob, std::fabs(la[t].get<double>() - lb[t].get<double>()));
+        max_dlogprob_b4 =
+            std::max(max_dlogprob_b4, std::fabs(lc[t].get<double>() - lb[t].get<double>()));
+      }
       samples++;
     }
   }
   std::printf("2 ranks (ll) vs 1 rank: %d samples, same tokens, max |d logprob| %.3e\n", samples,
               max_dlogprob);
   EXPECT_LT(max_dlogprob, 1e-5);
+  std::printf("2 ranks, --max-batch 4 vs all at once: same tokens, max |d logprob| %.3e, %zu "
+              "distinct lengths\n",
+              max_dlogprob_b4, lengths.size());
+  EXPECT_LT(max_dlogprob_b4, 1e-5);
+  EXPECT_GT(lengths.size(), 1u) << "lengths should vary, so that slots are reused mid-chunk";
 
   // the recompute path has no EP decode: bad input on 2 ranks, exit 2 on every rank
   auto bad = run_ranks(2, "shm", 30, with({"--out-dir", w + "/x", "--no-kv-cache"}), 60);
