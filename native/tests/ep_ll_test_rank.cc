@@ -22,6 +22,7 @@
 #include "ep/dtype.h"
 #include "ep/low_latency.h"
 #include "ep_ll_reference.h"
+#include "test_rank.h"  // g_rank, EXPECT_SAME, parse_dtype
 #include "transport/communicator.h"
 
 using namespace moerl;
@@ -45,23 +46,30 @@ void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace {
 
-int g_rank = 0;
+// The buffer for case c: T_max tokens per rank, slot capacity P (0 = T_max).
+LowLatencyConfig ll_config(const Case& c, DType dispatch, int max_tokens, int slot_capacity = 0) {
+  LowLatencyConfig ll;
+  ll.num_max_dispatch_tokens_per_rank = max_tokens;
+  ll.num_max_tokens_per_slot = slot_capacity;
+  ll.hidden = int(c.hidden);
+  ll.num_experts = c.num_experts;
+  ll.num_topk = c.num_topk;
+  ll.dispatch_dtype = dispatch;
+  return ll;
+}
 
-#define EXPECT_SAME(cond, ...)                             \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      std::fprintf(stderr, "rank %d: mismatch: ", g_rank); \
-      std::fprintf(stderr, __VA_ARGS__);                   \
-      std::fprintf(stderr, "\n");                          \
-      return 1;                                            \
-    }                                                      \
-  } while (0)
-
-DType parse_dtype(const std::string& s) {
-  if (s == "f32") return DType::F32;
-  if (s == "bf16") return DType::BF16;
-  if (s == "fp8") return DType::F8E4M3;
-  MOERL_FAIL(BadInput, "unknown dtype ", s);
+// A bf16 case of `tokens` tokens per rank (the default routing) for the loop and no-allocation
+// modes.
+Case bf16_case(const transport::Communicator& comm, int64_t tokens, int experts_per_rank,
+               int topk, int64_t hidden) {
+  Case c;
+  c.world_size = comm.world_size();
+  c.tokens = tokens;
+  c.num_experts = experts_per_rank * c.world_size;
+  c.num_topk = topk;
+  c.hidden = hidden;
+  c.dtype = DType::BF16;
+  return c;
 }
 
 struct MicroBatch {
@@ -181,20 +189,9 @@ int run_ll(transport::Communicator& comm, const Case& base, const LowLatencyConf
 // Two micro-batches' worth of warm-up, then dispatch + combine (split hooks too) must not
 // allocate: slots, staging, signals, message records and outputs are all reused.
 int run_noalloc(transport::Communicator& comm, int64_t tokens) {
-  Case c;
-  c.world_size = comm.world_size();
-  c.tokens = tokens;
-  c.num_experts = 4 * c.world_size;
-  c.num_topk = 3;
-  c.dtype = DType::BF16;
+  const Case c = bf16_case(comm, tokens, 4, 3, 128);
   const RankInputs in = make_inputs(c, comm.rank());
-  LowLatencyConfig config;
-  config.num_max_dispatch_tokens_per_rank = int(tokens);
-  config.hidden = int(c.hidden);
-  config.num_experts = c.num_experts;
-  config.num_topk = c.num_topk;
-  config.dispatch_dtype = DType::F8E4M3;
-  LowLatencyBuffer buffer(comm, config);
+  LowLatencyBuffer buffer(comm, ll_config(c, DType::F8E4M3, int(tokens)));
   LowLatencyRecv recv;
   Tensor y, out;
   y.resize(DType::BF16, int64_t(buffer.num_local_experts()) * c.world_size *
@@ -217,18 +214,9 @@ int run_noalloc(transport::Communicator& comm, int64_t tokens) {
 }
 
 int run_loop(transport::Communicator& comm, int64_t tokens) {
-  Case c;
-  c.world_size = comm.world_size();
-  c.tokens = tokens;
-  c.num_experts = 2 * c.world_size;
-  c.dtype = DType::BF16;
+  const Case c = bf16_case(comm, tokens, 2, 2, 128);
   const RankInputs in = make_inputs(c, comm.rank());
-  LowLatencyConfig config;
-  config.num_max_dispatch_tokens_per_rank = int(tokens);
-  config.hidden = int(c.hidden);
-  config.num_experts = c.num_experts;
-  config.num_topk = c.num_topk;
-  LowLatencyBuffer buffer(comm, config);
+  LowLatencyBuffer buffer(comm, ll_config(c, DType::BF16, int(tokens)));
   LowLatencyRecv recv;
   Tensor out;
   const int64_t slot_rows = int64_t(buffer.num_local_experts()) * c.world_size *
@@ -262,14 +250,8 @@ int main(int argc, char** argv) {
     c.routing = argv[7];
     c.dtype = parse_dtype(argv[8]);
     c.seed = uint64_t(std::atoll(argv[9]));
-    LowLatencyConfig ll;
-    ll.num_max_dispatch_tokens_per_rank = std::atoi(argv[10]);
-    ll.num_max_tokens_per_slot = std::atoi(argv[11]);
-    ll.hidden = int(c.hidden);
-    ll.num_experts = c.num_experts;
-    ll.num_topk = c.num_topk;
-    ll.dispatch_dtype = c.dtype;
-    return run_ll(comm, c, ll, std::string(argv[12]) == "overlap");
+    return run_ll(comm, c, ll_config(c, c.dtype, std::atoi(argv[10]), std::atoi(argv[11])),
+                  std::string(argv[12]) == "overlap");
   } catch (const moerl::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return e.kind() == moerl::ErrorKind::BadInput ? 2 : 3;

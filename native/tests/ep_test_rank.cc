@@ -17,6 +17,7 @@
 #include "ep/dtype.h"
 #include "ep/ep.h"
 #include "ep_reference.h"
+#include "test_rank.h"  // g_rank, EXPECT_SAME, parse_dtype
 #include "transport/communicator.h"
 
 using namespace moerl;
@@ -24,25 +25,6 @@ using namespace moerl::ep;
 using namespace moerl::ep::testing;
 
 namespace {
-
-int g_rank = 0;
-
-#define EXPECT_SAME(cond, ...)                                  \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      std::fprintf(stderr, "rank %d: mismatch: ", g_rank);      \
-      std::fprintf(stderr, __VA_ARGS__);                        \
-      std::fprintf(stderr, "\n");                               \
-      return 1;                                                 \
-    }                                                           \
-  } while (0)
-
-DType parse_dtype(const std::string& s) {
-  if (s == "f32") return DType::F32;
-  if (s == "bf16") return DType::BF16;
-  if (s == "fp8") return DType::F8E4M3;
-  MOERL_FAIL(BadInput, "unknown dtype ", s);
-}
 
 int run_ep(transport::Communicator& comm, const Case& c) {
   const int R = comm.world_size(), self = comm.rank(), K = c.num_topk;
