@@ -10,6 +10,7 @@ import { KubernetesLauncher, kubeConfigFromEnvironment } from './launch/kubernet
 import { LocalLauncher } from './launch/local.js';
 import type { Launcher } from './launch/types.js';
 import { nativeBinDir } from './native.js';
+import { RankSlots, rolloutRankCapacity, rolloutRanksEnv } from './rollout-capacity.js';
 import { openStore } from './store/index.js';
 import type { ObjectStore } from './store/types.js';
 import type { StoreLocation } from './types.js';
@@ -29,6 +30,8 @@ export interface ActivityDeps {
   shutdown: AbortSignal;
   /** This worker process, unique over time: an attempt tells a lost worker from a live one by it. */
   workerId: string;
+  /** The moe_generate ranks this worker runs at once, shared by its rollout shards. */
+  rolloutRanks: RankSlots;
 }
 
 export function newWorkerId(): string {
@@ -38,8 +41,9 @@ export function newWorkerId(): string {
 /**
  * Dependencies for a worker process: stores opened from the spec with this process's
  * credentials, the cache under MOERL_CACHE_DIR (default: the user's cache directory), native
- * tools from MOERL_NATIVE_BIN (default: this checkout's build), local ranks, and Kubernetes
- * ranks with the worker's kubeconfig (see kubeConfigFromEnvironment).
+ * tools from MOERL_NATIVE_BIN (default: this checkout's build), local ranks, Kubernetes ranks
+ * with the worker's kubeconfig (see kubeConfigFromEnvironment), and MOERL_ROLLOUT_RANKS rollout
+ * rank slots (default: the CPUs the process may use).
  */
 export function workerActivityDeps(
   shutdown: AbortSignal,
@@ -57,6 +61,7 @@ export function workerActivityDeps(
     checkpoints: new CheckpointCache(cacheDir, cacheLimitsFromEnv(env)),
     binDir,
     workerId: newWorkerId(),
+    rolloutRanks: new RankSlots(rolloutRankCapacity(env[rolloutRanksEnv], rolloutRanksEnv)),
     launcherFor: (launcher) => {
       if (launcher.kind === 'local') return local;
       // One per launcher section (its watches and clients are per namespace and pod settings),

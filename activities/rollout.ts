@@ -10,6 +10,7 @@ import { heartbeatUntilStopped } from './heartbeat.js';
 import * as keys from './layout.js';
 import { nativeToolPath } from './native.js';
 import { parseRolloutLine } from './rewards/rollout-record.js';
+import { rolloutRanksEnv } from './rollout-capacity.js';
 import { runGenerateRanks } from './rollout-ranks.js';
 import type { ActivityDeps } from './deps.js';
 import type { ObjectStore } from './store/types.js';
@@ -82,6 +83,18 @@ export async function rolloutShard(
       message: `rollout of iteration ${input.iteration} shard ${input.shard} failed ${failuresOnLiveWorker} attempts in a row on worker ${deps.workerId}, which stayed alive (attempt ${ctx.info.attempt}); a heartbeat timeout this often means a chunk takes longer than the worker can report (orchestration.rolloutHeartbeatSeconds ${input.spec.orchestration.rolloutHeartbeatSeconds} s, chunkSize ${input.spec.chunkSize}); look at the worker's log, then resume`,
     });
 
+  // Specs of campaigns started before the field existed lack it: one rank, as then.
+  const worldSize = (input.spec as Partial<CampaignSpec>).rolloutEpWorldSize ?? 1;
+  const capacity = deps.rolloutRanks.capacity;
+  // Retrying elsewhere may find a larger worker, but a fleet is sized as a whole: say so now
+  // rather than let the shard bounce until it lands on one.
+  if (worldSize > capacity)
+    throw ApplicationFailure.create({
+      type: 'RolloutRanksExceedCapacity',
+      nonRetryable: true,
+      message: `rollout of iteration ${input.iteration} shard ${input.shard} needs rolloutEpWorldSize ${worldSize} moe_generate ranks at once, but rollout worker ${deps.workerId} runs at most ${capacity} (${rolloutRanksEnv} or --rollout-ranks; default the CPUs it may use); give rollout workers at least ${worldSize} CPUs and ${rolloutRanksEnv}=${worldSize} (k8s/README.md, "Sizing rollout pods") or lower rolloutEpWorldSize, then resume`,
+    });
+
   const chunkKeys = Array.from({ length: total }, (_, k) =>
     keys.rolloutChunkKey(input.campaignId, input.iteration, input.shard, k),
   );
@@ -129,9 +142,13 @@ export async function rolloutShard(
       const onShutdown = () => stop.abort();
       deps.shutdown.addEventListener('abort', onShutdown, { once: true });
       ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
+      // The shard's ranks take their CPUs of the worker; a shard waits (beating) while other
+      // shards hold them, and is released from the wait by the same shutdown or cancellation.
+      let releaseRanks: (() => void) | null = null;
       try {
+        releaseRanks = await deps.rolloutRanks.acquire(worldSize, stop.signal);
         // prettier-ignore
-        await runGenerateRanks(
+        if (releaseRanks !== null) await runGenerateRanks(
           nativeToolPath('moe_generate', deps.binDir),
           [
             '--checkpoint', policyDir,
@@ -150,9 +167,9 @@ export async function rolloutShard(
             '--max-new-tokens', String(hp.maxNewTokens),
           ],
           {
-            // Specs of campaigns started before the field existed lack it: one rank, as then.
-            worldSize: (input.spec as Partial<CampaignSpec>).rolloutEpWorldSize ?? 1,
+            worldSize,
             what: `moe_generate (iteration ${input.iteration}, shard ${input.shard})`,
+            // One thread per rank, as each holds one CPU slot (why not more: rollout-capacity.ts).
             env: { OPENBLAS_NUM_THREADS: '1' },
             signal: stop.signal,
             onRecord: async (rec) => {
@@ -181,6 +198,7 @@ export async function rolloutShard(
           });
         }
       } finally {
+        releaseRanks?.();
         deps.shutdown.removeEventListener('abort', onShutdown);
         ctx.cancellationSignal.removeEventListener('abort', onShutdown);
         policy.release();

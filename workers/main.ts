@@ -5,6 +5,7 @@ import { parseArgs } from 'node:util';
 import { Runtime } from '@temporalio/worker';
 import { createActivities } from '../activities/index.js';
 import { workerActivityDeps } from '../activities/deps.js';
+import { rolloutRankCapacity, rolloutRanksEnv } from '../activities/rollout-capacity.js';
 import {
   apiKeyFlagWarning,
   connectWorkerConnection,
@@ -21,7 +22,9 @@ const usage = `usage: moerl-worker [--role control|rollout|train|all]... [--shut
                     [--tls-cert FILE --tls-key FILE] [--tls-ca FILE] [--tls-server-name NAME]
                     [--metrics-port N] [--sdk-metrics-port N] [--metrics-host ADDR]
                     [--deployment-name NAME --build-id ID]   (Worker Versioning; unversioned without)
+                    [--rollout-ranks N]   (moe_generate ranks at once; default the CPUs it may use)
 env: MOERL_WORKER_ROLES (comma list), MOERL_SHUTDOWN_GRACE_SECONDS, MOERL_TASK_QUEUE_PREFIX,
+     MOERL_ROLLOUT_RANKS,
      TEMPORAL_DEPLOYMENT_NAME, TEMPORAL_WORKER_BUILD_ID,
      MOERL_METRICS_PORT, MOERL_SDK_METRICS_PORT, MOERL_METRICS_HOST (default 127.0.0.1),
      TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_API_KEY_FILE, TEMPORAL_TLS_*
@@ -46,6 +49,7 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
       'metrics-host': { type: 'string' },
       'deployment-name': { type: 'string' },
       'build-id': { type: 'string' },
+      'rollout-ranks': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
   });
@@ -73,6 +77,11 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
     roles: requested as Role[],
     deployment: workerDeploymentFrom(values['deployment-name'], values['build-id'], env),
     shutdownGraceMs: graceSeconds * 1000,
+    /** moe_generate ranks this worker's rollout shards run at once (activities/rollout-capacity.ts). */
+    rolloutRanks: rolloutRankCapacity(
+      values['rollout-ranks'] ?? env[rolloutRanksEnv],
+      `--rollout-ranks (${rolloutRanksEnv})`,
+    ),
     /** Lines for stderr before the worker starts. */
     warnings: values['api-key'] === undefined ? [] : [apiKeyFlagWarning],
     temporal: temporalOptionsFrom(
@@ -147,7 +156,9 @@ async function main(): Promise<void> {
       console.error(`moerl-worker: ${sig}, shutting down (grace ${args.shutdownGraceMs / 1000}s)`);
       stop.abort();
     });
-  let activities = createActivities(workerActivityDeps(stop.signal));
+  let activities = createActivities(
+    workerActivityDeps(stop.signal, { ...process.env, [rolloutRanksEnv]: String(args.rolloutRanks) }),
+  );
   const connection = await connectPatiently(args.temporal, stop.signal);
   if (!connection) return; // stopped before the server was reachable
   let server: MetricsServer | undefined;
@@ -166,7 +177,7 @@ async function main(): Promise<void> {
       ? `build ${args.deployment.deploymentName}:${args.deployment.buildId}`
       : 'unversioned';
     console.error(
-      `moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}, ${build}`,
+      `moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}, ${build}, ${args.rolloutRanks} rollout ranks`,
     );
     await runWorkers({
       roles: args.roles,
@@ -176,6 +187,7 @@ async function main(): Promise<void> {
       activities,
       shutdownGraceMs: args.shutdownGraceMs,
       signal: stop.signal,
+      rolloutRanks: args.rolloutRanks,
       ...(args.deployment ? { deployment: args.deployment } : {}),
     });
   } finally {

@@ -45,6 +45,12 @@ export interface RunWorkersOptions {
   signal?: AbortSignal;
   /** Poll as this deployment version; unversioned when absent. */
   deployment?: WorkerDeployment;
+  /**
+   * The rollout worker's rank capacity (activities/rollout-capacity.ts): it takes at most this
+   * many rollout-queue tasks at once, since each running shard holds at least one rank; the
+   * SDK's default (100) when absent.
+   */
+  rolloutRanks?: number;
 }
 
 export function expandRoles(requested: readonly Role[]): QueueRole[] {
@@ -89,6 +95,9 @@ export async function createWorkers(opts: RunWorkersOptions): Promise<Worker[]> 
           ? opts.workflowBundle
             ? { workflowBundle: opts.workflowBundle }
             : { workflowsPath }
+          : {}),
+        ...(role === 'rollout' && opts.rolloutRanks !== undefined
+          ? { maxConcurrentActivityTaskExecutions: opts.rolloutRanks }
           : {}),
         shutdownGraceTime: graceMs,
         shutdownForceTime: graceMs + 5_000,
