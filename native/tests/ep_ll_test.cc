@@ -1,7 +1,8 @@
 // Low-latency mode (ep/low_latency.h): slots and combine bitwise against the single-process
-// reference for 1/2/4 ranks over shm and tcp, two overlapped micro-batches, slot overflow as
-// a clear error on every rank, a killed peer named within the deadline; in process, the fast
-// fp8 encoder against dtype.h's and the bad-input errors.
+// reference for 1/2/4 ranks over shm and tcp, both dispatch schemes (packed per peer, per
+// slot), two overlapped micro-batches, slot overflow as a clear error on every rank, a killed
+// peer named within the deadline; in process, the fast fp8 encoder against dtype.h's and the
+// bad-input errors.
 #include <fcntl.h>  // O_* for ep_spawn.h
 
 #include <gtest/gtest.h>
@@ -28,6 +29,7 @@ struct LlCase {
   const char* dtype;
   int max_tokens, slot_capacity;
   const char* mode;
+  const char* dispatch = nullptr;  // the scheme the case must take ("per slot"), or any
 };
 
 void PrintTo(const LlCase& c, std::ostream* os) {
@@ -45,7 +47,7 @@ std::vector<std::string> args_of(const LlCase& c) {
 std::string name_of(const ::testing::TestParamInfo<LlCase>& info) {
   const LlCase& c = info.param;
   return std::string(c.provider) + "_r" + std::to_string(c.world) + "_" + c.routing + "_" +
-         c.token_rule + "_" + c.dtype + "_" + c.mode;
+         c.token_rule + "_" + c.dtype + "_" + c.mode + (c.dispatch ? "_per_slot" : "");
 }
 
 class EpLowLatency : public ::testing::TestWithParam<LlCase> {};
@@ -54,6 +56,12 @@ TEST_P(EpLowLatency, MatchesReferenceBitwise) {
   const LlCase& c = GetParam();
   const auto results = run_ranks(c.world, c.provider, 20, args_of(c));
   for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
+  if (c.dispatch) {
+    EXPECT_NE(results[0].stderr_text.find(std::string("low-latency path: tagged, dispatch ") +
+                                          c.dispatch),
+              std::string::npos)
+        << describe(results);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -72,7 +80,20 @@ INSTANTIATE_TEST_SUITE_P(
         // Experts above 256 per rank: the expert index spills into a second tag operation.
         LlCase{2, "shm", 600, 8, 128, 64, "fixed", "random", "bf16", 64, 8, "plain"},
         LlCase{2, "tcp", 8, 2, 128, 80, "varied", "random", "bf16", 100, 0, "overlap"},
-        LlCase{4, "tcp", 16, 4, 128, 60, "zero", "minus1", "fp8", 60, 0, "plain"}),
+        LlCase{4, "tcp", 16, 4, 128, 60, "zero", "minus1", "fp8", 60, 0, "plain"},
+        // The per-slot dispatch (one message per (peer, local expert) + a signal carrying the
+        // counts and fp8 scales) at small shapes; all cases above but 2 pack per peer. Each
+        // slot message averages T_max*K/E = 128 rows: 64 KiB (f32, hidden 128), 32 KiB (bf16
+        // hidden 128, fp8 hidden 256), above the 16 KiB up to which dispatch packs. Rank 0
+        // reports the scheme its buffer took: these fail if a threshold change packs them.
+        LlCase{2, "shm", 8, 8, 128, 128, "fixed", "random", "f32", 128, 0, "plain", "per slot"},
+        LlCase{2, "tcp", 8, 8, 128, 128, "fixed", "random", "f32", 128, 0, "plain", "per slot"},
+        LlCase{2, "shm", 8, 8, 128, 100, "varied", "minus1", "bf16", 128, 0, "overlap",
+               "per slot"},
+        LlCase{2, "tcp", 8, 8, 128, 128, "fixed", "random", "bf16", 128, 0, "plain", "per slot"},
+        LlCase{2, "shm", 8, 8, 256, 128, "fixed", "random", "fp8", 128, 0, "overlap", "per slot"},
+        LlCase{2, "tcp", 8, 8, 256, 100, "varied", "minus1", "fp8", 128, 0, "plain",
+               "per slot"}),
     name_of);
 
 // A slot capacity of 3 under skewed routing (80 % of pairs to experts 0 and 1) overflows:
@@ -133,8 +154,8 @@ TEST(EpLowLatencyFailure, KilledPeerIsNamedWithinTheDeadline) {
   }
 }
 
-// No allocation per call: after warm-up, dispatch + combine (fp8, split and whole) make no
-// C++ allocation on any rank's calling thread (a global operator new in the rank program; the
+// No allocation per call: after warm-up, dispatch + combine (fp8, split and whole, packed and
+// per slot) make no C++ allocation on any rank's calling thread (a global operator new in the rank program; the
 // huge-page buffers, which use aligned_alloc, are sized once by the constructor).
 TEST(EpLowLatencyMemory, SteadyStateAllocatesNothing) {
   for (const char* provider : {"shm", "tcp"}) {

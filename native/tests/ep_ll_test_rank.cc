@@ -160,8 +160,11 @@ int run_ll(transport::Communicator& comm, const Case& base, const LowLatencyConf
     for (int r = 0; r < comm.world_size(); ++r) m.all.push_back(make_inputs(m.c, r));
     m.buffer = std::make_unique<LowLatencyBuffer>(comm, config);
   }
+  // ep_ll_test checks this line: a case meant for one dispatch scheme must take it.
   if (self == 0)
-    std::fprintf(stderr, "low-latency path: %s\n", batches[0].buffer->transport_path());
+    std::fprintf(stderr, "low-latency path: %s, dispatch %s\n",
+                 batches[0].buffer->transport_path(),
+                 batches[0].buffer->dispatch_packed() ? "packed per peer" : "per slot");
   try {
     // overlap: both micro-batches' sends go out before either receive hook runs.
     for (MicroBatch& m : batches) send_dispatch(m, self);
@@ -187,29 +190,36 @@ int run_ll(transport::Communicator& comm, const Case& base, const LowLatencyConf
 }
 
 // Two micro-batches' worth of warm-up, then dispatch + combine (split hooks too) must not
-// allocate: slots, staging, signals, message records and outputs are all reused.
+// allocate: slots, staging, signals, fp8 scratch, message records and outputs are all reused.
+// fp8 from bf16, at hidden 128 (packed per peer) and 2048 (per slot: 12 rows x 2 KiB).
 int run_noalloc(transport::Communicator& comm, int64_t tokens) {
-  const Case c = bf16_case(comm, tokens, 4, 3, 128);
-  const RankInputs in = make_inputs(c, comm.rank());
-  LowLatencyBuffer buffer(comm, ll_config(c, DType::F8E4M3, int(tokens)));
-  LowLatencyRecv recv;
-  Tensor y, out;
-  y.resize(DType::BF16, int64_t(buffer.num_local_experts()) * c.world_size *
-                            buffer.slot_capacity(), c.hidden);
-  const TensorView x{in.x.data(), DType::BF16, in.num_tokens, c.hidden};
-  t_counted = true;
-  long before = 0;
-  for (int i = 0; i < 6; ++i) {
-    if (i == 2) before = g_allocations.load();
-    buffer.dispatch_send(x, in.topk_idx.data());
-    buffer.dispatch_recv(recv);
-    buffer.combine_send(y.view());
-    buffer.combine_recv(in.topk_weights.data(), out);
-    buffer.dispatch(x, in.topk_idx.data(), recv);
-    buffer.combine(y.view(), nullptr, out);
+  for (const int64_t hidden : {128, 2048}) {
+    const Case c = bf16_case(comm, tokens, 4, 3, hidden);
+    const RankInputs in = make_inputs(c, comm.rank());
+    LowLatencyBuffer buffer(comm, ll_config(c, DType::F8E4M3, int(tokens)));
+    EXPECT_SAME(buffer.dispatch_packed() == (hidden == 128), "hidden %lld: dispatch %s",
+                (long long)hidden, buffer.dispatch_packed() ? "packed" : "per slot");
+    LowLatencyRecv recv;
+    Tensor y, out;
+    y.resize(DType::BF16, int64_t(buffer.num_local_experts()) * c.world_size *
+                              buffer.slot_capacity(), c.hidden);
+    const TensorView x{in.x.data(), DType::BF16, in.num_tokens, c.hidden};
+    long before = 0;
+    t_counted = true;
+    for (int i = 0; i < 6; ++i) {
+      if (i == 2) before = g_allocations.load();
+      buffer.dispatch_send(x, in.topk_idx.data());
+      buffer.dispatch_recv(recv);
+      buffer.combine_send(y.view());
+      buffer.combine_recv(in.topk_weights.data(), out);
+      buffer.dispatch(x, in.topk_idx.data(), recv);
+      buffer.combine(y.view(), nullptr, out);
+    }
+    t_counted = false;
+    const long allocated = g_allocations.load() - before;
+    EXPECT_SAME(allocated == 0, "%ld allocations in 4 steady-state rounds (hidden %lld)",
+                allocated, (long long)hidden);
   }
-  const long allocated = g_allocations.load() - before;
-  EXPECT_SAME(allocated == 0, "%ld allocations in 4 steady-state rounds", allocated);
   return 0;
 }
 
