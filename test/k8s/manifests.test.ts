@@ -63,6 +63,13 @@ describe('rendered kustomizations match their golden files', () => {
 
 const roles = ['control', 'rollout', 'train'] as const;
 
+/** A CPU quantity ("4", "500m") in CPUs. */
+function cpus(quantity: string | undefined): number {
+  const m = /^(\d+(?:\.\d+)?)(m?)$/.exec(quantity ?? '');
+  assert.ok(m, `a CPU quantity, got ${quantity}`);
+  return Number(m[1]) / (m[2] === 'm' ? 1000 : 1);
+}
+
 function deploymentFor(objects: K8sObject[], role: string): Deployment {
   return find(objects, 'Deployment', `moerl-${role}`) as Deployment;
 }
@@ -153,6 +160,27 @@ describe('every kustomization', () => {
             }
           }
         }
+      });
+
+      it("states the rollout worker's rank capacity as its CPU request, within its CPU limit", () => {
+        const c = deploymentFor(rendered[name].objects, 'rollout').spec.template.spec.containers[0]!;
+        const env = c.env?.find((e) => e.name === 'MOERL_ROLLOUT_RANKS');
+        assert.deepEqual(env?.valueFrom, {
+          resourceFieldRef: { containerName: c.name, resource: 'requests.cpu', divisor: '1' },
+        });
+        // What the kubelet sets it to: the request in whole CPUs, rounded up. More ranks than the
+        // CPU limit would run them on a throttled quota.
+        const request = cpus(c.resources?.requests?.cpu);
+        const ranks = Math.ceil(request);
+        assert.ok(
+          ranks <= cpus(c.resources?.limits?.cpu),
+          `${name}: ${ranks} rollout ranks, CPU limit ${c.resources?.limits?.cpu}`,
+        );
+        if (request >= 1) assert.equal(ranks, request, `${name}: a whole number of CPUs, one per rank`);
+        assert.equal(
+          parseWorkerArgs(['--role', 'rollout'], { MOERL_ROLLOUT_RANKS: String(ranks) }).rolloutRanks,
+          ranks,
+        );
       });
 
       it('pins every image tag, never latest', () => {
