@@ -14,7 +14,7 @@ import {
 } from './temporal-options.js';
 import { createWorkerMetrics, hostPort, parsePort, serveMetrics } from './metrics.js';
 import type { MetricsServer } from './metrics.js';
-import { roles, runWorkers } from './worker.js';
+import { expandRoles, roles, runWorkers } from './worker.js';
 import type { Role, WorkerDeployment } from './worker.js';
 
 const usage = `usage: moerl-worker [--role control|rollout|train|all]... [--shutdown-grace-seconds N]
@@ -176,8 +176,9 @@ async function main(): Promise<void> {
     const build = args.deployment
       ? `build ${args.deployment.deploymentName}:${args.deployment.buildId}`
       : 'unversioned';
+    const ranks = expandRoles(args.roles).includes('rollout') ? `, ${args.rolloutRanks} rollout ranks` : '';
     console.error(
-      `moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}, ${build}, ${args.rolloutRanks} rollout ranks`,
+      `moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}, ${build}${ranks}`,
     );
     await runWorkers({
       roles: args.roles,
