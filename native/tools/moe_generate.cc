@@ -26,7 +26,8 @@
 //   {"chunk":k,"done":true,"samples":n,"new_tokens":n,"stopped":n,"seconds":s,"tokens_per_s":x}
 //       once chunk k's file is written
 //   {"done":true,"chunks":n,"new_tokens":n,"seconds":s,"tokens_per_s":x,...}  at the end
-//       (also the decode-loop seconds and kv_cache_bytes: rank 0's largest KV cache)
+//       (also the decode-loop seconds, decode_steps and kv_cache_bytes: rank 0's largest KV
+//       cache)
 // Exit 0 done (or --help), 2 bad input, 1 anything else (retryable).
 //
 // Expert parallel on R ranks under the rank contract of moe_train (MOERL_RANK,
@@ -206,7 +207,7 @@ int run(Options& o) {
   const int64_t num_chunks = (num_prompts + chunk - 1) / chunk;
   MOERL_CHECK_INPUT(start_chunk <= num_chunks, "--start-chunk ", start_chunk, " beyond the ",
                     num_chunks, " chunks");
-  int64_t total_tokens = 0, kv_bytes = 0;
+  int64_t total_tokens = 0, kv_bytes = 0, steps = 0;
   double total_s = 0.0, generate_s = 0.0;
   Progress progress(o.progress_interval);
   for (int64_t k = start_chunk; k < num_chunks; k++) {
@@ -231,6 +232,7 @@ int run(Options& o) {
     kv_bytes =
         std::max(kv_bytes, model::kv_cache_bytes(cfg, model::decode_slots(sp, (int)mine.size())));
     auto on_step = [&](int step, int64_t tokens) {
+      steps++;
       if (!is_root) return;
       progress.maybe_print([&] {
         return "{\"chunk\":" + std::to_string(k) + ",\"progress\":true,\"step\":" +
@@ -279,10 +281,11 @@ int run(Options& o) {
   const model::DecodeTimes& t = moe->times;
   std::printf("{\"done\":true,\"chunks\":%lld,\"new_tokens\":%lld,\"seconds\":%.4f,\"tokens_per_s\":%.1f,"
               "\"ranks\":%d,\"ep_mode\":\"%s\",\"generate_seconds\":%.4f,\"experts_seconds\":%.4f,"
-              "\"ep_seconds\":%.4f,\"max_batch\":%d,\"kv_cache_bytes\":%lld}\n",
+              "\"ep_seconds\":%.4f,\"max_batch\":%d,\"decode_steps\":%lld,"
+              "\"kv_cache_bytes\":%lld}\n",
               (long long)(num_chunks - start_chunk), (long long)total_tokens, total_s,
               total_tokens / std::max(total_s, 1e-9), R, mode.c_str(), generate_s, t.experts, t.ep,
-              sp.max_batch, (long long)kv_bytes);
+              sp.max_batch, (long long)steps, (long long)kv_bytes);
   return 0;
 }
 
