@@ -180,7 +180,8 @@ void run_rank(const LlOptions& o, const transport::Config& config) {
   js.precision(1);
   js << std::fixed << "{\"bench\": \"ep_ll\", \"ranks\": " << R << ", \"provider\": \""
      << comm.config().provider << "\", \"fi_provider\": \"" << comm.provider_name()
-     << "\", \"path\": \"" << buffer.transport_path() << "\", \"tokens\": " << o.tokens
+     << "\", \"path\": \"" << buffer.transport_path() << "\", \"dispatch_messages\": \""
+     << (buffer.dispatch_packed() ? "per_peer" : "per_slot") << "\", \"tokens\": " << o.tokens
      << ", \"hidden\": " << o.hidden << ", \"experts\": " << o.experts << ", \"topk\": " << o.topk
      << ", \"dispatch_dtype\": \"" << o.dtype << "\", \"combine_dtype\": \"bf16\""
      << ", \"slot_capacity\": " << buffer.slot_capacity() << ", \"iters\": " << I
