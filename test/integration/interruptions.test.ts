@@ -3,13 +3,11 @@
 // mid-update. Each interrupted campaign must produce exactly what an uninterrupted run with the
 // same seed produces, redoing at most the chunk that was in flight.
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
-import type { ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import * as keys from '../../activities/layout.js';
@@ -20,6 +18,9 @@ import type { CampaignSpec } from '../../workflows/spec.js';
 import type { CampaignState, TaskQueues } from '../../workflows/types.js';
 import {
   artifacts,
+  exited,
+  rolloutChunksStored,
+  spawnRolloutWorker,
   startCampaign,
   tinyRealSpec,
   uniqueTaskQueues,
@@ -51,33 +52,8 @@ const spec = (name: string): CampaignSpec =>
     orchestration: { rolloutHeartbeatSeconds: 2, updateHeartbeatSeconds: 10 },
   });
 
-const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
-
-/** A rollout worker in its own process group, as a pod on its own node would be. */
-function spawnRolloutWorker(queues: TaskQueues, name: string): ChildProcess {
-  const prefix = queues.rollout.slice(0, -'rollout'.length);
-  return spawn(
-    process.execPath,
-    [workerMain, '--role', 'rollout', '--address', t.address, '--shutdown-grace-seconds', '5'],
-    {
-      detached: true,
-      stdio: 'ignore',
-      env: { ...process.env, MOERL_TASK_QUEUE_PREFIX: prefix, MOERL_CACHE_DIR: join(dir, `cache-${name}`) },
-    },
-  );
-}
-
-const exited = (child: ChildProcess) =>
-  child.exitCode !== null || child.signalCode !== null
-    ? Promise.resolve()
-    : new Promise<void>((resolve) => child.once('exit', () => resolve()));
-
-async function chunksStored(store: ObjectStore, campaignId: string, iteration: number): Promise<number> {
-  let n = 0;
-  for (const shard of [0, 1])
-    for await (const _ of store.list(`${keys.rolloutShardPrefix(campaignId, iteration, shard)}/`)) n++;
-  return n;
-}
+const rolloutWorker = (queues: TaskQueues, name: string) =>
+  spawnRolloutWorker({ address: t.address, queues, dir, name });
 
 async function checkpointFiles(store: ObjectStore, campaignId: string, iteration: number) {
   const manifest = JSON.parse(
@@ -117,30 +93,30 @@ describe('interruptions', () => {
       t.namespace,
       createActivities(deps),
       async () => {
-        const first = spawnRolloutWorker(queues, 'first');
+        const first = rolloutWorker(queues, 'first');
         const handle = await startCampaign(t.client, spec('spot-interrupted'), queues);
         const id = handle.workflowId;
 
         await waitFor(
           'iteration 1 rollout to be under way',
-          async () => ((await chunksStored(store, id, 1)) >= 2 ? true : undefined),
+          async () => ((await rolloutChunksStored(store, id, 1)) >= 2 ? true : undefined),
           60_000,
           20,
         );
         process.kill(-first.pid!, 'SIGKILL'); // the node is gone, with every process on it
         await exited(first);
-        const second = spawnRolloutWorker(queues, 'second');
+        const second = rolloutWorker(queues, 'second');
 
         await waitFor(
           'iteration 2 rollout to be under way',
-          async () => ((await chunksStored(store, id, 2)) >= 2 ? true : undefined),
+          async () => ((await rolloutChunksStored(store, id, 2)) >= 2 ? true : undefined),
           60_000,
           20,
         );
         second.kill('SIGTERM'); // a Spot notice: the worker stops its activities and leaves
         await exited(second);
         assert.equal(second.exitCode, 0, 'the worker shuts down cleanly on SIGTERM');
-        const third = spawnRolloutWorker(queues, 'third');
+        const third = rolloutWorker(queues, 'third');
         try {
           await handle.result();
           return { id, state: await handle.query<CampaignState>('status') };
@@ -206,19 +182,19 @@ describe('interruptions', () => {
       t.namespace,
       createActivities(deps),
       async () => {
-        const first = spawnRolloutWorker(queues, 'ep-first');
+        const first = rolloutWorker(queues, 'ep-first');
         const handle = await startCampaign(t.client, epSpec('ep-interrupted'), queues);
         const id = handle.workflowId;
         await waitFor(
           'iteration 1 rollout to be under way',
-          async () => ((await chunksStored(store, id, 1)) >= 2 ? true : undefined),
+          async () => ((await rolloutChunksStored(store, id, 1)) >= 2 ? true : undefined),
           60_000,
           20,
         );
         const running = generators('ep-first').length;
         process.kill(-first.pid!, 'SIGKILL'); // the node is gone, with every rank on it
         await exited(first);
-        const second = spawnRolloutWorker(queues, 'ep-second');
+        const second = rolloutWorker(queues, 'ep-second');
         try {
           await handle.result();
           return { id, running, state: await handle.query<CampaignState>('status') };

@@ -4,16 +4,13 @@
 // `moerl history --json`, each event must show where it happened, and the page, opened in a real
 // headless Chromium, must draw every chart with no console error and no network request.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
-import * as keys from '../../activities/layout.js';
 import { openStore } from '../../activities/store/index.js';
 import type { CampaignHistory } from '../../cli/history.js';
 import { main } from '../../cli/main.js';
@@ -22,6 +19,9 @@ import { repoRoot } from '../../cli/temporal-tools.js';
 import type { CampaignState, TaskQueues } from '../../workflows/types.js';
 import { chromiumSkip, renderPage, withBrowser } from '../support/browser.js';
 import {
+  exited,
+  rolloutChunksStored,
+  spawnRolloutWorker,
   startCampaign,
   tinyRealSpec,
   uniqueTaskQueues,
@@ -49,30 +49,8 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
-const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
-
-function spawnRolloutWorker(queues: TaskQueues, name: string): ChildProcess {
-  const prefix = queues.rollout.slice(0, -'rollout'.length);
-  return spawn(
-    process.execPath,
-    [workerMain, '--role', 'rollout', '--address', t.address, '--shutdown-grace-seconds', '5'],
-    {
-      detached: true,
-      // Its output goes beside the report, for when the campaign does not get going.
-      stdio: [
-        'ignore',
-        openSync(join(outputDir, `worker-${name}.log`), 'w'),
-        openSync(join(outputDir, `worker-${name}.log`), 'a'),
-      ],
-      env: { ...process.env, MOERL_TASK_QUEUE_PREFIX: prefix, MOERL_CACHE_DIR: join(dir, `cache-${name}`) },
-    },
-  );
-}
-
-const exited = (child: ChildProcess) =>
-  child.exitCode !== null || child.signalCode !== null
-    ? Promise.resolve()
-    : new Promise<void>((resolve) => child.once('exit', () => resolve()));
+const rolloutWorker = (queues: TaskQueues, name: string) =>
+  spawnRolloutWorker({ address: t.address, queues, dir, name, logDir: outputDir });
 
 async function cli(argv: string[]) {
   let stdout = '';
@@ -115,7 +93,7 @@ describe('moerl report', { skip: native.skip || chromiumSkip(), timeout: 300_000
       t.namespace,
       createActivities(deps),
       async () => {
-        const first = spawnRolloutWorker(queues, 'first');
+        const first = rolloutWorker(queues, 'first');
         const handle = await startCampaign(t.client, spec, queues);
         const id = handle.workflowId;
         // A wait that times out says where the campaign was.
@@ -133,17 +111,13 @@ describe('moerl report', { skip: native.skip || chromiumSkip(), timeout: 300_000
         try {
           await waitFor(
             'iteration 1 rollout to be under way (after the warm start)',
-            async () => {
-              let n = 0;
-              for await (const _ of store.list(`${keys.rolloutShardPrefix(id, 1, 0)}/`)) n++;
-              return n >= 2 ? true : undefined;
-            },
+            async () => ((await rolloutChunksStored(store, id, 1, [0])) >= 2 ? true : undefined),
             180_000,
             20,
           ).catch(explain);
           process.kill(-first.pid!, 'SIGKILL'); // the Spot node is gone
           await exited(first);
-          second = spawnRolloutWorker(queues, 'second');
+          second = rolloutWorker(queues, 'second');
           await waitForState(handle, 'iteration 1 committed', (s) => s.committedIteration >= 1, 90_000).catch(
             explain,
           );

@@ -2,19 +2,18 @@
 // small campaign; /metrics is scraped while it runs and after, and read by Prometheus's own
 // parser and linter. The counters must agree with what the workflow recorded.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { after, before, describe, test } from 'node:test';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
-import * as keys from '../../activities/layout.js';
 import { openStore } from '../../activities/store/index.js';
 import { repoRoot } from '../../cli/temporal-tools.js';
 import type { CampaignState } from '../../workflows/types.js';
 import {
+  rolloutChunksStored,
+  spawnRolloutWorker,
   startCampaign,
   tinyRealSpec,
   uniqueTaskQueues,
@@ -30,7 +29,6 @@ import { startTestEnvironment } from '../support/temporal.js';
 import type { TestEnvironment } from '../support/temporal.js';
 
 const tools = nativeTools(['moe_generate', 'moe_reward', 'moe_train']);
-const workerMainPath = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
 const dashboardPath = join(repoRoot(), 'k8s', 'monitoring', 'grafana-dashboard.json');
 
 let t: TestEnvironment;
@@ -279,12 +277,8 @@ describe('worker metrics', { skip: tools.skip }, () => {
       t.namespace,
       createActivities(workerActivityDeps(stop.signal, env)),
       async () => {
-        // The only rollout worker at first, in its own process group like a pod on its own node.
-        const first = spawn(process.execPath, [workerMainPath, '--role', 'rollout', '--address', t.address], {
-          detached: true,
-          stdio: 'ignore',
-          env: { ...env, MOERL_TASK_QUEUE_PREFIX: queues.rollout.slice(0, -'rollout'.length) },
-        });
+        // The only rollout worker at first, sharing the cache of this process's workers.
+        const first = spawnRolloutWorker({ address: t.address, queues, dir, name: 'lost', env });
         const killFirst = () => {
           try {
             process.kill(-first.pid!, 'SIGKILL'); // the node is gone, with every process on it
@@ -297,13 +291,7 @@ describe('worker metrics', { skip: tools.skip }, () => {
           const handle = await startCampaign(t.client, spec, queues);
           await waitFor(
             'the rollout under way on the first worker',
-            async () => {
-              let n = 0;
-              for (const shard of [0, 1])
-                for await (const _ of store.list(`${keys.rolloutShardPrefix(handle.workflowId, 1, shard)}/`))
-                  n++;
-              return n >= 2 ? true : undefined;
-            },
+            async () => ((await rolloutChunksStored(store, handle.workflowId, 1)) >= 2 ? true : undefined),
             120_000,
             20,
           );

@@ -1,7 +1,12 @@
 // Helpers for tests that run real campaign workflows on the dev server: a workflow bundle built
-// once, workers with test activities on task queues unique to the test, small specs, polling.
+// once, workers with test activities on task queues unique to the test, small specs, polling,
+// rollout workers in processes of their own.
+import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
+import { closeSync, openSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import type { Client, WorkflowHandle } from '@temporalio/client';
 import { bundleWorkflowCode } from '@temporalio/worker';
 import type { NativeConnection, WorkflowBundle } from '@temporalio/worker';
@@ -161,4 +166,61 @@ export async function artifacts(store: ObjectStore, campaignId: string): Promise
     for await (const obj of store.list(prefix + kind))
       out.set(obj.key.slice(prefix.length), (await store.get(obj.key)).toString('utf8'));
   return out;
+}
+
+const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
+
+/**
+ * `moerl-worker --role rollout` in its own process group, as a pod on its own node would be, on
+ * the rollout queue of `queues`, with its cache in `<dir>/cache-<name>`. Its output is dropped,
+ * or written to `<logDir>/worker-<name>.log` (for when a campaign does not get going).
+ */
+export function spawnRolloutWorker(opts: {
+  address: string;
+  queues: TaskQueues;
+  dir: string;
+  name: string;
+  env?: NodeJS.ProcessEnv;
+  logDir?: string;
+}): ChildProcess {
+  const log =
+    opts.logDir === undefined ? 'ignore' : openSync(join(opts.logDir, `worker-${opts.name}.log`), 'w');
+  try {
+    return spawn(
+      process.execPath,
+      [workerMain, '--role', 'rollout', '--address', opts.address, '--shutdown-grace-seconds', '5'],
+      {
+        detached: true,
+        stdio: ['ignore', log, log],
+        env: {
+          ...(opts.env ?? process.env),
+          MOERL_TASK_QUEUE_PREFIX: opts.queues.rollout.slice(0, -'rollout'.length),
+          MOERL_CACHE_DIR: join(opts.dir, `cache-${opts.name}`),
+        },
+      },
+    );
+  } finally {
+    // The child holds its own copy of the log's descriptor.
+    if (typeof log === 'number') closeSync(log);
+  }
+}
+
+/** Resolves once `child` has exited (at once if it has). */
+export function exited(child: ChildProcess): Promise<void> {
+  return child.exitCode !== null || child.signalCode !== null
+    ? Promise.resolve()
+    : new Promise<void>((resolve) => child.once('exit', () => resolve()));
+}
+
+/** How many rollout chunks of `iteration` the store holds, over the given shards. */
+export async function rolloutChunksStored(
+  store: ObjectStore,
+  campaignId: string,
+  iteration: number,
+  shards: readonly number[] = [0, 1],
+): Promise<number> {
+  let n = 0;
+  for (const shard of shards)
+    for await (const _ of store.list(`${keys.rolloutShardPrefix(campaignId, iteration, shard)}/`)) n++;
+  return n;
 }
