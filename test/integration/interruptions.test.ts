@@ -8,6 +8,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import type { ActivityDeps } from '../../activities/deps.js';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import * as keys from '../../activities/layout.js';
@@ -15,7 +16,7 @@ import { parseRolloutLine } from '../../activities/rewards/rollout-record.js';
 import { openStore } from '../../activities/store/index.js';
 import type { ObjectStore } from '../../activities/store/index.js';
 import type { CampaignSpec } from '../../workflows/spec.js';
-import type { CampaignState, TaskQueues } from '../../workflows/types.js';
+import type { CampaignState } from '../../workflows/types.js';
 import {
   artifacts,
   exited,
@@ -52,9 +53,6 @@ const spec = (name: string): CampaignSpec =>
     orchestration: { rolloutHeartbeatSeconds: 2, updateHeartbeatSeconds: 10 },
   });
 
-const rolloutWorker = (queues: TaskQueues, name: string) =>
-  spawnRolloutWorker({ address: t.address, queues, dir, name });
-
 async function checkpointFiles(store: ObjectStore, campaignId: string, iteration: number) {
   const manifest = JSON.parse(
     (await store.get(`${keys.checkpointKey(campaignId, iteration)}/manifest.json`)).toString(),
@@ -62,6 +60,81 @@ async function checkpointFiles(store: ObjectStore, campaignId: string, iteration
     files: { name: string; sha256: string }[];
   };
   return manifest.files;
+}
+
+/** Asserts that campaign `id` stored the rollouts and rewards of `reference`, file by file; returns them. */
+async function assertSameArtifacts(store: ObjectStore, reference: string, id: string, what: string) {
+  const [want, got] = [await artifacts(store, reference), await artifacts(store, id)];
+  assert.equal(got.size, want.size, `as many rollout and rewards files as ${what}`);
+  for (const [key, text] of want) assert.equal(got.get(key), text, `${key} matches ${what}`);
+  return want;
+}
+
+/** Runs each campaign of `specs` to completion, nothing interrupted; their ids. */
+async function uninterrupted(deps: ActivityDeps, specs: CampaignSpec[]): Promise<string[]> {
+  return withWorkers(t.nativeConnection, t.namespace, createActivities(deps), async (queues) => {
+    const ids: string[] = [];
+    for (const s of specs) {
+      const handle = await startCampaign(t.client, s, queues);
+      await handle.result();
+      ids.push(handle.workflowId);
+    }
+    return ids;
+  });
+}
+
+/**
+ * Runs `spec` with control and train in this process and rollout only in worker processes, one
+ * at a time, so the worker that is lost is certainly the one running both shards. Loss i comes
+ * once 2 chunks of iteration i + 1 are stored: `onLoss` sees the worker's name, then the worker
+ * goes (SIGKILL: the node is gone, with every process on it; SIGTERM: a Spot notice, the worker
+ * stops its activities and leaves, cleanly) and the next one starts.
+ */
+async function interrupted(
+  deps: ActivityDeps,
+  spec: CampaignSpec,
+  losses: ('SIGKILL' | 'SIGTERM')[],
+  onLoss: (worker: string) => void = () => undefined,
+) {
+  const store = openStore(spec.store);
+  const queues = uniqueTaskQueues();
+  const workers = [`${spec.name}-0`];
+  const start = () => spawnRolloutWorker({ address: t.address, queues, dir, name: workers.at(-1)! });
+  return withWorkers(
+    t.nativeConnection,
+    t.namespace,
+    createActivities(deps),
+    async () => {
+      let worker = start();
+      try {
+        const handle = await startCampaign(t.client, spec, queues);
+        const id = handle.workflowId;
+        for (const [i, signal] of losses.entries()) {
+          await waitFor(
+            `iteration ${i + 1} rollout to be under way`,
+            async () => ((await rolloutChunksStored(store, id, i + 1)) >= 2 ? true : undefined),
+            60_000,
+            20,
+          );
+          onLoss(workers.at(-1)!);
+          if (signal === 'SIGKILL') process.kill(-worker.pid!, 'SIGKILL');
+          else worker.kill('SIGTERM');
+          await exited(worker);
+          if (signal === 'SIGTERM')
+            assert.equal(worker.exitCode, 0, 'the worker shuts down cleanly on SIGTERM');
+          workers.push(`${spec.name}-${i + 1}`);
+          worker = start();
+        }
+        await handle.result();
+        return { id, workers, state: await handle.query<CampaignState>('status') };
+      } finally {
+        worker.kill('SIGTERM');
+        await exited(worker);
+      }
+    },
+    queues,
+    ['control', 'train'],
+  );
 }
 
 describe('interruptions', () => {
@@ -73,70 +146,18 @@ describe('interruptions', () => {
     });
     const store = openStore(spec('x').store);
 
-    // Reference: the same campaign with nothing interrupted.
-    const reference = await withWorkers(
-      t.nativeConnection,
-      t.namespace,
-      createActivities(deps),
-      async (queues) => {
-        const handle = await startCampaign(t.client, spec('spot-reference'), queues);
-        await handle.result();
-        return handle.workflowId;
-      },
-    );
+    const [reference] = await uninterrupted(deps, [spec('spot-reference')]);
+    const outcome = await interrupted(deps, spec('spot-interrupted'), ['SIGKILL', 'SIGTERM']);
 
-    // Control and train in this process; rollout only in worker processes, one at a time, so
-    // the worker that is killed is certainly the one running both shards.
-    const queues = uniqueTaskQueues();
-    const outcome = await withWorkers(
-      t.nativeConnection,
-      t.namespace,
-      createActivities(deps),
-      async () => {
-        const first = rolloutWorker(queues, 'first');
-        const handle = await startCampaign(t.client, spec('spot-interrupted'), queues);
-        const id = handle.workflowId;
-
-        await waitFor(
-          'iteration 1 rollout to be under way',
-          async () => ((await rolloutChunksStored(store, id, 1)) >= 2 ? true : undefined),
-          60_000,
-          20,
-        );
-        process.kill(-first.pid!, 'SIGKILL'); // the node is gone, with every process on it
-        await exited(first);
-        const second = rolloutWorker(queues, 'second');
-
-        await waitFor(
-          'iteration 2 rollout to be under way',
-          async () => ((await rolloutChunksStored(store, id, 2)) >= 2 ? true : undefined),
-          60_000,
-          20,
-        );
-        second.kill('SIGTERM'); // a Spot notice: the worker stops its activities and leaves
-        await exited(second);
-        assert.equal(second.exitCode, 0, 'the worker shuts down cleanly on SIGTERM');
-        const third = rolloutWorker(queues, 'third');
-        try {
-          await handle.result();
-          return { id, state: await handle.query<CampaignState>('status') };
-        } finally {
-          third.kill('SIGTERM');
-          await exited(third);
-        }
-      },
-      queues,
-      ['control', 'train'],
-    );
-
-    const [want, got] = [await artifacts(store, reference), await artifacts(store, outcome.id)];
-    assert.equal(got.size, want.size);
+    const want = await assertSameArtifacts(store, reference!, outcome.id, 'the uninterrupted run');
     assert.ok(
       want.size >= 2 * 2 * 32 + 4,
       `rollout chunks and rewards files of both iterations (${want.size})`,
     );
-    for (const [key, text] of want) assert.equal(got.get(key), text, `${key} matches the uninterrupted run`);
-    assert.deepEqual(await checkpointFiles(store, outcome.id, 2), await checkpointFiles(store, reference, 2));
+    assert.deepEqual(
+      await checkpointFiles(store, outcome.id, 2),
+      await checkpointFiles(store, reference!, 2),
+    );
 
     const redone = outcome.state.recentIterations.map((it) => it.chunksRedone);
     const retries = outcome.state.retries.rollout;
@@ -157,63 +178,24 @@ describe('interruptions', () => {
     const store = openStore(spec('x').store);
     const epSpec = (name: string) => ({ ...spec(name), iterations: 1, rolloutEpWorldSize: 2 });
     // Uninterrupted references: the same campaign, and one whose rollout runs on one rank.
-    const [reference, oneRank] = await withWorkers(
-      t.nativeConnection,
-      t.namespace,
-      createActivities(deps),
-      async (queues) => {
-        const ids: string[] = [];
-        for (const s of [epSpec('ep-reference'), { ...epSpec('ep1-reference'), rolloutEpWorldSize: 1 }]) {
-          const handle = await startCampaign(t.client, s, queues);
-          await handle.result();
-          ids.push(handle.workflowId);
-        }
-        return ids;
-      },
-    );
+    const [reference, oneRank] = await uninterrupted(deps, [
+      epSpec('ep-reference'),
+      { ...epSpec('ep1-reference'), rolloutEpWorldSize: 1 },
+    ]);
 
-    const queues = uniqueTaskQueues();
     const generators = (worker: string) =>
       execFileSync('ps', ['-eo', 'pid=,args='], { encoding: 'utf8' })
         .split('\n')
         .filter((l) => l.includes('moe_generate') && l.includes(join(dir, `cache-${worker}`)));
-    const outcome = await withWorkers(
-      t.nativeConnection,
-      t.namespace,
-      createActivities(deps),
-      async () => {
-        const first = rolloutWorker(queues, 'ep-first');
-        const handle = await startCampaign(t.client, epSpec('ep-interrupted'), queues);
-        const id = handle.workflowId;
-        await waitFor(
-          'iteration 1 rollout to be under way',
-          async () => ((await rolloutChunksStored(store, id, 1)) >= 2 ? true : undefined),
-          60_000,
-          20,
-        );
-        const running = generators('ep-first').length;
-        process.kill(-first.pid!, 'SIGKILL'); // the node is gone, with every rank on it
-        await exited(first);
-        const second = rolloutWorker(queues, 'ep-second');
-        try {
-          await handle.result();
-          return { id, running, state: await handle.query<CampaignState>('status') };
-        } finally {
-          second.kill('SIGTERM');
-          await exited(second);
-        }
-      },
-      queues,
-      ['control', 'train'],
-    );
+    let running = 0;
+    const outcome = await interrupted(deps, epSpec('ep-interrupted'), ['SIGKILL'], (worker) => {
+      running = generators(worker).length;
+    });
 
-    assert.equal(outcome.running, 2 * 2, 'each of the 2 shards ran on 2 moe_generate ranks');
-    assert.deepEqual(generators('ep-first'), [], 'no rank outlived its worker');
-    const [want, got] = [await artifacts(store, reference!), await artifacts(store, outcome.id)];
+    assert.equal(running, 2 * 2, 'each of the 2 shards ran on 2 moe_generate ranks');
+    assert.deepEqual(generators(outcome.workers[0]!), [], 'no rank outlived its worker');
+    const want = await assertSameArtifacts(store, reference!, outcome.id, 'the uninterrupted EP-2 run');
     assert.ok(want.size >= 2 * 32 + 2, `rollout chunks and rewards files (${want.size})`);
-    assert.equal(got.size, want.size);
-    for (const [key, text] of want)
-      assert.equal(got.get(key), text, `${key} matches the uninterrupted EP-2 run`);
     // One rank samples the same tokens; log-probs differ by rounding only (docs/native-model.md).
     let worst = 0;
     for (const [key, text] of await artifacts(store, oneRank!)) {
