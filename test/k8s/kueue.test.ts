@@ -258,11 +258,7 @@ describe('trainer Jobs under a Kueue queue (real Kueue, kwok fake nodes)', () =>
       try {
         await runningPods(holder.name, 2);
         queued = await launcher.launch(spec('waiter'));
-        await waitFor(
-          'the second Job to be queued',
-          30_000,
-          async () => queued!.status().state === 'queued' || queued!.status().state,
-        );
+        await jobState(queued, 'queued', 'the second Job to be queued');
         await new Promise((done) => setTimeout(done, 3_000));
         assert.deepEqual(await jobPods(queued.name), [], 'a queued Job has no pods');
 
@@ -278,30 +274,13 @@ describe('trainer Jobs under a Kueue queue (real Kueue, kwok fake nodes)', () =>
         await completePods(holder.name, 2);
         assert.equal((await holder.wait()).state, 'succeeded');
         await runningPods(adopted.name, 2);
-        await waitFor(
-          'the adopted Job to run',
-          30_000,
-          async () => adopted!.status().state === 'running' || adopted!.status().state,
-        );
+        await jobState(adopted, 'running', 'the adopted Job to run');
         const firstWait = adopted.status().queueWaitSeconds!;
 
         // What a preemption does: Kueue evicts the Workload and suspends the admitted Job again.
         const workload = await workloadOf(adopted.name);
-        await kubectlOut(cluster, [
-          '-n',
-          namespace,
-          'patch',
-          'workload',
-          workload,
-          '--type=merge',
-          '-p',
-          '{"spec":{"active":false}}',
-        ]);
-        await waitFor(
-          'the preempted Job to be queued again',
-          30_000,
-          async () => adopted!.status().state === 'queued' || adopted!.status().state,
-        );
+        await setWorkloadActive(workload, false);
+        await jobState(adopted, 'queued', 'the preempted Job to be queued again');
         await waitFor(
           'its pods to be removed',
           30_000,
@@ -309,16 +288,7 @@ describe('trainer Jobs under a Kueue queue (real Kueue, kwok fake nodes)', () =>
         );
         await new Promise((done) => setTimeout(done, 2_000));
         assert.equal(adopted.status().state, 'queued', 'still queued, not failed');
-        await kubectlOut(cluster, [
-          '-n',
-          namespace,
-          'patch',
-          'workload',
-          workload,
-          '--type=merge',
-          '-p',
-          '{"spec":{"active":true}}',
-        ]);
+        await setWorkloadActive(workload, true);
         await completePods(adopted.name, 2);
         const final: JobStatus = await adopted.wait();
         assert.equal(final.state, 'succeeded', JSON.stringify(final));
@@ -332,6 +302,17 @@ describe('trainer Jobs under a Kueue queue (real Kueue, kwok fake nodes)', () =>
     },
   );
 });
+
+/** Waits (30 s at most) until `job` reports `state`. */
+async function jobState(job: TrainJob, state: JobStatus['state'], what: string): Promise<void> {
+  await waitFor(what, 30_000, async () => job.status().state === state || job.status().state);
+}
+
+/** Deactivates the Workload `name`, as a preemption does (Kueue suspends its Job), or readmits it. */
+async function setWorkloadActive(name: string, active: boolean): Promise<void> {
+  const patch = JSON.stringify({ spec: { active } });
+  await kubectlOut(cluster, ['-n', namespace, 'patch', 'workload', name, '--type=merge', '-p', patch]);
+}
 
 /** The name of the Kueue Workload that stands for Job `name`. */
 async function workloadOf(name: string): Promise<string> {
