@@ -77,7 +77,8 @@ INSTANTIATE_TEST_SUITE_P(
         LlCase{4, "shm", 16, 4, 128, 90, "varied", "random", "bf16", 130, 0, "overlap"},
         LlCase{4, "shm", 16, 4, 128, 70, "fixed", "skewed", "fp8", 70, 0, "plain"},
         LlCase{4, "shm", 8, 2, 64, 70, "zero", "minus1", "f32", 70, 64, "plain"},
-        // Experts above 256 per rank: the expert index spills into a second tag operation.
+        // Experts above 256 per rank: combine's expert index spills into a second tag
+        // operation (dispatch packs here; the last case below spills it per slot).
         LlCase{2, "shm", 600, 8, 128, 64, "fixed", "random", "bf16", 64, 8, "plain"},
         LlCase{2, "tcp", 8, 2, 128, 80, "varied", "random", "bf16", 100, 0, "overlap"},
         LlCase{4, "tcp", 16, 4, 128, 60, "zero", "minus1", "fp8", 60, 0, "plain"},
@@ -93,6 +94,9 @@ INSTANTIATE_TEST_SUITE_P(
         LlCase{2, "tcp", 8, 8, 128, 128, "fixed", "random", "bf16", 128, 0, "plain", "per slot"},
         LlCase{2, "shm", 8, 8, 256, 128, "fixed", "random", "fp8", 128, 0, "overlap", "per slot"},
         LlCase{2, "tcp", 8, 8, 256, 100, "varied", "minus1", "fp8", 128, 0, "plain",
+               "per slot"},
+        // 300 local experts: 256*8/600 rows x 5 KiB = 17 KiB per slot message (T_max 256, P 8).
+        LlCase{2, "shm", 600, 8, 2560, 64, "varied", "random", "bf16", 256, 8, "plain",
                "per slot"}),
     name_of);
 
