@@ -99,7 +99,10 @@ async function interrupted(
   const store = openStore(spec.store);
   const queues = uniqueTaskQueues();
   const workers = [`${spec.name}-0`];
-  const start = () => spawnRolloutWorker({ address: t.address, queues, dir, name: workers.at(-1)! });
+  // Rank slots for both shards at once (2 EP-2 shards: 4 ranks) whatever the host's CPUs, so
+  // the lost worker is running both.
+  const env = { ...process.env, MOERL_ROLLOUT_RANKS: '4' };
+  const start = () => spawnRolloutWorker({ address: t.address, queues, dir, name: workers.at(-1)!, env });
   return withWorkers(
     t.nativeConnection,
     t.namespace,
@@ -174,6 +177,7 @@ describe('interruptions', () => {
     const deps = workerActivityDeps(stop.signal, {
       ...process.env,
       MOERL_CACHE_DIR: join(dir, 'cache-ep-main'),
+      MOERL_ROLLOUT_RANKS: '4', // EP-2 shards on any host, one CPU included
     });
     const store = openStore(spec('x').store);
     const epSpec = (name: string) => ({ ...spec(name), iterations: 1, rolloutEpWorldSize: 2 });
