@@ -8,9 +8,9 @@ import { parseArgs } from 'node:util';
 import { Runtime, DefaultLogger } from '@temporalio/worker';
 import type { temporal } from '@temporalio/proto';
 import { startDevServer } from '../cli/dev-server.js';
-import { connectClient, connectWorkerConnection } from '../workers/temporal-options.js';
 import { createRecordingTestActivities } from '../test/support/recording-activities.js';
 import { startCampaign, testSpec, withWorkers } from '../test/support/campaign-harness.js';
+import { connectDevServer } from './support/dev-server.js';
 
 type HistoryEvent = temporal.api.history.v1.IHistoryEvent;
 
@@ -39,14 +39,8 @@ const p95 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length
 Runtime.install({ logger: new DefaultLogger('ERROR') });
 const server = await startDevServer();
 try {
-  const { client, connection } = await connectClient({
-    address: server.address,
-    namespace: server.namespace,
-  });
-  const workerConnection = await connectWorkerConnection({
-    address: server.address,
-    namespace: server.namespace,
-  });
+  const connections = await connectDevServer(server);
+  const { client, workerConnection } = connections;
   const { activities } = createRecordingTestActivities();
   const spec = testSpec({ iterations, rolloutShards: shards, promptsPerIteration: shards * 4 });
   const started = Date.now();
@@ -99,8 +93,7 @@ try {
   };
   if (values.json) console.log(JSON.stringify(result));
   else console.log(JSON.stringify(result, null, 2));
-  await connection.close();
-  await workerConnection.close();
+  await connections.close();
 } finally {
   await server.stop();
 }

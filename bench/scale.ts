@@ -24,10 +24,10 @@ import { startDevServer } from '../cli/dev-server.js';
 import { loadSpecFile } from '../cli/spec-file.js';
 import { repoRoot } from '../cli/temporal-tools.js';
 import { listQuery } from '../cli/commands/list.js';
-import { connectClient, connectWorkerConnection } from '../workers/temporal-options.js';
 import { parseCampaignSpec } from '../workflows/spec.js';
 import type { CampaignSpec } from '../workflows/spec.js';
 import { startCampaign, testSpec, withWorkers } from '../test/support/campaign-harness.js';
+import { connectDevServer } from './support/dev-server.js';
 import { createFastActivities } from './scale/activities.js';
 import type { CommitTimes, StageMedians } from './scale/activities.js';
 import { campaignHistory, p50p95 } from './scale/history.js';
@@ -371,14 +371,8 @@ const dbFile = join(dir, 'temporal.db');
 const server = await startDevServer({ dbFile });
 log(`dev server at ${server.address}, pid ${server.pid}, db ${dbFile}`);
 try {
-  const { client, connection } = await connectClient({
-    address: server.address,
-    namespace: server.namespace,
-  });
-  const workerConnection = await connectWorkerConnection({
-    address: server.address,
-    namespace: server.namespace,
-  });
+  const connections = await connectDevServer(server);
+  const { client, workerConnection } = connections;
   const { activities, commits } = createFastActivities({
     seed,
     sigma,
@@ -413,8 +407,7 @@ try {
   result.db_mb = round(dbBytes(dbFile) / 2 ** 20, 1);
   result.loadavg_at_end = (await import('node:os')).loadavg().map((x) => round(x));
   console.log(JSON.stringify(result));
-  await connection.close();
-  await workerConnection.close();
+  await connections.close();
 } finally {
   await server.stop();
   rmSync(dir, { recursive: true, force: true });
