@@ -11,9 +11,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { S3Client } from '@aws-sdk/client-s3';
 import { DefaultLogger, Runtime } from '@temporalio/worker';
-import { S3Store, openStore, type ObjectStore } from '../activities/store/index.js';
+import { openStore, type ObjectStore } from '../activities/store/index.js';
 import { artifacts } from '../test/support/campaign-harness.js';
 import { watchBucket } from '../test/support/bucket-watch.js';
 import {
@@ -28,6 +27,7 @@ import {
 } from '../test/support/chaos.js';
 import { faultKinds, startFaultProxy, type FaultKind } from '../test/support/s3-fault-proxy.js';
 import { startVersitygw } from '../test/support/versitygw.js';
+import { awsEnv, directClient, directStore, s3Location } from '../test/support/versitygw-access.js';
 
 const { values } = parseArgs({
   options: {
@@ -52,18 +52,8 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) process.once(sig, () => proces
 const dir = mkdtempSync(join(tmpdir(), 'moerl-chaos-bench-'));
 const gw = await startVersitygw();
 const proxy = await startFaultProxy(gw.endpoint, firstSeed, { rate: 0 });
-const creds = { accessKeyId: gw.accessKey, secretAccessKey: gw.secretKey };
-const stack = await startChaosStack(join(dir, 'stack'), {
-  AWS_ACCESS_KEY_ID: gw.accessKey,
-  AWS_SECRET_ACCESS_KEY: gw.secretKey,
-  AWS_REGION: gw.region,
-});
-const s3Client = new S3Client({
-  region: gw.region,
-  endpoint: gw.endpoint,
-  forcePathStyle: true,
-  credentials: creds,
-});
+const stack = await startChaosStack(join(dir, 'stack'), awsEnv(gw));
+const s3Client = directClient(gw);
 
 const applied: Fault[] = [];
 const lost: LostWork = { activityRetries: 0, workflowTaskTimeouts: 0, workflowTaskFailures: 0 };
@@ -93,14 +83,7 @@ try {
     const onS3 = i >= trials;
     const bucket = onS3 ? await gw.createBucket() : '';
     const spec = onS3
-      ? chaosSpec(`bench-s3-${seed}`, dir, {
-          kind: 's3',
-          bucket,
-          prefix: '',
-          region: gw.region,
-          endpoint: proxy.endpoint,
-          forcePathStyle: true,
-        })
+      ? chaosSpec(`bench-s3-${seed}`, dir, s3Location(gw, bucket, proxy.endpoint))
       : chaosSpec(`bench-${seed}`, dir);
     const schedule = faultSchedule(seed, faultsPerTrial, reference.wallMs * 0.9);
     if (onS3) await proxy.setProfile({ rate: s3Rate });
@@ -110,12 +93,7 @@ try {
       applied.push(...outcome.applied);
       wallMs.push(outcome.wallMs);
       for (const k of Object.keys(lost) as (keyof LostWork)[]) lost[k] += outcome.lost[k];
-      const store = onS3
-        ? new S3Store(
-            { bucket, prefix: '', region: gw.region, endpoint: gw.endpoint, forcePathStyle: true },
-            { credentials: creds },
-          )
-        : fs;
+      const store = onS3 ? directStore(gw, bucket) : fs;
       if (onS3) await proxy.setProfile({ rate: 0 });
       const seen = await watch?.stop();
       listings += seen?.listings ?? 0;

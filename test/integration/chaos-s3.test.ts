@@ -11,9 +11,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { S3Client } from '@aws-sdk/client-s3';
+import type { S3Client } from '@aws-sdk/client-s3';
 import { committedCheckpoint } from '../../activities/checkpoints/commit.js';
-import { S3Store, openStore } from '../../activities/store/index.js';
+import { openStore } from '../../activities/store/index.js';
 import { artifacts } from '../support/campaign-harness.js';
 import { snapshot, violations, watchBucket } from '../support/bucket-watch.js';
 import {
@@ -26,6 +26,7 @@ import {
 import { nativeTools } from '../support/native-tools.js';
 import { startFaultProxy, type FaultProxy } from '../support/s3-fault-proxy.js';
 import { startVersitygw, type Versitygw } from '../support/versitygw.js';
+import { awsEnv, directClient, directStore, s3Location } from '../support/versitygw-access.js';
 
 const tools = nativeTools(['moe_train', 'moe_generate']);
 const seed = Number(process.env.MOERL_CHAOS_S3_SEED ?? '5');
@@ -41,12 +42,7 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
     dir = mkdtempSync(join(tmpdir(), 'moerl-chaos-s3-'));
     gw = await startVersitygw();
     proxy = await startFaultProxy(gw.endpoint, seed, { rate: 0 });
-    client = new S3Client({
-      region: gw.region,
-      endpoint: gw.endpoint,
-      forcePathStyle: true,
-      credentials: { accessKeyId: gw.accessKey, secretAccessKey: gw.secretKey },
-    });
+    client = directClient(gw);
   });
   after(async () => {
     client?.destroy();
@@ -54,15 +50,10 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
     await gw?.stop();
     rmSync(dir, { recursive: true, force: true });
   });
-  const awsEnv = () => ({
-    AWS_ACCESS_KEY_ID: gw.accessKey,
-    AWS_SECRET_ACCESS_KEY: gw.secretKey,
-    AWS_REGION: gw.region,
-  });
 
   test('a campaign through the fault proxy completes with the uninterrupted run’s results, nothing partial visible', async () => {
     const bucket = await gw.createBucket();
-    const stack: ChaosStack = await startChaosStack(join(dir, 'stack'), awsEnv());
+    const stack: ChaosStack = await startChaosStack(join(dir, 'stack'), awsEnv(gw));
     try {
       const fs = openStore(chaosSpec('x', dir).store);
       const reference = await runTrial(stack, chaosSpec('s3-reference', dir), [], 120_000);
@@ -70,14 +61,7 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
 
       await proxy.setProfile({ rate: faultRate });
       const watch = watchBucket(client, bucket);
-      const spec = chaosSpec('s3-faults', dir, {
-        kind: 's3',
-        bucket,
-        prefix: '',
-        region: gw.region,
-        endpoint: proxy.endpoint,
-        forcePathStyle: true,
-      });
+      const spec = chaosSpec('s3-faults', dir, s3Location(gw, bucket, proxy.endpoint));
       const outcome = await runTrial(stack, spec, [], 200_000);
       await proxy.setProfile({ rate: 0 });
       const seen = await watch.stop();
@@ -90,10 +74,7 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
       assert.ok(Object.values(stats.faults).reduce((a, b) => a + b) > 0, 'faults were injected');
       assert.deepEqual(stack.unexpectedExits, []);
 
-      const s3 = new S3Store(
-        { bucket, prefix: '', region: gw.region, endpoint: gw.endpoint, forcePathStyle: true },
-        { credentials: { accessKeyId: gw.accessKey, secretAccessKey: gw.secretKey } },
-      );
+      const s3 = directStore(gw, bucket);
       assert.deepEqual(
         await checkpointDigests(s3, outcome.campaignId, iterations),
         await checkpointDigests(fs, reference.campaignId, iterations),
@@ -131,13 +112,10 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
     const child = fileURLToPath(new URL('../support/checkpoint-upload-child.js', import.meta.url));
     const upload = () =>
       spawn(process.execPath, [child, proxy.endpoint, bucket, local, 'mp', '1'], {
-        env: { ...process.env, ...awsEnv() },
+        env: { ...process.env, ...awsEnv(gw) },
         stdio: ['ignore', 'pipe', 'pipe'],
       });
-    const s3 = new S3Store(
-      { bucket, prefix: '', region: gw.region, endpoint: gw.endpoint, forcePathStyle: true },
-      { credentials: { accessKeyId: gw.accessKey, secretAccessKey: gw.secretKey } },
-    );
+    const s3 = directStore(gw, bucket);
     const steps: string[] = [];
     const step = async (what: string) => {
       const snap = await snapshot(client, bucket);
