@@ -1,6 +1,8 @@
 // `moerl status <id>`: the campaign's own account of itself (the status query), as a summary.
 import type { WorkflowExecutionDescription } from '@temporalio/client';
-import type { CampaignState } from '../../workflows/types.js';
+import { stageOfActivity } from '../../activities/types.js';
+import type { CampaignActivities } from '../../activities/types.js';
+import type { CampaignState, StageName } from '../../workflows/types.js';
 import { describeCampaign, executionStatus, queryState, type CampaignMemo } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { decimal, keyValues, seconds, timestamp } from '../format.js';
@@ -16,6 +18,25 @@ export function buildText(description: WorkflowExecutionDescription): string {
   const build = campaignBuild(versioning);
   const behavior = versioningBehaviors[versioning?.behavior ?? 0];
   return behavior && build !== 'unversioned' ? `${build} (${behavior})` : build;
+}
+
+/**
+ * Retries per stage so far: those the workflow counted (attempts beyond the first of activities
+ * that finished) plus the attempts beyond the first of activities the server is retrying now. The
+ * workflow learns an attempt only when the activity returns, so a shard whose worker is lost shows
+ * attempt 2, 3, ... while the state still counts none; `moerl history` and `moerl report` count
+ * those pending attempts too.
+ */
+export function retriesNow(
+  state: CampaignState,
+  description: WorkflowExecutionDescription,
+): Record<StageName, number> {
+  const retries = { ...state.retries };
+  for (const p of description.raw?.pendingActivities ?? []) {
+    const stage = stageOfActivity[p.activityType?.name as keyof CampaignActivities] as StageName | undefined;
+    if (stage) retries[stage] += Math.max(0, (p.attempt ?? 1) - 1);
+  }
+  return retries;
 }
 
 export function statusText(state: CampaignState, description: WorkflowExecutionDescription): string {
@@ -60,7 +81,7 @@ export function statusText(state: CampaignState, description: WorkflowExecutionD
       'change',
       `from iteration ${change.iteration}: ${keyValues(change.changes)}${change.reason ? ` (${change.reason})` : ''}`,
     ]);
-  const retries = Object.entries(state.retries).filter(([, n]) => n > 0);
+  const retries = Object.entries(retriesNow(state, description)).filter(([, n]) => n > 0);
   lines.push(['retries', retries.length ? retries.map(([stage, n]) => `${stage} ${n}`).join(', ') : 'none']);
   if (state.lastFailure) {
     const f = state.lastFailure;
@@ -111,6 +132,8 @@ export const statusCommand: Command = {
           build: campaignBuild(description.raw?.workflowExecutionInfo?.versioningInfo),
         },
         memo: description.memo ?? null,
+        // The text's retries line: `state.retries` plus attempts the server is retrying now.
+        retries: retriesNow(state, description),
         state,
       },
       () => statusText(state, description),
