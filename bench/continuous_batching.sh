@@ -19,32 +19,17 @@
 #        SEED (1), THREADS (OpenBLAS threads, 1)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUILD="${BUILD:-$ROOT/native/build}"
-BIN="$BUILD/bin"
+# shellcheck source-path=SCRIPTDIR source=support/decode-model.sh
+source "$(dirname "${BASH_SOURCE[0]}")/support/decode-model.sh"
 REPEATS="${REPEATS:-3}"
 B="${B:-16}"
 PROMPTS="${PROMPTS:-128}"
-NEW_TOKENS="${NEW_TOKENS:-64}"
-DIM="${DIM:-512}"
-LAYERS="${LAYERS:-2}"
-HEADS="${HEADS:-8}"
-EXPERTS="${EXPERTS:-32}"
-TOPK="${TOPK:-4}"
-EXPERT_DIM="${EXPERT_DIM:-512}"
-TASK="${TASK:-add}"
-SEED="${SEED:-1}"
-export OPENBLAS_NUM_THREADS="${THREADS:-1}"
 WORK="${1:-$(mktemp -d)}"
 mkdir -p "$WORK"
 cd "$WORK"
 
-for tool in moe_train moe_generate; do
-  [[ -x "$BIN/$tool" ]] || { echo "missing $BIN/$tool: build native first" >&2; exit 2; }
-done
-"$BIN/moe_train" init --out ckpt --seed "$SEED" --dim "$DIM" --layers "$LAYERS" --heads "$HEADS" \
-  --experts "$EXPERTS" --top-k "$TOPK" --expert-dim "$EXPERT_DIM" \
-  --max-seq-len $((NEW_TOKENS + 32)) > /dev/null
+require_decode_tools
+init_decode_checkpoint ckpt
 # no --ignore-eos: a random-init policy draws <eos> now and then, so lengths vary
 ROLLOUT=(--checkpoint ckpt --task "$TASK" --seed "$SEED" --num-prompts "$PROMPTS" --samples 1
          --max-new-tokens "$NEW_TOKENS")

@@ -18,38 +18,23 @@
 #        NEW_TOKENS (64), TASK (add), SEED (1), THREADS (OpenBLAS threads per rank, 1)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUILD="${BUILD:-$ROOT/native/build}"
-BIN="$BUILD/bin"
+# shellcheck source-path=SCRIPTDIR source=support/decode-model.sh
+source "$(dirname "${BASH_SOURCE[0]}")/support/decode-model.sh"
 RANKS="${RANKS:-2}"
 PROVIDERS="${PROVIDERS:-shm tcp}"
 REPEATS="${REPEATS:-5}"
-DIM="${DIM:-512}"
-LAYERS="${LAYERS:-2}"
-HEADS="${HEADS:-8}"
-EXPERTS="${EXPERTS:-32}"
-TOPK="${TOPK:-4}"
-EXPERT_DIM="${EXPERT_DIM:-512}"
 SEQS_PER_RANK="${SEQS_PER_RANK:-64}"
-NEW_TOKENS="${NEW_TOKENS:-64}"
-TASK="${TASK:-add}"
-SEED="${SEED:-1}"
-export OPENBLAS_NUM_THREADS="${THREADS:-1}"
 WORK="${1:-$(mktemp -d)}"
 mkdir -p "$WORK"
 cd "$WORK"
 
-for tool in moe_train moe_generate; do
-  [[ -x "$BIN/$tool" ]] || { echo "missing $BIN/$tool: build native first" >&2; exit 2; }
-done
+require_decode_tools
 HAVE_MPI=0
 [[ -x "$BIN/rollout_bench_mpi" ]] && command -v mpirun > /dev/null && HAVE_MPI=1
 [[ $HAVE_MPI == 1 ]] || echo "no rollout_bench_mpi or mpirun: the MPI baseline is skipped" >&2
 
 PROMPTS=$((RANKS * SEQS_PER_RANK))
-"$BIN/moe_train" init --out ckpt --seed "$SEED" --dim "$DIM" --layers "$LAYERS" --heads "$HEADS" \
-  --experts "$EXPERTS" --top-k "$TOPK" --expert-dim "$EXPERT_DIM" \
-  --max-seq-len $((NEW_TOKENS + 32)) > /dev/null
+init_decode_checkpoint ckpt
 ROLLOUT=(--checkpoint ckpt --task "$TASK" --seed "$SEED" --num-prompts "$PROMPTS" --samples 1
          --max-new-tokens "$NEW_TOKENS" --ignore-eos)
 
