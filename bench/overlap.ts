@@ -125,6 +125,10 @@ function startWorker(role: string, cpu: string | undefined, address: string): Ch
         TEMPORAL_NAMESPACE: 'default',
         MOERL_TASK_QUEUE_PREFIX: prefix,
         MOERL_CACHE_DIR: join(workDir, `cache-${role}`),
+        // Pinned to one core, the rollout worker's rank capacity would default to 1 and run
+        // the demo's two shards one after the other; they are mostly start-up and waiting (a
+        // third of a core each), so both share the core, as in a default unpinned worker here.
+        ...(role === 'rollout' ? { MOERL_ROLLOUT_RANKS: process.env.MOERL_ROLLOUT_RANKS ?? '2' } : {}),
       },
     });
   } finally {
