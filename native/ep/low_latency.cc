@@ -1,11 +1,11 @@
-// Low-latency dispatch (see low_latency.h): quantize each token once (fp8), then pack every
-// (token, top-k slot) pair into the message of its destination, grouped by the destination's local expert, behind a header
-// with the counts and fp8 scales. Packed (small slot messages, low_latency_detail.h): post
-// ONE message per peer, received at full capacity; the receiver copies each expert's rows
-// into its slot (the slot layout of recv_x is public, so the views cannot point into the
-// message). Per slot: one message per (peer, local expert) straight into the peer's slot,
-// plus the header as a signal. Receives are posted at the same time as the sends, so nothing
-// waits for a count before the payload moves.
+// Low-latency dispatch (see low_latency.h): quantize each token once (fp8), then pack every (token,
+// top-k slot) pair into the message of its destination, grouped by the destination's local expert,
+// behind a header with the counts and fp8 scales. Packed (small slot messages,
+// low_latency_detail.h): post ONE message per peer, received at full capacity; the receiver copies
+// each expert's rows into its slot (the slot layout of recv_x is public, so the views cannot point
+// into the message). Per slot: one message per (peer, local expert) straight into the peer's slot,
+// plus the header as a signal. Receives are posted at the same time as the sends, so nothing waits
+// for a count before the payload moves.
 //
 // Tags: packed, a dispatch takes one operation number (part 0). Per slot, it takes
 // ceil(L/256)+1: (op + e/256, part e%256) is the message for local expert e, the last

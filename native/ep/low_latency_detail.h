@@ -26,14 +26,14 @@ struct LowLatencyBuffer::Peer {
   HostBytes recv_msg;            // dispatch message from the peer (per slot: its signal)
 };
 
-// Dispatch in per-peer messages or per-slot messages: at decode sizes a message costs more than copying
-// its bytes, so the rows for a peer travel in ONE message with the counts in its header (the
-// receiver copies them into the slots);
-// when the average message of the per-slot scheme is large (uniform routing: T_max*K/E rows)
-// the copies cost more than the messages save, so rows go straight into the slots, one
-// message per (peer, local expert), plus the header as a signal. Decided from the config, so
-// every rank agrees without a word; the threshold sits between the shapes measured in
-// docs/benchmarks.md (8 KiB per slot message: packed is cheaper; 28 and 56 KiB: per slot).
+// Dispatch in per-peer messages or per-slot messages: at decode sizes a message costs more than
+// copying its bytes, so the rows for a peer travel in ONE message with the counts in its header
+// (the receiver copies them into the slots); when the average message of the per-slot scheme is
+// large (uniform routing: T_max*K/E rows) the copies cost more than the messages save, so rows go
+// straight into the slots, one message per (peer, local expert), plus the header as a signal.
+// Decided from the config, so every rank agrees without a word; the threshold sits between the
+// shapes measured in docs/benchmarks.md (8 KiB per slot message: packed is cheaper; 28 and 56 KiB:
+// per slot).
 constexpr size_t kPackBelowSlotBytes = 16 << 10;
 inline bool packs_per_peer(const LowLatencyConfig& c, size_t row_bytes) {
   const double rows = double(c.num_max_dispatch_tokens_per_rank) * c.num_topk / c.num_experts;
