@@ -5,13 +5,17 @@
 #
 #   scripts/setup.sh [--sanitize] [STEP...]
 #
-# Steps, in order (default: all but kube-tools and native-asan; --sanitize adds native-asan):
+# Steps, in order (default: all but kube-tools, reward-python and native-asan; --sanitize adds
+# native-asan):
 #   packages     Debian packages the native core builds against (apt-get, as root or via sudo)
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
 #   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
 #   kube-tools   the test cluster's binaries: Kubernetes, etcd, kwok, containerd, CNI plugins,
 #                CoreDNS, Kueue (scripts/tools.sh; built once, cached; not a default step: the demo
 #                does not need them, the tests do)
+#   reward-python  the reward functions' pinned Python environment with math-verify
+#                (scripts/reward-python.sh; made once in the tools cache; not a default step:
+#                the demo does not need it, the tests do)
 #   ts           npm run build (tsc into dist/)
 #   native       cmake + ninja into native/build
 #   native-asan  the same with -DMOERL_SANITIZE=ON into native/build-asan
@@ -33,7 +37,7 @@ DEBIAN_PACKAGES=(
   chromium  # headless browser: the report test renders moerl report's page in it
   tmux  # the pseudo-terminal the watch test runs moerl watch in
 )
-ALL_STEPS=(packages npm tools kube-tools ts native native-asan)
+ALL_STEPS=(packages npm tools kube-tools reward-python ts native native-asan)
 
 LOG_DIR="$ROOT/.moerl/logs"
 
@@ -158,6 +162,16 @@ run_tool() {
   fi
   grep '^tools.sh:' "$log" >&2 || tail -n 20 "$log" >&2
   return 1
+}
+
+step_reward_python() {
+  local path
+  mkdir -p "$LOG_DIR"
+  path="$(bash "$ROOT/scripts/reward-python.sh" 2>"$LOG_DIR/setup-reward-python.log")" || {
+    tail -n 20 "$LOG_DIR/setup-reward-python.log" >&2
+    return 1
+  }
+  say "reward-python: $path"
 }
 
 step_ts() {

@@ -112,7 +112,7 @@ if [[ $skip_setup -eq 0 ]]; then
   section "setup"
   base=(npm)
   want native && base=(packages "${base[@]}")
-  want node && base+=(tools kube-tools)
+  want node && base+=(tools kube-tools reward-python)
   if ! bash scripts/setup.sh "${base[@]}"; then
     fail_step setup
     finish
