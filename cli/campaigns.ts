@@ -127,7 +127,7 @@ export function specSummary(spec: CampaignSpec): SpecSummary {
     spec.store.kind === 'fs' ? `fs:${spec.store.path}` : `s3://${spec.store.bucket}/${spec.store.prefix}`;
   return {
     name: spec.name,
-    task: 'builtin' in spec.task ? spec.task.builtin : `dataset:${spec.task.dataset}`,
+    task: 'builtin' in spec.task ? spec.task.builtin : `dataset:${spec.task.dataset.train}`,
     model: `${m.layers} layers, hidden ${m.hidden}, ${m.heads} heads, ${m.experts} experts top-${m.topK}`,
     iterations: spec.iterations,
     promptsPerIteration: spec.promptsPerIteration,

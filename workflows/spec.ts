@@ -2,6 +2,7 @@
 // workflow. Shared by CLI, workflow and activities, so it holds no I/O (the YAML parsing lives in
 // cli/spec-file.ts). Unknown fields are errors: a typo must never pass silently.
 import { z } from 'zod';
+import { datasetSchema } from './spec-dataset.js';
 import { kubernetesLauncherSchema, kubernetesStoreProblems } from './spec-kubernetes.js';
 
 /** Names of the verifiable tasks the native core generates prompts for (docs/tasks.md). */
@@ -63,7 +64,9 @@ const modelSchema = z
 
 const taskSchema = z.union([
   z.strictObject({ builtin: z.enum(builtinTasks) }),
-  z.strictObject({ dataset: z.string().min(1).describe('store key of a JSONL prompt file') }),
+  z.strictObject({
+    dataset: datasetSchema.describe("the user's prompts in verl's row schema (docs/tasks.md)"),
+  }),
 ]);
 
 const launcherSchema = z.discriminatedUnion('kind', [
@@ -271,10 +274,12 @@ function valueAt(root: unknown, path: readonly PropertyKey[]): unknown {
 
 /** Turns zod issues into "field: got VALUE; ALLOWED" lines, one per problem. */
 export function formatIssues(issues: readonly z.core.$ZodIssue[], input: unknown): string[] {
-  return issues.map((issue) => {
+  return issues.flatMap((issue): string[] => {
     const field = issue.path.length ? issue.path.map(String).join('.') : '(top level)';
     if (issue.code === 'unrecognized_keys') {
-      return `${field === '(top level)' ? '' : field + ': '}unknown field(s) ${issue.keys.map((k) => `"${k}"`).join(', ')}`;
+      return [
+        `${field === '(top level)' ? '' : field + ': '}unknown field(s) ${issue.keys.map((k) => `"${k}"`).join(', ')}`,
+      ];
     }
     if (issue.code === 'invalid_union' && issue.errors.length > 0) {
       const got = `${field}: got ${describeValue(valueAt(input, issue.path))}`;
@@ -282,18 +287,22 @@ export function formatIssues(issues: readonly z.core.$ZodIssue[], input: unknown
       const flat = issue.errors.flat();
       if (flat.every((e) => e.code === 'invalid_value' && e.path.length === 0)) {
         const values = flat.flatMap((e) => (e.code === 'invalid_value' ? e.values : []));
-        return `${got}; expected one of ${values.map((v) => JSON.stringify(v)).join(', ')}`;
+        return [`${got}; expected one of ${values.map((v) => JSON.stringify(v)).join(', ')}`];
       }
-      // The form the input meant is the one whose keys it uses: report that form's first problem.
+      // The form the input meant is the one whose keys it uses (unknown fields deeper inside
+      // are that form's own problems): report that form's problems, all of them.
       const meant = issue.errors.filter(
-        (errs) => errs.length > 0 && errs.every((e) => e.code !== 'unrecognized_keys'),
+        (errs) => errs.length > 0 && errs.every((e) => e.code !== 'unrecognized_keys' || e.path.length > 0),
       );
-      const first = meant.sort((a, b) => a.length - b.length)[0]?.[0];
-      if (first)
-        return formatIssues([{ ...first, path: [...issue.path, ...first.path] }], input)[0] as string;
-      return `${got}; expected one of the allowed forms (see \`moerl spec schema\`)`;
+      const form = meant.sort((a, b) => a.length - b.length)[0];
+      if (form)
+        return formatIssues(
+          form.map((e) => ({ ...e, path: [...issue.path, ...e.path] })),
+          input,
+        );
+      return [`${got}; expected one of the allowed forms (see \`moerl spec schema\`)`];
     }
-    return `${field}: got ${describeValue(valueAt(input, issue.path))}; ${issue.message}`;
+    return [`${field}: got ${describeValue(valueAt(input, issue.path))}; ${issue.message}`];
   });
 }
 

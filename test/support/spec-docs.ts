@@ -14,3 +14,8 @@ export function validSpecDoc(): Record<string, unknown> {
     seed: 1,
   };
 }
+
+/** A dataset task in verl's schema (the defaults name every column), for `task:` of validSpecDoc. */
+export function datasetTaskDoc(): Record<string, unknown> {
+  return { dataset: { train: 'datasets/arith/train.parquet', format: 'parquet' } };
+}
