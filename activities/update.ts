@@ -98,16 +98,38 @@ async function runTrainJob(
       ...times(s),
     };
   });
+  // A cancel may come while the job is being launched (a Job created, or a failed one deleted
+  // first, during an API outage: minutes): the launch is told to give up, and a job it returns
+  // all the same is killed at once.
+  const cancelled = ctx.cancellationSignal;
+  const interrupted = new AbortController();
+  let killing: Promise<void> | null = null;
+  const kill = (job: TrainJob) =>
+    (killing ??= job
+      .kill()
+      .catch(() => undefined)
+      .finally(() => interrupted.abort()));
+  const onCancel = () => void (launched && kill(launched));
+  const onShutdown = () => interrupted.abort();
+  cancelled.addEventListener('abort', onCancel, { once: true });
+  deps.shutdown.addEventListener('abort', onShutdown, { once: true });
   try {
-    const job = await deps.launcherFor(req.spec.launcher).launch({
-      name: req.name,
-      worldSize: req.spec.epWorldSize,
-      job: req.job,
-      env: {},
-      provider: providerFor(req.spec),
-      owner: { campaignId: req.campaignId, iteration: req.iteration, attempt: ctx.info.attempt },
+    const launching = deps.launcherFor(req.spec.launcher).launch(
+      {
+        name: req.name,
+        worldSize: req.spec.epWorldSize,
+        job: req.job,
+        env: {},
+        provider: providerFor(req.spec),
+        owner: { campaignId: req.campaignId, iteration: req.iteration, attempt: ctx.info.attempt },
+      },
+      cancelled,
+    );
+    const job = await launching.catch((err: unknown) => {
+      throw cancelled.aborted ? (cancelled.reason ?? new Error('cancelled')) : err;
     });
     launched = job;
+    if (cancelled.aborted) void kill(job);
     const uploadLogs = async () => {
       for (let rank = 0; rank < req.spec.epWorldSize; rank++) {
         const log = await job.readLog(rank).catch(() => null);
@@ -123,27 +145,24 @@ async function runTrainJob(
           .catch(() => undefined)
           .finally(() => (uploading = null));
     }, logUploadEveryMs);
-    const interrupted = new AbortController();
-    const onCancel = () => void job.kill().finally(() => interrupted.abort());
-    const onShutdown = () => interrupted.abort();
-    ctx.cancellationSignal.addEventListener('abort', onCancel, { once: true });
-    deps.shutdown.addEventListener('abort', onShutdown, { once: true });
     let status: JobStatus | null;
     try {
       status = await Promise.race([
         job.wait(),
-        new Promise<null>((resolve) => interrupted.signal.addEventListener('abort', () => resolve(null))),
+        new Promise<null>((resolve) => {
+          if (interrupted.signal.aborted || deps.shutdown.aborted) resolve(null);
+          interrupted.signal.addEventListener('abort', () => resolve(null));
+        }),
       ]);
     } finally {
       clearInterval(tick);
-      ctx.cancellationSignal.removeEventListener('abort', onCancel);
-      deps.shutdown.removeEventListener('abort', onShutdown);
     }
     await uploading;
     await uploadLogs().catch(() => undefined);
-    if (ctx.cancellationSignal.aborted) {
+    if (cancelled.aborted) {
+      await killing;
       await job.cleanUp();
-      throw ctx.cancellationSignal.reason ?? new Error('cancelled');
+      throw cancelled.reason ?? new Error('cancelled');
     }
     if (status === null)
       throw ApplicationFailure.create({
@@ -157,6 +176,8 @@ async function runTrainJob(
     await job.cleanUp();
     return times(status);
   } finally {
+    cancelled.removeEventListener('abort', onCancel);
+    deps.shutdown.removeEventListener('abort', onShutdown);
     stopBeats();
   }
 }

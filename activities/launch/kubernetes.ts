@@ -87,7 +87,7 @@ export class KubernetesLauncher implements Launcher {
     this.api = new JobApi(kubeConfig, settings.namespace);
   }
 
-  async launch(spec: TrainJobSpec): Promise<TrainJob> {
+  async launch(spec: TrainJobSpec, signal?: AbortSignal): Promise<TrainJob> {
     const problem = launchProblem(spec, this.settings);
     if (problem)
       throw ApplicationFailure.create({
@@ -96,22 +96,26 @@ export class KubernetesLauncher implements Launcher {
         message: `kubernetes launcher: ${problem}`,
       });
     // Each round either adopts, creates, or removes a failed Job; a few rounds cover racing workers.
+    // A cancelled launch stops before each step that could create or wait; what it created is
+    // returned, for the caller to kill.
     for (let round = 0; round < 4; round++) {
+      signal?.throwIfAborted();
       const existing = await this.api.readJob(spec.name);
       if (existing) {
         const uid = existing.metadata?.uid;
         if (existing.metadata?.deletionTimestamp) {
-          await this.api.waitJobGone(spec.name, uid);
+          await this.api.waitJobGone(spec.name, uid, signal);
           continue;
         }
         if (jobCondition(existing, 'Failed') || jobCondition(existing, 'FailureTarget')) {
           await this.api.deleteJob(spec.name);
-          await this.api.waitJobGone(spec.name, uid);
+          await this.api.waitJobGone(spec.name, uid, signal);
           continue;
         }
         await this.api.ensureService(spec, this.settings, existing);
         return this.follow(spec, existing, true);
       }
+      signal?.throwIfAborted();
       const created = await apiCall(
         this.api.call('create', `jobs/${spec.name}`),
         () =>

@@ -93,8 +93,12 @@ export interface TrainJob {
 }
 
 export interface Launcher {
-  /** Starts the job, or adopts the job of the same name that is running or has succeeded. */
-  launch(spec: TrainJobSpec): Promise<TrainJob>;
+  /**
+   * Starts the job, or adopts the job of the same name that is running or has succeeded. Once
+   * `signal` is aborted (the activity was cancelled) it may give up, rejecting, before it has
+   * created anything; a job it returns all the same is the caller's to kill.
+   */
+  launch(spec: TrainJobSpec, signal?: AbortSignal): Promise<TrainJob>;
 }
 
 /** The rank contract's environment for one rank (pods set MOERL_RANK from their index). */

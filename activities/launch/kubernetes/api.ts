@@ -70,10 +70,12 @@ export class JobApi {
    * removes the pods first, but the garbage collector may not have seen a pod created a moment
    * before; such a pod outlives the Job, and is deleted here rather than left to the collector.
    * The Service, a dependent too, may stay a moment after the Job under the collector's finalizer.
+   * An aborted `signal` stops the wait (rejecting with its reason); the deletion goes on.
    */
-  async waitJobGone(name: string, uid: string | undefined): Promise<void> {
+  async waitJobGone(name: string, uid: string | undefined, signal?: AbortSignal): Promise<void> {
     const deadline = Date.now() + deletionTimeoutMs;
     for (let pauseMs = 250; ; pauseMs = Math.min(pauseMs * 2, 2000)) {
+      signal?.throwIfAborted();
       const job = await this.readJob(name);
       const pods = await apiCall(this.call('list', `pods -l ${jobLabel}=${name}`), () =>
         this.core.listNamespacedPod({ namespace: this.namespace, labelSelector: `${jobLabel}=${name}` }),
@@ -98,7 +100,7 @@ export class JobApi {
           type: kubernetesUnavailableErrorType,
           message: `job ${name} in namespace ${this.namespace} is still being deleted after ${deletionTimeoutMs / 1000} s (${left.length} pods left: kubectl -n ${this.namespace} get pods -l ${jobLabel}=${name})`,
         });
-      await sleep(pauseMs);
+      await sleep(pauseMs, undefined, { signal });
     }
   }
 
