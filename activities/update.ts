@@ -122,6 +122,7 @@ async function runTrainJob(
         env: {},
         provider: providerFor(req.spec),
         owner: { campaignId: req.campaignId, iteration: req.iteration, attempt: ctx.info.attempt },
+        maxRunSeconds: maxRunSeconds(req.spec),
       },
       cancelled,
     );
@@ -180,6 +181,12 @@ async function runTrainJob(
     deps.shutdown.removeEventListener('abort', onShutdown);
     stopBeats();
   }
+}
+
+/** Every attempt of a training activity at its longest (all of them may adopt the one job). */
+function maxRunSeconds(spec: CampaignSpec): number {
+  const o = spec.orchestration;
+  return o.stageTimeoutMinutes * 60 * o.updateMaxAttempts;
 }
 
 function times(status: JobStatus): TrainJobTimes {

@@ -18,7 +18,7 @@ import { fileURLToPath } from 'node:url';
 import { fetchCheckpointForRank } from '../activities/checkpoints.js';
 import { mapLimit } from '../activities/concurrency.js';
 import type { RankJob } from '../activities/launch/types.js';
-import { rankEnv } from '../activities/launch/types.js';
+import { rankEnv, rankStoppedExitCode } from '../activities/launch/types.js';
 import { nativeToolPath } from '../activities/native.js';
 import { openStore, StoreKeyError, StoreNotFoundError } from '../activities/store/index.js';
 import type { ObjectStore } from '../activities/store/index.js';
@@ -94,6 +94,8 @@ async function uploadOutputs(store: ObjectStore, work: string, output: RankJob['
 
 /** The native step running now: SIGTERM goes to it, and the rank ends when it does. */
 let runningStep: ChildProcess | null = null;
+/** Set on SIGTERM: the rank then exits rankStoppedExitCode whatever its step does. */
+let stopped = false;
 
 /** Runs a native step, its output passed straight through as this rank's log. */
 function runStep(tool: string, args: string[]): Promise<number | null> {
@@ -127,6 +129,7 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
       moeTrain,
       step.map((a) => a.replaceAll('{work}', work)),
     );
+    if (stopped) return rankStoppedExitCode;
     if (code !== 0) {
       console.error(
         `rank ${rank}: moe_train ${step[0]} ${code === null ? 'was killed' : `exited with code ${code}`}`,
@@ -169,6 +172,12 @@ export async function main(env: NodeJS.ProcessEnv = process.env): Promise<number
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   // Ranks are stopped with SIGTERM when a peer fails or the job is cancelled: during a native
   // step the tool gets it and the rank fails when the tool exits; otherwise the rank ends now.
-  process.on('SIGTERM', () => (runningStep ? runningStep.kill('SIGTERM') : process.exit(143)));
-  process.exitCode = await main();
+  // Either way it exits 143 (rankStoppedExitCode: a preemption or a drain is no failure).
+  process.on('SIGTERM', () => {
+    stopped = true;
+    if (runningStep) runningStep.kill('SIGTERM');
+    else process.exit(rankStoppedExitCode);
+  });
+  const code = await main();
+  process.exitCode = stopped ? rankStoppedExitCode : code;
 }

@@ -41,6 +41,12 @@ export interface TrainJobSpec {
   provider: FabricProvider;
   /** What the job is for, as labels on everything the launcher creates. */
   owner: { campaignId: string; iteration: number; attempt: number };
+  /**
+   * The longest the job may run (every attempt of its activity, adopting it, together): a
+   * launcher that can bound it (Kubernetes: the Job's activeDeadlineSeconds) does, unless its
+   * own settings say otherwise.
+   */
+  maxRunSeconds?: number;
 }
 
 export type RankState = 'pending' | 'running' | 'succeeded' | 'failed';
@@ -110,3 +116,9 @@ export const rankEnv = {
   job: 'MOERL_JOB',
   workDir: 'MOERL_WORK_DIR',
 } as const;
+
+/**
+ * The exit code of a rank stopped by SIGTERM (128 + 15), whatever its native step made of the
+ * signal: a stop is not the rank's failure (Kubernetes: the podFailurePolicy ignores it).
+ */
+export const rankStoppedExitCode = 143;

@@ -79,11 +79,19 @@ describe('kubernetes launcher manifests', () => {
     assert.equal(container.imagePullPolicy, 'Always');
   });
 
-  it('ignores disruptions and fails the Job at once on exit 2, in that order', () => {
+  it('ignores disruptions, fails the Job at once on exit 2, and ignores a rank stopped by SIGTERM (143)', () => {
     assert.deepEqual(job.spec?.podFailurePolicy?.rules, [
       { action: 'Ignore', onPodConditions: [{ type: 'DisruptionTarget', status: 'True' }] },
       { action: 'FailJob', onExitCodes: { containerName: 'rank', operator: 'In', values: [2] } },
+      { action: 'Ignore', onExitCodes: { containerName: 'rank', operator: 'In', values: [143] } },
     ]);
+  });
+
+  it('always bounds how long the Job runs: the settings, else the job, else a day', () => {
+    const plain = kubernetesLauncherSchema.parse({ kind: 'kubernetes', namespace: 'n', image: 'i:1' });
+    assert.equal(jobManifest(spec, plain).spec?.activeDeadlineSeconds, 24 * 3600);
+    assert.equal(jobManifest({ ...spec, maxRunSeconds: 57600 }, plain).spec?.activeDeadlineSeconds, 57600);
+    assert.equal(jobManifest({ ...spec, maxRunSeconds: 57600 }, settings).spec?.activeDeadlineSeconds, 7200);
   });
 
   it('gives every rank the rank contract, its rank from the completion index', () => {

@@ -13,7 +13,7 @@ import type {
 } from '@kubernetes/client-node';
 import { kueueQueueLabel } from '../../../workflows/spec-kubernetes.js';
 import type { KubernetesLauncher as KubernetesLauncherSpec } from '../../../workflows/spec-kubernetes.js';
-import { rankEnv } from '../types.js';
+import { rankEnv, rankStoppedExitCode } from '../types.js';
 import type { TrainJobSpec } from '../types.js';
 
 /** The rank program in the trainer image, relative to its WORKDIR (/app in the Dockerfile). */
@@ -26,6 +26,8 @@ export const rankWorkDir = '/var/lib/moerl/work';
 export const completionIndexKey = 'batch.kubernetes.io/job-completion-index';
 /** The label every object of one job carries: one selector finds (and deletes) all of them. */
 export const jobLabel = 'moerl.dev/job';
+/** activeDeadlineSeconds of a Job when neither the launcher settings nor the job name one. */
+export const defaultActiveDeadlineSeconds = 24 * 3600;
 /** The unprivileged user (and group) the Dockerfile's image runs as. */
 export const rankUser = 65532;
 
@@ -158,7 +160,8 @@ function volumes(
 /**
  * The Indexed Job: one pod per rank (index = rank), never restarted in place; the Job replaces
  * a failed pod up to backoffLimit times, but not for a disruption (a Spot reclaim, an
- * eviction) and never after exit 2 (bad input: the same input fails again).
+ * eviction, a rank stopped by SIGTERM) and never after exit 2 (bad input: the same input fails
+ * again).
  */
 export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec): V1Job {
   const meta = metadata(spec, launcher, spec.name);
@@ -204,12 +207,19 @@ export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec
             action: 'FailJob',
             onExitCodes: { containerName: rankContainerName, operator: 'In', values: [2] },
           },
+          // A rank stopped by SIGTERM exits 143 (workers/rank.ts): a preemption (Kueue suspends
+          // the Job) or a drain is not the rank's failure, and must not use up backoffLimit.
+          {
+            action: 'Ignore',
+            onExitCodes: { containerName: rankContainerName, operator: 'In', values: [rankStoppedExitCode] },
+          },
         ],
       },
       ttlSecondsAfterFinished: launcher.ttlSecondsAfterFinished,
-      ...(launcher.activeDeadlineSeconds !== undefined
-        ? { activeDeadlineSeconds: launcher.activeDeadlineSeconds }
-        : {}),
+      // Always bounded: a Job whose activity is gone (a cancel that could not delete it) ends
+      // by itself at the latest after the time its activity could have run.
+      activeDeadlineSeconds:
+        launcher.activeDeadlineSeconds ?? spec.maxRunSeconds ?? defaultActiveDeadlineSeconds,
       template: {
         metadata: { labels: meta.labels, ...(meta.annotations ? { annotations: meta.annotations } : {}) },
         spec: {
