@@ -41,6 +41,25 @@ model::ModelConfig config_from_json(const Json& j, const std::string& what) {
   c.top_k = (int)integer_field(j, "top_k", what);
   c.expert_dim = (int)integer_field(j, "expert_dim", what);
   c.norm_eps = (float)number_field(j, "norm_eps", what);
+  // Hugging Face family fields: absent in moerl-architecture checkpoints.
+  auto has = [&](const char* key) { return j.contains(key); };
+  if (has("num_kv_heads")) c.num_kv_heads = (int)integer_field(j, "num_kv_heads", what);
+  if (has("head_dim")) c.head_dim = (int)integer_field(j, "head_dim", what);
+  if (has("rope_theta")) c.rope_theta = (float)number_field(j, "rope_theta", what);
+  if (has("qk_norm")) c.qk_norm = bool_field(j, "qk_norm", what);
+  if (has("norm_topk_prob")) c.norm_topk_prob = bool_field(j, "norm_topk_prob", what);
+  if (has("tie_embeddings")) c.tie_embeddings = bool_field(j, "tie_embeddings", what);
+  if (has("dense_layers")) {
+    c.dense_dim = (int)integer_field(j, "dense_dim", what);
+    for (const Json& l : array_field(j, "dense_layers", what))
+      c.dense_layers.push_back((int)as_integer(l, what + " dense_layers"));
+  }
+  if (has("balance_loss")) {
+    const std::string& b = string_field(j, "balance_loss", what);
+    MOERL_CHECK_INPUT(b == "batch" || b == "sequence", what, ": balance_loss must be batch or ",
+                      "sequence, got ", b);
+    c.balance_loss = b == "batch" ? model::BalanceLoss::Batch : model::BalanceLoss::Sequence;
+  }
   model::validate(c);
   return c;
 }

@@ -75,6 +75,11 @@ const std::string& as_string(const Json& v, const std::string& what) {
   return v.get_ref<const std::string&>();
 }
 
+bool as_bool(const Json& v, const std::string& what) {
+  MOERL_CHECK_INPUT(v.is_boolean(), what, ": expected true or false, got ", v.dump());
+  return v.get<bool>();
+}
+
 const Json::array_t& as_array(const Json& v, const std::string& what) {
   MOERL_CHECK_INPUT(v.is_array(), what, ": expected an array, got ", v.type_name());
   return v.get_ref<const Json::array_t&>();
@@ -91,6 +96,10 @@ const std::string& string_field(const Json& object, const std::string& key, cons
 }
 const Json::array_t& array_field(const Json& object, const std::string& key, const std::string& what) {
   return as_array(field(object, key, what), what + " field \"" + key + "\"");
+}
+
+bool bool_field(const Json& object, const std::string& key, const std::string& what) {
+  return as_bool(field(object, key, what), what + " field \"" + key + "\"");
 }
 
 std::string json_quote(const std::string& s) {

@@ -28,11 +28,13 @@ const Json& field(const Json& object, const std::string& key, const std::string&
 double as_number(const Json& v, const std::string& what);
 int64_t as_integer(const Json& v, const std::string& what);  // 3 and 3.0, not 3.5
 const std::string& as_string(const Json& v, const std::string& what);
+bool as_bool(const Json& v, const std::string& what);
 const Json::array_t& as_array(const Json& v, const std::string& what);
 double number_field(const Json& object, const std::string& key, const std::string& what);
 int64_t integer_field(const Json& object, const std::string& key, const std::string& what);
 const std::string& string_field(const Json& object, const std::string& key, const std::string& what);
 const Json::array_t& array_field(const Json& object, const std::string& key, const std::string& what);
+bool bool_field(const Json& object, const std::string& key, const std::string& what);
 
 // "text" quoted and escaped; invalid UTF-8 becomes U+FFFD, so the output is always JSON.
 std::string json_quote(const std::string& s);

@@ -1,24 +1,55 @@
 // Validation and JSON text for ModelConfig.
 #include "model/config.h"
 
-#include <sstream>  // std::ostringstream
+#include <algorithm>  // std::binary_search, std::is_sorted, std::adjacent_find
+#include <sstream>    // std::ostringstream
 
 #include "common/check.h"
 
 namespace moerl::model {
+
+int kv_heads(const ModelConfig& c) { return c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads; }
+
+int head_dim(const ModelConfig& c) {
+  return c.head_dim > 0 ? c.head_dim : (c.num_heads > 0 ? c.dim / c.num_heads : 0);
+}
+
+bool is_dense_layer(const ModelConfig& c, int layer) {
+  return std::binary_search(c.dense_layers.begin(), c.dense_layers.end(), layer);
+}
+
+int num_moe_layers(const ModelConfig& c) { return c.num_layers - (int)c.dense_layers.size(); }
 
 void validate(const ModelConfig& c) {
   MOERL_CHECK_INPUT(c.vocab_size > 0, "config: vocab_size must be > 0, got ", c.vocab_size);
   MOERL_CHECK_INPUT(c.max_seq_len > 0, "config: max_seq_len must be > 0, got ", c.max_seq_len);
   MOERL_CHECK_INPUT(c.dim > 0, "config: dim must be > 0, got ", c.dim);
   MOERL_CHECK_INPUT(c.num_layers > 0, "config: num_layers must be > 0, got ", c.num_layers);
-  MOERL_CHECK_INPUT(c.num_heads > 0 && c.dim % c.num_heads == 0,
-                    "config: num_heads must divide dim (", c.dim, "), got ", c.num_heads);
+  MOERL_CHECK_INPUT(c.num_heads > 0, "config: num_heads must be > 0, got ", c.num_heads);
+  MOERL_CHECK_INPUT(c.head_dim > 0 || c.dim % c.num_heads == 0, "config: num_heads must divide dim (",
+                    c.dim, ") unless head_dim is given, got ", c.num_heads);
+  MOERL_CHECK_INPUT(c.head_dim >= 0, "config: head_dim must be >= 0 (0 = dim / num_heads), got ",
+                    c.head_dim);
+  MOERL_CHECK_INPUT(c.num_kv_heads >= 0 && c.num_heads % kv_heads(c) == 0,
+                    "config: num_kv_heads must divide num_heads (", c.num_heads, "), got ",
+                    c.num_kv_heads);
+  MOERL_CHECK_INPUT(c.rope_theta >= 0.0f, "config: rope_theta must be >= 0, got ", c.rope_theta);
+  MOERL_CHECK_INPUT(c.rope_theta == 0.0f || head_dim(c) % 2 == 0,
+                    "config: RoPE needs an even head_dim, got ", head_dim(c));
   MOERL_CHECK_INPUT(c.num_experts > 0, "config: num_experts must be > 0, got ", c.num_experts);
   MOERL_CHECK_INPUT(c.top_k > 0 && c.top_k <= c.num_experts,
                     "config: top_k must be in [1, num_experts], got ", c.top_k);
   MOERL_CHECK_INPUT(c.expert_dim > 0, "config: expert_dim must be > 0, got ", c.expert_dim);
   MOERL_CHECK_INPUT(c.norm_eps > 0.0f, "config: norm_eps must be > 0, got ", c.norm_eps);
+  MOERL_CHECK_INPUT(std::is_sorted(c.dense_layers.begin(), c.dense_layers.end()) &&
+                        std::adjacent_find(c.dense_layers.begin(), c.dense_layers.end()) ==
+                            c.dense_layers.end(),
+                    "config: dense_layers must be ascending and distinct");
+  for (int l : c.dense_layers)
+    MOERL_CHECK_INPUT(l >= 0 && l < c.num_layers, "config: dense layer ", l, " outside [0, ",
+                      c.num_layers, ")");
+  MOERL_CHECK_INPUT(c.dense_layers.empty() || c.dense_dim > 0,
+                    "config: dense_dim must be > 0 when dense_layers are given, got ", c.dense_dim);
 }
 
 std::string config_to_json(const ModelConfig& c) {
@@ -28,7 +59,20 @@ std::string config_to_json(const ModelConfig& c) {
      << ",\"dim\":" << c.dim << ",\"num_layers\":" << c.num_layers
      << ",\"num_heads\":" << c.num_heads << ",\"num_experts\":" << c.num_experts
      << ",\"top_k\":" << c.top_k << ",\"expert_dim\":" << c.expert_dim
-     << ",\"norm_eps\":" << c.norm_eps << "}";
+     << ",\"norm_eps\":" << c.norm_eps;
+  if (c.num_kv_heads > 0) os << ",\"num_kv_heads\":" << c.num_kv_heads;
+  if (c.head_dim > 0) os << ",\"head_dim\":" << c.head_dim;
+  if (c.rope_theta > 0.0f) os << ",\"rope_theta\":" << c.rope_theta;
+  if (c.qk_norm) os << ",\"qk_norm\":true";
+  if (!c.norm_topk_prob) os << ",\"norm_topk_prob\":false";
+  if (c.tie_embeddings) os << ",\"tie_embeddings\":true";
+  if (!c.dense_layers.empty()) {
+    os << ",\"dense_dim\":" << c.dense_dim << ",\"dense_layers\":[";
+    for (size_t i = 0; i < c.dense_layers.size(); i++) os << (i ? "," : "") << c.dense_layers[i];
+    os << "]";
+  }
+  if (c.balance_loss == BalanceLoss::Batch) os << ",\"balance_loss\":\"batch\"";
+  os << "}";
   return os.str();
 }
 

@@ -1,5 +1,6 @@
-// The MoE policy: token + position embedding, L x (RMSNorm -> causal MHA -> residual,
-// RMSNorm -> MoE -> residual), final RMSNorm, LM head. Training forward/backward over a
+// The MoE policy: token (+ learned position) embedding, L x (RMSNorm -> causal attention with
+// optional q/k-norm and RoPE -> residual, RMSNorm -> MoE or dense MLP -> residual), final
+// RMSNorm, LM head. Training forward/backward over a
 // right-padded batch [B,T]; the sampler (sampler.h) has its own KV-cached decode path.
 #pragma once
 
@@ -12,15 +13,19 @@
 
 namespace moerl::model {
 
+// Widths as in weights.h: W = qkv_width, Q = q_width, Hq = H + Hkv heads of q and k.
 struct LayerActs {
   std::vector<float> resid;          // [N,C] input of the layer
   std::vector<float> ln1, ln1_rstd;  // [N,C] [N]
-  std::vector<float> qkv;            // [N,3C]
+  std::vector<float> qkv_raw;        // [N,W] before q/k-norm (qk_norm only)
+  std::vector<float> qk_rstd;        // [N,Hq] per-head rstd of the q/k-norm (qk_norm only)
+  std::vector<float> qkv;            // [N,W] attention's input: q/k normed and rotated
   std::vector<float> att_probs;      // [B,H,T,T]
-  std::vector<float> att;            // [N,C]
+  std::vector<float> att;            // [N,Q]
   std::vector<float> mid;            // [N,C] residual after attention
   std::vector<float> ln2, ln2_rstd;  // [N,C] [N]
-  MoeActs moe;
+  MoeActs moe;                       // MoE layers (dense layers: zero expert_load only)
+  MlpActs mlp;                       // dense layers
 };
 
 struct Activations {
@@ -30,7 +35,8 @@ struct Activations {
   std::vector<float> resid_final;      // [N,C]
   std::vector<float> lnf, lnf_rstd;    // [N,C] [N]
   std::vector<float> logits;           // [N,V]
-  double aux_sum = 0.0, z_sum = 0.0;   // summed over layers
+  double aux_sum = 0.0, z_sum = 0.0;   // summed over MoE layers (BalanceLoss::Batch: aux_sum
+                                       //   is the batch loss of all ranks, the same on each)
   std::vector<int64_t> expert_load;    // [E] summed over layers
 };
 
@@ -41,6 +47,16 @@ void model_forward(ParamStore& ps, ExpertComm& comm, const int32_t* tokens,
 // Adds gradients of  sum(dlogits . logits) + aux_weight * aux_sum + z_weight * z_sum  into ps.dw.
 void model_backward(ParamStore& ps, ExpertComm& comm, const float* dlogits, float aux_weight,
                     float z_weight, Activations& a);
+
+// q/k-norm (ModelConfig::qk_norm) of N rows qkv_raw [N,W] into qkv: RMSNorm over D of each of
+// the H q heads (weight q_norm) and the Hkv k heads (k_norm), v copied; rstd [N,H+Hkv]. The
+// training forward and the sampler's decode step share it.
+void qk_norm_forward(float* qkv, float* rstd, const float* qkv_raw, const LayerWeights& lw, int N,
+                     const ModelConfig& cfg);
+// dqkv_raw [N,W] += the gradient through qk_norm_forward of dqkv; q_norm/k_norm gradients into dlw.
+void qk_norm_backward(float* dqkv_raw, const LayerWeights& dlw, const float* dqkv,
+                      const float* qkv_raw, const float* rstd, const LayerWeights& lw, int N,
+                      const ModelConfig& cfg);
 
 // Matmul FLOPs of one forward over N tokens in sequences of length T (attention included),
 // counting the experts actually applied (N*K). Backward is twice this.

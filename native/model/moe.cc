@@ -1,13 +1,16 @@
 // MoE block forward/backward. Routing: softmax over E router logits, top-k by probability
-// (ties to the lower expert id), weights renormalised over the chosen k. Balance loss is
-// sequence-wise (as in DeepSeek-V3): aux_b = E * sum_e f_e P_e with f_e the fraction of
-// the sequence's (token, slot) picks going to e and P_e its mean router probability, so a
-// batch split across ranks by sequences gives exactly the single-rank loss.
+// (ties to the lower expert id), weights renormalised over the chosen k unless the config says
+// not (norm_topk_prob). Balance loss, by the config's BalanceLoss: sequence-wise (as in
+// DeepSeek-V3): aux_b = E * sum_e f_e P_e with f_e the fraction of the sequence's (token, slot)
+// picks going to e and P_e its mean router probability, so a batch split across ranks by
+// sequences gives exactly the single-rank loss; or batch-wise as transformers computes it, from
+// the pick and probability sums this block records (model.cc adds them over layers and ranks).
 #include "model/moe.h"
 
 #include <algorithm>  // std::fill
 #include <cmath>      // std::exp, std::log
 
+#include "common/check.h"
 #include "model/ops.h"
 
 namespace moerl::model {
@@ -18,6 +21,28 @@ bool token_valid(const SeqInfo& seq, int i) {
 }
 
 }  // namespace
+
+void swiglu_mlp_forward(float* y, const float* x, int n, int C, int F, const ExpertWeights& w,
+                        MlpActs& acts) {
+  acts.h1.resize((size_t)n * F);
+  acts.h3.resize((size_t)n * F);
+  acts.act.resize((size_t)n * F);
+  if (n == 0) return;
+  matmul_forward(acts.h1.data(), x, w.w1, n, C, F);  // [n,F]
+  matmul_forward(acts.h3.data(), x, w.w3, n, C, F);  // [n,F]
+  swiglu_forward(acts.act.data(), acts.h1.data(), acts.h3.data(), n * F);
+  matmul_forward(y, acts.act.data(), w.w2, n, F, C);  // [n,C]
+}
+
+void swiglu_mlp_backward(float* dx, const ExpertWeights& dw, const float* dy, const float* x, int n,
+                         int C, int F, const ExpertWeights& w, const MlpActs& acts) {
+  if (n == 0) return;
+  std::vector<float> dact((size_t)n * F, 0.0f), dh1((size_t)n * F, 0.0f), dh3((size_t)n * F, 0.0f);
+  matmul_backward(dact.data(), dw.w2, dy, acts.act.data(), w.w2, n, F, C);
+  swiglu_backward(dh1.data(), dh3.data(), dact.data(), acts.h1.data(), acts.h3.data(), n * F);
+  matmul_backward(dx, dw.w1, dh1.data(), x, w.w1, n, C, F);
+  matmul_backward(dx, dw.w3, dh3.data(), x, w.w3, n, C, F);
+}
 
 void moe_route(const float* inp, int N, const ModelConfig& cfg, const LayerWeights& lw,
                MoeActs& a) {
@@ -57,8 +82,9 @@ void moe_route(const float* inp, int N, const ModelConfig& cfg, const LayerWeigh
       idx[k] = best;
       sum += p[best];
     }
+    const float norm = cfg.norm_topk_prob ? sum : 1.0f;
     for (int k = 0; k < K; k++) {
-      w[k] = p[idx[k]] / sum;
+      w[k] = p[idx[k]] / norm;
       a.expert_load[idx[k]]++;
     }
   }
@@ -73,7 +99,18 @@ void moe_forward(float* out, const float* inp, int N, const ModelConfig& cfg,
   // losses for metrics (gradients in backward)
   a.aux_sum = 0.0;
   a.z_sum = 0.0;
-  if (seq.lengths != nullptr) {
+  a.pick_count.assign(E, 0.0);
+  a.prob_sum.assign(E, 0.0);
+  a.valid_tokens = 0.0;
+  if (seq.lengths != nullptr && cfg.balance_loss == BalanceLoss::Batch) {
+    for (int i = 0; i < N; i++) {
+      if (!token_valid(seq, i)) continue;
+      a.valid_tokens += 1.0;
+      for (int k = 0; k < K; k++) a.pick_count[a.topk_idx[(size_t)i * K + k]] += 1.0;
+      for (int e = 0; e < E; e++) a.prob_sum[e] += a.probs[(size_t)i * E + e];
+      a.z_sum += (double)a.lse[i] * a.lse[i];
+    }
+  } else if (seq.lengths != nullptr) {
     std::vector<double> f(E), P(E);
     for (int b = 0; b < seq.B; b++) {
       int Tb = seq.lengths[b];
@@ -119,21 +156,14 @@ void moe_forward(float* out, const float* inp, int N, const ModelConfig& cfg,
 
   // experts: y = W2 (silu(W1 x) * W3 x), one GEMM chain per local expert
   a.xin.resize((size_t)P * C);
-  a.h1.resize((size_t)P * F);
-  a.h3.resize((size_t)P * F);
-  a.act.resize((size_t)P * F);
   a.y.resize((size_t)P * C);
+  a.expert_acts.resize(NL);
   for (int p = 0; p < P; p++)
     std::copy_n(a.recv.x() + (size_t)a.pair_row[p] * C, C, a.xin.data() + (size_t)p * C);
   for (int e = 0; e < NL; e++) {
     int p0 = a.offsets[e], n = a.offsets[e + 1] - p0;
-    if (n == 0) continue;
-    const ExpertWeights& ew = lw.experts[e];
-    matmul_forward(a.h1.data() + (size_t)p0 * F, a.xin.data() + (size_t)p0 * C, ew.w1, n, C, F);
-    matmul_forward(a.h3.data() + (size_t)p0 * F, a.xin.data() + (size_t)p0 * C, ew.w3, n, C, F);
-    swiglu_forward(a.act.data() + (size_t)p0 * F, a.h1.data() + (size_t)p0 * F,
-                   a.h3.data() + (size_t)p0 * F, n * F);
-    matmul_forward(a.y.data() + (size_t)p0 * C, a.act.data() + (size_t)p0 * F, ew.w2, n, F, C);
+    swiglu_mlp_forward(a.y.data() + (size_t)p0 * C, a.xin.data() + (size_t)p0 * C, n, C, F,
+                       lw.experts[e], a.expert_acts[e]);
   }
   a.recv_out.assign((size_t)Nr * C, 0.0f);
   for (int p = 0; p < P; p++) {
@@ -178,19 +208,12 @@ void moe_backward(float* dinp, const LayerWeights& dlw, const float* dout, const
   }
 
   // experts backward
-  std::vector<float> dact((size_t)P * F, 0.0f), dh1((size_t)P * F, 0.0f), dh3((size_t)P * F, 0.0f);
   std::vector<float> dxin((size_t)P * C, 0.0f);
   for (int e = 0; e < NL; e++) {
     int p0 = a.offsets[e], n = a.offsets[e + 1] - p0;
-    if (n == 0) continue;
-    const ExpertWeights& ew = lw.experts[e];
-    const ExpertWeights& dew = dlw.experts[e];
-    size_t oc = (size_t)p0 * C, of = (size_t)p0 * F;
-    matmul_backward(dact.data() + of, dew.w2, dy.data() + oc, a.act.data() + of, ew.w2, n, F, C);
-    swiglu_backward(dh1.data() + of, dh3.data() + of, dact.data() + of, a.h1.data() + of,
-                    a.h3.data() + of, n * F);
-    matmul_backward(dxin.data() + oc, dew.w1, dh1.data() + of, a.xin.data() + oc, ew.w1, n, C, F);
-    matmul_backward(dxin.data() + oc, dew.w3, dh3.data() + of, a.xin.data() + oc, ew.w3, n, C, F);
+    size_t oc = (size_t)p0 * C;
+    swiglu_mlp_backward(dxin.data() + oc, dlw.experts[e], dy.data() + oc, a.xin.data() + oc, n, C,
+                        F, lw.experts[e], a.expert_acts[e]);
   }
   std::vector<float> drecv_x((size_t)Nr * C, 0.0f);
   for (int p = 0; p < P; p++) {
@@ -217,9 +240,17 @@ void moe_backward(float* dinp, const LayerWeights& dlw, const float* dout, const
       S += p[idx[k]];
       wdw += w[k] * dw[k];
     }
-    for (int k = 0; k < K; k++) dprobs[(size_t)i * E + idx[k]] += (dw[k] - wdw) / S;
+    for (int k = 0; k < K; k++)
+      dprobs[(size_t)i * E + idx[k]] += cfg.norm_topk_prob ? (dw[k] - wdw) / S : dw[k];
   }
-  if (seq.lengths != nullptr && aux_weight != 0.0f) {
+  if (seq.lengths != nullptr && aux_weight != 0.0f && cfg.balance_loss == BalanceLoss::Batch) {
+    MOERL_CHECK(a.balance_grad.size() == (size_t)E, "batch balance loss: no gradient was set");
+    for (int i = 0; i < N; i++) {
+      if (!token_valid(seq, i)) continue;
+      float* dp = dprobs.data() + (size_t)i * E;
+      for (int e = 0; e < E; e++) dp[e] += aux_weight * a.balance_grad[e];
+    }
+  } else if (seq.lengths != nullptr && aux_weight != 0.0f) {
     std::vector<float> f(E);
     for (int b = 0; b < seq.B; b++) {
       int Tb = seq.lengths[b];

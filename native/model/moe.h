@@ -20,6 +20,11 @@ struct SeqInfo {
   const int32_t* lengths = nullptr;
 };
 
+// Activations of a dense SwiGLU MLP over n rows: h1 = w1 x, h3 = w3 x [n,F], act = silu(h1) h3.
+struct MlpActs {
+  std::vector<float> h1, h3, act;
+};
+
 struct MoeActs {
   // router side, [N,E] and [N,K]
   std::vector<float> logits, probs, lse;
@@ -29,13 +34,28 @@ struct MoeActs {
   Dispatched recv;
   // (row, slot) pairs grouped by local expert; expert i owns pairs [offsets[i], offsets[i+1])
   std::vector<int32_t> pair_row, pair_slot, offsets;
-  std::vector<float> xin, h1, h3, act, y;  // [P,C] [P,F] [P,F] [P,F] [P,C]
+  std::vector<float> xin, y;               // [P,C] [P,C]
+  std::vector<MlpActs> expert_acts;        // per local expert, its pairs' rows
   std::vector<float> recv_out;             // [Nr,C] weighted expert sum per received row
   // metrics from forward
-  double aux_sum = 0.0;  // sum over sequences of E * sum_e f_e P_e
+  double aux_sum = 0.0;  // sum over sequences of E * sum_e f_e P_e (BalanceLoss::Sequence)
   double z_sum = 0.0;    // sum over valid tokens of logsumexp(router logits)^2
   std::vector<int64_t> expert_load;  // [E] (token, slot) assignments made by this rank
+  // BalanceLoss::Batch: this layer's sums over valid tokens, [E] picks and probabilities (the
+  // model adds them over layers and ranks), and the gradient of the batch loss with respect to
+  // each valid token's router probability of expert e, [E], which the model sets before backward
+  std::vector<double> pick_count, prob_sum;
+  double valid_tokens = 0.0;
+  std::vector<float> balance_grad;
 };
+
+// y [n,C] = w2 (silu(w1 x) * (w3 x)) for x [n,C] with F = hidden width: one expert, or a dense
+// layer's MLP. Fills acts for backward.
+void swiglu_mlp_forward(float* y, const float* x, int n, int C, int F, const ExpertWeights& w,
+                        MlpActs& acts);
+// dx [n,C] += d/dx, weight gradients into dw.
+void swiglu_mlp_backward(float* dx, const ExpertWeights& dw, const float* dy, const float* x, int n,
+                         int C, int F, const ExpertWeights& w, const MlpActs& acts);
 
 // Router and top-k of inp [N,C]: fills a.logits, a.probs, a.lse [N,E], a.topk_idx,
 // a.topk_w [N,K] and a.expert_load [E]. Part of moe_forward; also the EP decode path's first

@@ -26,22 +26,12 @@ bool any_rank(transport::Communicator& comm, bool active, DecodeTimes& times) {
 }  // namespace
 
 void experts_forward(float* y, const float* x, const int64_t* offsets, int num_local_experts,
-                     const ModelConfig& cfg, const LayerWeights& lw, std::vector<float>& h1,
-                     std::vector<float>& h3, std::vector<float>& act) {
+                     const ModelConfig& cfg, const LayerWeights& lw, MlpActs& scratch) {
   const int C = cfg.dim, F = cfg.expert_dim;
-  const size_t P = (size_t)offsets[num_local_experts];
-  h1.resize(P * F);
-  h3.resize(P * F);
-  act.resize(P * F);
   for (int e = 0; e < num_local_experts; e++) {
     const size_t p0 = (size_t)offsets[e];
     const int n = (int)(offsets[e + 1] - offsets[e]);
-    if (n == 0) continue;
-    const ExpertWeights& ew = lw.experts[e];
-    matmul_forward(h1.data() + p0 * F, x + p0 * C, ew.w1, n, C, F);  // [n,F]
-    matmul_forward(h3.data() + p0 * F, x + p0 * C, ew.w3, n, C, F);  // [n,F]
-    swiglu_forward(act.data() + p0 * F, h1.data() + p0 * F, h3.data() + p0 * F, n * F);
-    matmul_forward(y + p0 * C, act.data() + p0 * F, ew.w2, n, F, C);  // [n,C]
+    swiglu_mlp_forward(y + p0 * C, x + p0 * C, n, C, F, lw.experts[e], scratch);
   }
 }
 
@@ -105,7 +95,7 @@ void LowLatencyMoeDecode::forward(float* out, const float* inp, int n, const Mod
                   xin_.data() + (size_t)row * C);
       row += count;
     }
-  experts_forward(y_.data(), xin_.data(), offsets_.data(), L, cfg, lw, h1_, h3_, act_);
+  experts_forward(y_.data(), xin_.data(), offsets_.data(), L, cfg, lw, mlp_acts_);
   for (int e = 0, row = 0; e < L; e++)
     for (int s = 0; s < R; s++) {
       const int count = recv_.recv_count[e * R + s];

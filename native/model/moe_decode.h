@@ -80,14 +80,13 @@ class LowLatencyMoeDecode : public MoeDecode {
   std::vector<int64_t> offsets_;       // [L+1] grouped rows per local expert
   std::vector<float> xin_, y_;         // [Nr,C] grouped by expert
   std::vector<float> slot_y_;          // [L, R*P, C] expert outputs in the slot layout
-  std::vector<float> h1_, h3_, act_;   // [Nr,F]
+  MlpActs mlp_acts_;                   // one expert's scratch
   ep::Tensor combined_;                // [n,C]
 };
 
 // y [P,C] = W2_e (silu(W1_e x) * W3_e x) for rows [offsets[e], offsets[e+1]) of x [P,C], for
-// each local expert e of lw; h1, h3, act are scratch, resized to [P,F].
+// each local expert e of lw; scratch holds one expert's activations at a time.
 void experts_forward(float* y, const float* x, const int64_t* offsets, int num_local_experts,
-                     const ModelConfig& cfg, const LayerWeights& lw, std::vector<float>& h1,
-                     std::vector<float>& h3, std::vector<float>& act);
+                     const ModelConfig& cfg, const LayerWeights& lw, MlpActs& scratch);
 
 }  // namespace moerl::model

@@ -4,8 +4,8 @@
 
 #include <cblas.h>  // cblas_sgemm
 
-#include <algorithm>  // std::max
-#include <cmath>      // std::exp, std::sqrt, std::log
+#include <algorithm>  // std::max, std::copy_n
+#include <cmath>      // std::exp, std::sqrt, std::log, std::pow, std::cos, std::sin
 #include <vector>
 
 namespace moerl::model {
@@ -67,19 +67,21 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 }
 
 // ----------------------------------------------------------------------------
-// causal multi-head attention
+// causal grouped-query attention
 
-void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int H) {
-  const int D = C / H;
+void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int H, int Hkv,
+                       int D) {
+  const int W = (H + 2 * Hkv) * D, Q = H * D, G = H / Hkv;
   const float scale = 1.0f / std::sqrt((float)D);
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < H; h++) {
+      const int ko = Q + (h / G) * D, vo = Q + Hkv * D + (h / G) * D;  // this head's k and v
       for (int t = 0; t < T; t++) {
-        const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * D;
+        const float* q = qkv + ((size_t)b * T + t) * W + h * D;
         float* p = probs + (((size_t)b * H + h) * T + t) * T;
         float maxv = -INFINITY;
         for (int s = 0; s <= t; s++) {
-          const float* k = qkv + ((size_t)b * T + s) * 3 * C + C + h * D;
+          const float* k = qkv + ((size_t)b * T + s) * W + ko;
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
           for (int d = 0; d < D; d++) dot += q[d] * k[d];
@@ -93,10 +95,10 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
         }
         for (int s = 0; s <= t; s++) p[s] /= sum;
         for (int s = t + 1; s < T; s++) p[s] = 0.0f;
-        float* o = out + ((size_t)b * T + t) * C + h * D;
+        float* o = out + ((size_t)b * T + t) * Q + h * D;
         for (int d = 0; d < D; d++) o[d] = 0.0f;
         for (int s = 0; s <= t; s++) {
-          const float* v = qkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
+          const float* v = qkv + ((size_t)b * T + s) * W + vo;
           for (int d = 0; d < D; d++) o[d] += p[s] * v[d];
         }
       }
@@ -105,20 +107,21 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
-                        int B, int T, int C, int H) {
-  const int D = C / H;
+                        int B, int T, int H, int Hkv, int D) {
+  const int W = (H + 2 * Hkv) * D, Q = H * D, G = H / Hkv;
   const float scale = 1.0f / std::sqrt((float)D);
   std::vector<float> dp(T);
   for (int b = 0; b < B; b++) {
     for (int h = 0; h < H; h++) {
+      const int ko = Q + (h / G) * D, vo = Q + Hkv * D + (h / G) * D;
       for (int t = 0; t < T; t++) {
         const float* p = probs + (((size_t)b * H + h) * T + t) * T;
-        const float* dout_t = dout + ((size_t)b * T + t) * C + h * D;
+        const float* dout_t = dout + ((size_t)b * T + t) * Q + h * D;
         // through o = sum_s p_s v_s
         float pdp = 0.0f;
         for (int s = 0; s <= t; s++) {
-          const float* v = qkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
-          float* dv = dqkv + ((size_t)b * T + s) * 3 * C + 2 * C + h * D;
+          const float* v = qkv + ((size_t)b * T + s) * W + vo;
+          float* dv = dqkv + ((size_t)b * T + s) * W + vo;
           float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
           for (int d = 0; d < D; d++) {
@@ -129,17 +132,65 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           pdp += p[s] * acc;
         }
         // through softmax, then the scaled dot product
-        const float* q = qkv + ((size_t)b * T + t) * 3 * C + h * D;
-        float* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * D;
+        const float* q = qkv + ((size_t)b * T + t) * W + h * D;
+        float* dq = dqkv + ((size_t)b * T + t) * W + h * D;
         for (int s = 0; s <= t; s++) {
           float dscore = p[s] * (dp[s] - pdp) * scale;
-          const float* k = qkv + ((size_t)b * T + s) * 3 * C + C + h * D;
-          float* dk = dqkv + ((size_t)b * T + s) * 3 * C + C + h * D;
+          const float* k = qkv + ((size_t)b * T + s) * W + ko;
+          float* dk = dqkv + ((size_t)b * T + s) * W + ko;
           for (int d = 0; d < D; d++) {
             dq[d] += dscore * k[d];
             dk[d] += dscore * q[d];
           }
         }
+      }
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
+// rotary position embedding, rotate-half convention
+
+void rope_angles(float* cos_out, float* sin_out, int position, int D, float theta) {
+  // As transformers computes them in fp32: inv_freq_j = 1 / theta^(2j/D), angle = pos * inv_freq_j.
+  for (int j = 0; j < D / 2; j++) {
+    float inv_freq = 1.0f / std::pow(theta, (float)(2 * j) / (float)D);
+    float angle = (float)position * inv_freq;
+    cos_out[j] = std::cos(angle);
+    sin_out[j] = std::sin(angle);
+  }
+}
+
+void rope_forward(float* x, const int32_t* positions, int N, int stride, int heads, int D,
+                  float theta) {
+  const int half = D / 2;
+  std::vector<float> c(half), s(half);
+  for (int i = 0; i < N; i++) {
+    rope_angles(c.data(), s.data(), positions[i], D, theta);
+    for (int h = 0; h < heads; h++) {
+      float* v = x + (size_t)i * stride + h * D;
+      for (int j = 0; j < half; j++) {
+        float a = v[j], b = v[j + half];
+        v[j] = a * c[j] - b * s[j];
+        v[j + half] = b * c[j] + a * s[j];
+      }
+    }
+  }
+}
+
+void rope_backward(float* dx, const int32_t* positions, int N, int stride, int heads, int D,
+                   float theta) {
+  // The transpose of a rotation is the rotation by the opposite angle.
+  const int half = D / 2;
+  std::vector<float> c(half), s(half);
+  for (int i = 0; i < N; i++) {
+    rope_angles(c.data(), s.data(), positions[i], D, theta);
+    for (int h = 0; h < heads; h++) {
+      float* v = dx + (size_t)i * stride + h * D;
+      for (int j = 0; j < half; j++) {
+        float a = v[j], b = v[j + half];
+        v[j] = a * c[j] + b * s[j];
+        v[j + half] = b * c[j] - a * s[j];
       }
     }
   }
@@ -172,8 +223,12 @@ void embedding_forward(float* out, const int32_t* tokens, const int32_t* positio
                        const float* wte, const float* wpe, int N, int C) {
   for (int i = 0; i < N; i++) {
     const float* te = wte + (size_t)tokens[i] * C;
-    const float* pe = wpe + (size_t)positions[i] * C;
     float* o = out + (size_t)i * C;
+    if (wpe == nullptr) {
+      std::copy_n(te, C, o);
+      continue;
+    }
+    const float* pe = wpe + (size_t)positions[i] * C;
     for (int c = 0; c < C; c++) o[c] = te[c] + pe[c];
   }
 }
@@ -182,12 +237,11 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                         const int32_t* positions, int N, int C) {
   for (int i = 0; i < N; i++) {
     float* dte = dwte + (size_t)tokens[i] * C;
-    float* dpe = dwpe + (size_t)positions[i] * C;
     const float* d = dout + (size_t)i * C;
-    for (int c = 0; c < C; c++) {
-      dte[c] += d[c];
-      dpe[c] += d[c];
-    }
+    for (int c = 0; c < C; c++) dte[c] += d[c];
+    if (dwpe == nullptr) continue;
+    float* dpe = dwpe + (size_t)positions[i] * C;
+    for (int c = 0; c < C; c++) dpe[c] += d[c];
   }
 }
 

@@ -20,18 +20,32 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                       const float* weight, const float* rstd, int N, int C);
 
-// out [B*T,C] = causal softmax(q k^T / sqrt(D)) v per sequence and head, D = C/H.
-// qkv [B*T,3C] holds q | k | v; probs [B,H,T,T] saved for backward (upper triangle zero).
-void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int H);
+// out [B*T,H*D] = causal softmax(q k^T / sqrt(D)) v per sequence and head; query head h reads
+// kv head h / (H / Hkv) (grouped-query attention; Hkv = H is multi-head attention).
+// qkv [B*T,W] rows hold q (H heads) | k (Hkv heads) | v (Hkv heads), W = (H + 2 Hkv) D;
+// probs [B,H,T,T] saved for backward (upper triangle zero).
+void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int H, int Hkv,
+                       int D);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
-                        int B, int T, int C, int H);
+                        int B, int T, int H, int Hkv, int D);
+
+// RoPE in transformers' rotate-half convention, in place on the first `heads` heads of D
+// channels of each of N rows (row i starts at i * stride, rotated by angle positions[i] * f_j,
+// f_j = theta^(-2j/D)): (x_j, x_{j+D/2}) -> (x_j cos - x_{j+D/2} sin, x_{j+D/2} cos + x_j sin).
+void rope_forward(float* x, const int32_t* positions, int N, int stride, int heads, int D,
+                  float theta);
+// dx (same layout) in place: the gradient before the rotation from the gradient after it.
+void rope_backward(float* dx, const int32_t* positions, int N, int stride, int heads, int D,
+                   float theta);
+// cos and sin [D/2] of the angles of one position.
+void rope_angles(float* cos_out, float* sin_out, int position, int D, float theta);
 
 // act [n,F] = silu(h1) * h3  (SwiGLU gate)
 void swiglu_forward(float* act, const float* h1, const float* h3, int n);
 void swiglu_backward(float* dh1, float* dh3, const float* dact, const float* h1, const float* h3,
                      int n);
 
-// out [N,C] = wte[tokens] + wpe[positions]
+// out [N,C] = wte[tokens] + wpe[positions] (wpe may be null: no position embedding)
 void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
                        const float* wte, const float* wpe, int N, int C);
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,

@@ -23,7 +23,8 @@ uint64_t splitmix64(uint64_t& s) {
 
 double next_uniform(uint64_t& s) { return (splitmix64(s) >> 11) * 0x1.0p-53; }
 
-// KV cache: per layer, per sequence, T_max rows of k and v, each [C].
+// KV cache: per layer, per sequence, T_max rows of k and v, each [Hkv*D] (after q/k-norm and
+// RoPE, as attention reads them).
 struct KvCache {
   int S = 0, T = 0, C = 0;
   std::vector<std::vector<float>> k, v;  // [L][S*T*C]
@@ -38,26 +39,38 @@ void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vect
                  const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos,
                  std::vector<float>& logits) {
   const ModelConfig& cfg = ps.layout.cfg;
-  const int n = (int)seq.size(), C = cfg.dim, H = cfg.num_heads, D = C / H, V = cfg.vocab_size;
+  const int n = (int)seq.size(), C = cfg.dim, H = cfg.num_heads, V = cfg.vocab_size;
+  const int Hkv = kv_heads(cfg), D = head_dim(cfg), W = qkv_width(cfg), Q = q_width(cfg),
+            KV = kv_width(cfg), G = H / Hkv;
   const float scale = 1.0f / std::sqrt((float)D);
   const Weights& w = ps.w;
-  std::vector<float> x((size_t)n * C), h((size_t)n * C), rstd(n), qkv((size_t)n * 3 * C),
-      att((size_t)n * C), proj((size_t)n * C), scores(cfg.max_seq_len);
+  std::vector<float> x((size_t)n * C), h((size_t)n * C), rstd(n), qkv((size_t)n * W),
+      att((size_t)n * Q), proj((size_t)n * C), scores(cfg.max_seq_len), qkv_raw, qk_rstd;
+  MlpActs mlp;
   embedding_forward(x.data(), tokens.data(), pos.data(), w.wte, w.wpe, n, C);
   for (int l = 0; l < cfg.num_layers; l++) {
     const LayerWeights& lw = w.layers[l];
     rmsnorm_forward(h.data(), rstd.data(), x.data(), lw.ln1, n, C, cfg.norm_eps);
-    matmul_forward(qkv.data(), h.data(), lw.wqkv, n, C, 3 * C);
+    if (cfg.qk_norm) {
+      qkv_raw.resize((size_t)n * W);
+      qk_rstd.resize((size_t)n * (H + Hkv));
+      matmul_forward(qkv_raw.data(), h.data(), lw.wqkv, n, C, W);
+      qk_norm_forward(qkv.data(), qk_rstd.data(), qkv_raw.data(), lw, n, cfg);
+    } else {
+      matmul_forward(qkv.data(), h.data(), lw.wqkv, n, C, W);
+    }
+    if (cfg.rope_theta > 0.0f) rope_forward(qkv.data(), pos.data(), n, W, H + Hkv, D, cfg.rope_theta);
     for (int i = 0; i < n; i++) {
-      std::copy_n(qkv.data() + (size_t)i * 3 * C + C, C, cache.key(l, seq[i], pos[i]));
-      std::copy_n(qkv.data() + (size_t)i * 3 * C + 2 * C, C, cache.val(l, seq[i], pos[i]));
+      std::copy_n(qkv.data() + (size_t)i * W + Q, KV, cache.key(l, seq[i], pos[i]));
+      std::copy_n(qkv.data() + (size_t)i * W + Q + KV, KV, cache.val(l, seq[i], pos[i]));
     }
     for (int i = 0; i < n; i++) {
       for (int hd = 0; hd < H; hd++) {
-        const float* q = qkv.data() + (size_t)i * 3 * C + hd * D;
+        const float* q = qkv.data() + (size_t)i * W + hd * D;
+        const int kvo = (hd / G) * D;
         float maxv = -INFINITY;
         for (int s = 0; s <= pos[i]; s++) {
-          const float* k = cache.key(l, seq[i], s) + hd * D;
+          const float* k = cache.key(l, seq[i], s) + kvo;
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
           for (int d = 0; d < D; d++) dot += q[d] * k[d];
@@ -69,19 +82,22 @@ void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vect
           scores[s] = std::exp(scores[s] - maxv);
           sum += scores[s];
         }
-        float* o = att.data() + (size_t)i * C + hd * D;
+        float* o = att.data() + (size_t)i * Q + hd * D;
         for (int d = 0; d < D; d++) o[d] = 0.0f;
         for (int s = 0; s <= pos[i]; s++) {
-          const float* v = cache.val(l, seq[i], s) + hd * D;
+          const float* v = cache.val(l, seq[i], s) + kvo;
           float p = scores[s] / sum;
           for (int d = 0; d < D; d++) o[d] += p * v[d];
         }
       }
     }
-    matmul_forward(proj.data(), att.data(), lw.wo, n, C, C);
+    matmul_forward(proj.data(), att.data(), lw.wo, n, Q, C);
     for (size_t j = 0; j < x.size(); j++) x[j] += proj[j];
     rmsnorm_forward(h.data(), rstd.data(), x.data(), lw.ln2, n, C, cfg.norm_eps);
-    moe.forward(proj.data(), h.data(), n, cfg, lw);
+    if (is_dense_layer(cfg, l))
+      swiglu_mlp_forward(proj.data(), h.data(), n, C, cfg.dense_dim, lw.mlp, mlp);
+    else
+      moe.forward(proj.data(), h.data(), n, cfg, lw);
     for (size_t j = 0; j < x.size(); j++) x[j] += proj[j];
   }
   rmsnorm_forward(h.data(), rstd.data(), x.data(), w.lnf, n, C, cfg.norm_eps);
@@ -140,7 +156,8 @@ int decode_slots(const SampleParams& sp, int num_requests) {
 }
 
 int64_t kv_cache_bytes(const ModelConfig& cfg, int slots) {
-  return 2 * (int64_t)cfg.num_layers * slots * cfg.max_seq_len * cfg.dim * (int64_t)sizeof(float);
+  return 2 * (int64_t)cfg.num_layers * slots * cfg.max_seq_len * kv_width(cfg) *
+         (int64_t)sizeof(float);
 }
 
 uint64_t sample_seed(uint64_t campaign_seed, uint64_t iteration, uint64_t prompt_id,
@@ -177,8 +194,8 @@ void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
   if (sp.use_kv_cache) {
     cache.S = B;
     cache.T = cfg.max_seq_len;
-    cache.C = cfg.dim;
-    cache.k.assign(cfg.num_layers, std::vector<float>((size_t)B * cfg.max_seq_len * cfg.dim));
+    cache.C = kv_width(cfg);
+    cache.k.assign(cfg.num_layers, std::vector<float>((size_t)B * cfg.max_seq_len * cache.C));
     cache.v = cache.k;
   }
   std::vector<int> fed(S, 0);       // tokens of seqs[s] already in the cache

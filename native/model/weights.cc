@@ -15,16 +15,27 @@ using Visitor = std::function<void(const std::string& name, std::vector<int64_t>
 // THE list of parameters. Order here is the order in the arenas and in checkpoints.
 void visit_params(const ModelConfig& c, int e0, int ne, Weights& w, const Visitor& f) {
   const int64_t V = c.vocab_size, C = c.dim, F = c.expert_dim, E = c.num_experts;
+  const int64_t W = qkv_width(c), Q = q_width(c), D = head_dim(c), Fd = c.dense_dim;
   w.layers.resize(c.num_layers);
   f("wte", {V, C}, -1, &w.wte);
-  f("wpe", {c.max_seq_len, C}, -1, &w.wpe);
+  if (c.rope_theta == 0.0f) f("wpe", {c.max_seq_len, C}, -1, &w.wpe);
   for (int l = 0; l < c.num_layers; l++) {
     LayerWeights& lw = w.layers[l];
     std::string p = "layers." + std::to_string(l) + ".";
     f(p + "ln1", {C}, -1, &lw.ln1);
-    f(p + "wqkv", {3 * C, C}, -1, &lw.wqkv);
-    f(p + "wo", {C, C}, -1, &lw.wo);
+    f(p + "wqkv", {W, C}, -1, &lw.wqkv);
+    if (c.qk_norm) {
+      f(p + "q_norm", {D}, -1, &lw.q_norm);
+      f(p + "k_norm", {D}, -1, &lw.k_norm);
+    }
+    f(p + "wo", {C, Q}, -1, &lw.wo);
     f(p + "ln2", {C}, -1, &lw.ln2);
+    if (is_dense_layer(c, l)) {
+      f(p + "mlp.w1", {Fd, C}, -1, &lw.mlp.w1);
+      f(p + "mlp.w3", {Fd, C}, -1, &lw.mlp.w3);
+      f(p + "mlp.w2", {C, Fd}, -1, &lw.mlp.w2);
+      continue;
+    }
     f(p + "router", {E, C}, -1, &lw.router);
     lw.experts.resize(ne);
     for (int i = 0; i < ne; i++) {
@@ -36,7 +47,7 @@ void visit_params(const ModelConfig& c, int e0, int ne, Weights& w, const Visito
     }
   }
   f("lnf", {C}, -1, &w.lnf);
-  f("lm_head", {V, C}, -1, &w.lm_head);
+  if (!c.tie_embeddings) f("lm_head", {V, C}, -1, &w.lm_head);
 }
 
 uint64_t splitmix64(uint64_t& s) {
@@ -95,6 +106,7 @@ Weights bind_weights(const ParamLayout& l, float* dense, float* experts) {
                    *slot = experts + l.experts[ei++].offset;
                  }
                });
+  if (l.cfg.tie_embeddings) w.lm_head = w.wte;
   return w;
 }
 
@@ -116,7 +128,8 @@ void ParamStore::zero_grad() {
 void ParamStore::init_random(uint64_t seed) {
   const float std_out = 0.02f / std::sqrt(2.0f * layout.cfg.num_layers);
   auto fill = [&](const TensorSpec& s, float* p) {
-    if (ends_with(s.name, "ln1") || ends_with(s.name, "ln2") || s.name == "lnf") {
+    if (ends_with(s.name, "ln1") || ends_with(s.name, "ln2") || s.name == "lnf" ||
+        ends_with(s.name, "_norm")) {
       for (size_t i = 0; i < s.numel; i++) p[i] = 1.0f;
       return;
     }

@@ -14,7 +14,7 @@
 namespace moerl::model {
 
 struct TensorSpec {
-  std::string name;            // e.g. "layers.0.wqkv", "layers.1.experts.5.w1"
+  std::string name;            // e.g. "layers.0.wqkv", "layers.1.experts.5.w1", "layers.0.mlp.w2"
   std::vector<int64_t> shape;  // row-major
   int expert = -1;             // global expert id, -1 for dense tensors
   size_t offset = 0;           // in floats, into the dense or the expert arena
@@ -27,21 +27,25 @@ struct ExpertWeights {
   float* w2 = nullptr;  // [C,F] down projection
 };
 
+// Widths: W = qkv_width (H*D + 2*Hkv*D), Q = q_width (H*D), D = head_dim (config.h).
 struct LayerWeights {
   float* ln1 = nullptr;     // [C]
-  float* wqkv = nullptr;    // [3C,C]
-  float* wo = nullptr;      // [C,C]
+  float* wqkv = nullptr;    // [W,C]: q rows [0,Q), k rows [Q,Q+Hkv*D), v rows after
+  float* q_norm = nullptr;  // [D] (qk_norm only)
+  float* k_norm = nullptr;  // [D] (qk_norm only)
+  float* wo = nullptr;      // [C,Q]
   float* ln2 = nullptr;     // [C]
-  float* router = nullptr;  // [E,C]
-  std::vector<ExpertWeights> experts;  // local experts only
+  float* router = nullptr;  // [E,C] (MoE layers)
+  std::vector<ExpertWeights> experts;  // local experts only (MoE layers)
+  ExpertWeights mlp;        // dense layers: w1, w3 [dense_dim,C], w2 [C,dense_dim]
 };
 
 struct Weights {
   float* wte = nullptr;  // [V,C]
-  float* wpe = nullptr;  // [T_max,C]
+  float* wpe = nullptr;  // [T_max,C] (learned positions only; null with RoPE)
   std::vector<LayerWeights> layers;
   float* lnf = nullptr;      // [C]
-  float* lm_head = nullptr;  // [V,C]
+  float* lm_head = nullptr;  // [V,C]; == wte when the embeddings are tied
 };
 
 struct ParamLayout {

@@ -127,8 +127,15 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
     n_valid += batch[i].tokens.size();
   }
   const double n_seq = (double)batch.size();
-  const float aux_weight = (float)(lc.aux_coef / (n_seq * L));
-  const float z_weight = (float)(lc.z_coef / (n_valid * L));
+  const int L_moe = model::num_moe_layers(cfg);
+  const std::vector<std::vector<int>> mbs =
+      micro_batches((int)batch.size(), comm.rank(), comm.world_size(), lc.micro_batch);
+  // The balance loss: sequence-wise, a mean over sequences and MoE layers; batch-wise
+  // (transformers' definition), one loss per micro-batch of all ranks, a mean over micro-batches.
+  const bool batch_balance = cfg.balance_loss == model::BalanceLoss::Batch;
+  const double aux_norm = batch_balance ? (double)mbs.size() : n_seq * L_moe;
+  const float aux_weight = (float)(lc.aux_coef / aux_norm);
+  const float z_weight = (float)(lc.z_coef / (n_valid * L_moe));
 
   // metric accumulators, summed over ranks at the end
   enum { kLoss, kPolicy, kKl, kEntropy, kClip, kAux, kZ, kFlops, kNum };
@@ -138,8 +145,6 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
   ps.zero_grad();
   model::Activations a;
   std::vector<double> p(V);
-  const std::vector<std::vector<int>> mbs =
-      micro_batches((int)batch.size(), comm.rank(), comm.world_size(), lc.micro_batch);
   for (size_t mb = 0; mb < mbs.size(); mb++) {
     const std::vector<int>& ids = mbs[mb];
     Packed pk = pack(batch, ids, cfg.max_seq_len);
@@ -175,7 +180,8 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
         acc[kLoss] += (float)tt.loss;
       }
     }
-    acc[kAux] += (float)a.aux_sum;
+    // a batch-wise loss is the same on every rank: each adds its share of the sum over ranks
+    acc[kAux] += (float)(batch_balance ? a.aux_sum / comm.world_size() : a.aux_sum);
     acc[kZ] += (float)a.z_sum;
     for (int e = 0; e < E; e++) acc[kNum + e] += (float)a.expert_load[e];
     for (int l = 0; l < L; l++)
@@ -193,8 +199,8 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
   m.lr = lr;
   m.tokens = n_tok;
   m.sequences = n_seq;
-  m.aux_loss = acc[kAux] / (n_seq * L);
-  m.z_loss = acc[kZ] / (n_valid * L);
+  m.aux_loss = acc[kAux] / aux_norm;
+  m.z_loss = acc[kZ] / (n_valid * L_moe);
   m.policy_loss = acc[kPolicy] / n_tok;
   m.kl = acc[kKl] / n_tok;
   m.entropy = acc[kEntropy] / n_tok;

@@ -78,11 +78,11 @@ TEST(Ops, AttentionBackwardMatchesFiniteDifferences) {
   auto qkv = randn(B * T * 3 * C, 7), r = randn(B * T * C, 8);
   std::vector<float> out(B * T * C), probs(B * H * T * T), dqkv(qkv.size(), 0.0f);
   auto loss = [&] {
-    attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, H);
+    attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, H, C / H);
     return dot(out, r);
   };
   loss();
-  attention_backward(dqkv.data(), r.data(), qkv.data(), probs.data(), B, T, C, H);
+  attention_backward(dqkv.data(), r.data(), qkv.data(), probs.data(), B, T, H, H, C / H);
   EXPECT_LT(fd_check(qkv, dqkv, loss, 1e-3f), 5e-3);
 }
 

@@ -104,7 +104,7 @@ class MpiMoeDecode : public model::MoeDecode {
     // ---- experts
     t0 = std::chrono::steady_clock::now();
     y_.resize(xin_.size());
-    model::experts_forward(y_.data(), xin_.data(), offsets_.data(), L, cfg, lw, h1_, h3_, act_);
+    model::experts_forward(y_.data(), xin_.data(), offsets_.data(), L, cfg, lw, mlp_acts_);
     times.experts += seconds_since(t0);
 
     // ---- combine
@@ -146,7 +146,8 @@ class MpiMoeDecode : public model::MoeDecode {
   std::vector<int> row_of_pair_, recv_per_expert_, sorted_src_;
   std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
   std::vector<int64_t> offsets_;
-  std::vector<float> permuted_, received_, xin_, y_, h1_, h3_, act_;
+  std::vector<float> permuted_, received_, xin_, y_;
+  model::MlpActs mlp_acts_;
 };
 
 struct Options {
