@@ -40,7 +40,8 @@ export function rewardFunction(
     throw ApplicationFailure.create({
       type: badInputErrorType,
       nonRetryable: true,
-      message: 'a dataset task has no verifier: give the spec an http reward model',
+      message:
+        'a dataset task has no built-in verifier yet (reward functions chosen by data_source are not built): give the spec an http reward model (reward: { kind: http, url })',
     });
   return verifierReward(spec.task.builtin);
 }

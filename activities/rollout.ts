@@ -126,7 +126,8 @@ export async function rolloutShard(
         throw ApplicationFailure.create({
           type: 'NotSupported',
           nonRetryable: true,
-          message: 'dataset tasks are not supported by the rollout activity yet; use a builtin task',
+          message:
+            "dataset tasks cannot run yet: the rollout activity does not feed a shard's dataset rows (activities/datasets: shardPrompts, readDatasetRows) to moe_generate, and moe_generate has no chat template or tokenizer for them; use task.builtin",
         });
       const policy = await acquireCheckpoint(store, input.policy, deps.checkpoints);
       const policyDir = policy.dir;
