@@ -1,6 +1,6 @@
 // Spawns the R ranks of a multi-process test on this host (loopback only) and collects
-// each rank's exit status and stderr. Ranks get the rank env contract; the coordinator
-// port is a free loopback port found by binding port 0.
+// each rank's exit status and stderr. Ranks get the rank env contract (a job token
+// included); the coordinator port is a free loopback port found by binding port 0.
 #pragma once
 
 #include <arpa/inet.h>   // htonl
@@ -63,7 +63,8 @@ inline std::vector<RankResult> run_ranks_each(
     std::vector<std::string> env_strings = {
         "MOERL_RANK=" + std::to_string(r), "MOERL_WORLD_SIZE=" + std::to_string(world),
         "MOERL_COORDINATOR=127.0.0.1:" + std::to_string(port), "MOERL_FI_PROVIDER=" + provider,
-        "MOERL_TIMEOUT_S=" + std::to_string(timeout_s)};
+        "MOERL_TIMEOUT_S=" + std::to_string(timeout_s),
+        "MOERL_JOB_TOKEN=test-job-" + std::to_string(port)};
     env_strings.insert(env_strings.end(), extra_env.begin(), extra_env.end());
     for (char** e = environ; *e != nullptr; ++e)
       if (std::string(*e).rfind("MOERL_", 0) != 0) env_strings.push_back(*e);

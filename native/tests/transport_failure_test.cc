@@ -93,7 +93,7 @@ TEST(TransportFailure, MissingRankIsNamedByCoordinator) {
   config.rank = 0;
   config.world_size = 2;
   config.coordinator = "127.0.0.1:" + std::to_string(free_loopback_port());
-  config.timeout_s = 0.5;
+  config.startup_timeout_s = 0.5;
   try {
     transport::Communicator comm(config);
     FAIL() << "construction succeeded without rank 1";

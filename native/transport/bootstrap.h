@@ -1,6 +1,15 @@
 // Bootstrap: a small TCP rendezvous at rank 0 (MOERL_COORDINATOR) that lets every rank
 // learn every other rank's libfabric address before any fabric traffic; every read, write,
-// accept and connect has the deadline.
+// accept and connect has the start-up deadline (MOERL_STARTUP_TIMEOUT_S).
+//
+// Rank 0 listens on one address only (MOERL_BIND_ADDRESS, else the coordinator's host) and
+// admits a connection as a rank only after a challenge-response on the job's secret
+// (MOERL_JOB_TOKEN): rank 0 sends a fresh nonce, the peer answers with its rank and an
+// HMAC-SHA256 under the token, and rank 0 answers the peer's own nonce the same way, so each
+// side knows the other belongs to the job. Anything else that connects (a port scan, a
+// health check, a rank of another job, garbage) is closed and forgotten: it fails nobody.
+// Handshakes run side by side with bounded reads and a per-connection time limit, so a
+// stranger that connects and says nothing cannot hold up the ranks behind it.
 //
 // Its connections (rank 0 to every rank) then stay open for the communicator's life as a
 // failure detector: the kernel closes a dead process's sockets, so rank 0 learns at once
@@ -20,8 +29,10 @@ namespace moerl::transport {
 
 class Bootstrap {
  public:
-  // Rank 0 listens on the coordinator's port and accepts world_size - 1 peers; the others
-  // connect (retrying until the deadline while rank 0 is not yet up).
+  // Rank 0 listens on the coordinator's port and admits world_size - 1 peers; the others
+  // connect (retrying until the start-up deadline while rank 0 is not yet up or refuses
+  // them). Throws Error(Timeout) at the deadline, naming the ranks missing and, when it
+  // refused connections, that they could not prove the token.
   explicit Bootstrap(const Config& config);
   ~Bootstrap();
   Bootstrap(const Bootstrap&) = delete;
@@ -45,8 +56,12 @@ class Bootstrap {
   std::function<void(int)> on_peer_died;
 
  private:
+  void admit_peers(const std::string& host, const std::string& port);  // rank 0
+  void join_coordinator(const std::string& host, const std::string& port);  // the others
+  void close_sockets() noexcept;
+
   Config config_;
-  double deadline_;             // monotonic seconds
+  double deadline_;             // monotonic seconds: the start-up deadline
   int listen_fd_ = -1;          // rank 0 only
   std::vector<int> peer_fds_;   // rank 0: socket of rank r at [r]; others: [0] = rank 0
   std::vector<bool> departed_;  // by socket index: peer left cleanly, its EOF is expected

@@ -2,6 +2,8 @@
 // what is allowed, and maps to exit code 2 (bad input, do not retry).
 #include "transport/config.h"
 
+#include <arpa/inet.h>  // inet_pton to check MOERL_BIND_ADDRESS
+
 #include <cerrno>   // errno for strtol/strtod range errors
 #include <cstdlib>  // std::getenv, std::strtol, std::strtod
 
@@ -24,6 +26,15 @@ long parse_int(const char* name, const std::string& text) {
   return v;
 }
 
+double parse_seconds(const char* name, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  MOERL_CHECK_INPUT(errno == 0 && end != text.c_str() && *end == '\0', name, "='", text,
+                    "' is not a number of seconds");
+  return v;
+}
+
 }  // namespace
 
 Config Config::from_env() {
@@ -33,11 +44,11 @@ Config Config::from_env() {
   c.coordinator = env_or("MOERL_COORDINATOR", "");
   c.provider = env_or("MOERL_FI_PROVIDER", "shm");
   const std::string timeout = env_or("MOERL_TIMEOUT_S", "60");
-  char* end = nullptr;
-  errno = 0;
-  c.timeout_s = std::strtod(timeout.c_str(), &end);
-  MOERL_CHECK_INPUT(errno == 0 && end != timeout.c_str() && *end == '\0',
-                    "MOERL_TIMEOUT_S='", timeout, "' is not a number of seconds");
+  c.timeout_s = parse_seconds("MOERL_TIMEOUT_S", timeout);
+  c.startup_timeout_s =
+      parse_seconds("MOERL_STARTUP_TIMEOUT_S", env_or("MOERL_STARTUP_TIMEOUT_S", timeout.c_str()));
+  c.job_token = env_or("MOERL_JOB_TOKEN", "");
+  c.bind_address = env_or("MOERL_BIND_ADDRESS", "");
   const std::string register_all = env_or("MOERL_FI_REGISTER_ALL", "0");
   MOERL_CHECK_INPUT(register_all == "0" || register_all == "1", "MOERL_FI_REGISTER_ALL='",
                     register_all, "' must be 0 or 1");
@@ -55,6 +66,15 @@ void Config::validate() const {
                     "MOERL_FI_PROVIDER='", provider, "' must be one of efa, tcp, shm");
   MOERL_CHECK_INPUT(timeout_s > 0.0 && timeout_s <= 86400.0, "MOERL_TIMEOUT_S=", timeout_s,
                     " must be in (0, 86400]");
+  // Up to a week: the longest a launcher lets a rank pend (unschedulableTimeoutSeconds).
+  MOERL_CHECK_INPUT(startup_timeout_s > 0.0 && startup_timeout_s <= 604800.0,
+                    "MOERL_STARTUP_TIMEOUT_S=", startup_timeout_s, " must be in (0, 604800]");
+  MOERL_CHECK_INPUT(job_token.size() <= 4096, "MOERL_JOB_TOKEN is ", job_token.size(),
+                    " bytes long; at most 4096 are allowed");
+  in_addr parsed{};
+  MOERL_CHECK_INPUT(bind_address.empty() || inet_pton(AF_INET, bind_address.c_str(), &parsed) == 1,
+                    "MOERL_BIND_ADDRESS='", bind_address,
+                    "' must be an IPv4 address such as 10.0.3.7");
   if (world_size > 1) {
     const auto colon = coordinator.rfind(':');
     const std::string port = colon == std::string::npos ? "" : coordinator.substr(colon + 1);

@@ -5,7 +5,17 @@
 //   MOERL_COORDINATOR  host:port where rank 0 listens for the address exchange
 //                      (required when the world size is above 1)
 //   MOERL_FI_PROVIDER  libfabric provider: efa | tcp | shm      (default shm)
-//   MOERL_TIMEOUT_S    deadline in seconds for every wait       (default 60)
+//   MOERL_TIMEOUT_S    deadline in seconds for each exchange once the group has formed
+//                      (default 60)
+//   MOERL_STARTUP_TIMEOUT_S  deadline in seconds for forming the group: every rank started,
+//                      connected to rank 0 and its address known (default MOERL_TIMEOUT_S;
+//                      the launchers set it to their pending timeout: a slow start is not
+//                      a failure)
+//   MOERL_JOB_TOKEN    the job's secret: rank 0 admits a peer only once it has proved it
+//                      knows the token, and a peer trusts rank 0 the same way (default
+//                      empty: no authentication, for groups started by hand)
+//   MOERL_BIND_ADDRESS IPv4 address rank 0 listens on (pod: its pod IP); default the
+//                      coordinator's host, so locally 127.0.0.1 and never every interface
 // and one switch for testing:
 //   MOERL_FI_REGISTER_ALL=1  register every message buffer, as efa requires, on any provider
 //                            (runs the efa memory-registration path over shm or tcp)
@@ -20,7 +30,10 @@ struct Config {
   int world_size = 1;
   std::string coordinator;  // "host:port" of rank 0; empty when world_size == 1
   std::string provider = "shm";
-  double timeout_s = 60.0;
+  double timeout_s = 60.0;          // each exchange once the group has formed
+  double startup_timeout_s = 60.0;  // forming the group (Bootstrap)
+  std::string job_token;            // secret shared by the job's ranks; empty: none
+  std::string bind_address;         // rank 0's listening IPv4 address; empty: coordinator host
   bool register_all_memory = false;
 
   // Reads the MOERL_* variables above; throws moerl::Error(BadInput) naming the

@@ -1,0 +1,240 @@
+// The bootstrap's rendezvous under a hostile network: rank 0 listens on the coordinator's
+// address only; a port scan, garbage, a silent connection, a forged hello and a rank with
+// another job's token, all during the rendezvous, change nothing for the job's own ranks; a
+// rank that starts long after the others is no failure while the start-up deadline runs
+// (the per-exchange deadline is for later). Ranks are Bootstrap objects on threads of this
+// process, over 127.0.0.1 (no libfabric needed).
+#include <arpa/inet.h>   // inet_pton
+#include <fcntl.h>       // O_* for ep_spawn.h
+#include <netinet/in.h>  // sockaddr_in
+#include <sys/socket.h>  // socket, connect, send, recv
+#include <sys/time.h>    // timeval for SO_RCVTIMEO
+#include <unistd.h>      // close
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/check.h"
+#include "ep_spawn.h"  // free_loopback_port
+#include "transport/bootstrap.h"
+#include "transport/clock.h"
+
+namespace moerl::ep::testing {
+namespace {
+
+using transport::Bootstrap;
+using transport::Config;
+using transport::now_s;
+
+Config rank_config(int rank, int port, const std::string& token) {
+  Config c;
+  c.rank = rank;
+  c.world_size = 2;
+  c.coordinator = "127.0.0.1:" + std::to_string(port);
+  c.job_token = token;
+  c.timeout_s = 0.5;  // per exchange: far shorter than the rendezvous below takes
+  c.startup_timeout_s = 30;
+  return c;
+}
+
+// A blocking TCP connection to ip:port, or -1 with errno set; connecting and reading give up
+// after 5 s (Linux applies SO_SNDTIMEO to connect), so no case can hang the test.
+int dial(const char* ip, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const timeval five_s{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &five_s, sizeof(five_s));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &five_s, sizeof(five_s));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(uint16_t(port));
+  inet_pton(AF_INET, ip, &sa.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
+int dial_when_listening(int port) {
+  const double until = now_s() + 10;
+  for (;;) {
+    const int fd = dial("127.0.0.1", port);
+    if (fd >= 0 || now_s() > until) return fd;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// One rank's rendezvous on a thread: its allgather result, or the error it threw.
+struct RankRun {
+  std::vector<std::vector<uint8_t>> blobs;
+  std::string error;
+  double joined_after = -1;  // seconds from start to a finished bootstrap
+  std::thread thread;
+
+  ~RankRun() {
+    if (thread.joinable()) thread.join();
+  }
+  void start(const Config& config, std::unique_ptr<Bootstrap>& out) {
+    thread = std::thread([this, config, &out] {
+      const double t0 = now_s();
+      try {
+        out = std::make_unique<Bootstrap>(config);
+        blobs = out->allgather({uint8_t(0xA0 + config.rank)});
+        joined_after = now_s() - t0;
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+  }
+};
+
+TEST(TransportBootstrap, StrangersDuringTheRendezvousChangeNothing) {
+  const int port = free_loopback_port();
+  std::unique_ptr<Bootstrap> b0, b1, impostor;
+  RankRun rank0, rank1, other_job;
+  rank0.start(rank_config(0, port, "job-token"), b0);
+
+  // A port scan: connect and close at once (what killed the job before).
+  const int scan = dial_when_listening(port);
+  ASSERT_GE(scan, 0) << std::strerror(errno);
+  ::close(scan);
+  // Garbage, an HTTP health check, a hello cut short, then closed.
+  for (const std::string& junk : {std::string(300, '\xff'), std::string("GET / HTTP/1.1\r\n\r\n"),
+                                 std::string("PEOM\x02\0\0\0", 8)}) {
+    const int fd = dial("127.0.0.1", port);
+    ASSERT_GE(fd, 0);
+    ::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    ::close(fd);
+  }
+  // A forged hello: the right magic, version, rank and world size, but a MAC made without the
+  // token. It reads the challenge first, as a rank does, and stays open afterwards.
+  const int forged = dial("127.0.0.1", port);
+  ASSERT_GE(forged, 0);
+  uint8_t challenge[24];
+  ASSERT_EQ(::recv(forged, challenge, sizeof(challenge), MSG_WAITALL), ssize_t(sizeof(challenge)));
+  struct {
+    uint32_t magic = 0x4d4f4550, version = 2;
+    int32_t rank = 1, world_size = 2;
+    uint8_t nonce[16] = {1}, mac[32] = {2};
+  } hello;
+  ASSERT_EQ(::send(forged, &hello, sizeof(hello), MSG_NOSIGNAL), ssize_t(sizeof(hello)));
+  // A stranger that connects and says nothing, held open through the whole rendezvous.
+  const int silent = dial("127.0.0.1", port);
+  ASSERT_GE(silent, 0);
+  // A rank 1 of another job (another token): refused until its own deadline, naming the token.
+  Config wrong = rank_config(1, port, "another-job-token");
+  wrong.startup_timeout_s = 1.0;
+  other_job.start(wrong, impostor);
+  other_job.thread.join();
+  EXPECT_NE(other_job.error.find("MOERL_JOB_TOKEN"), std::string::npos) << other_job.error;
+
+  // The job's own rank 1 is admitted at once, the silent stranger notwithstanding.
+  rank1.start(rank_config(1, port, "job-token"), b1);
+  rank1.thread.join();
+  rank0.thread.join();
+  ASSERT_EQ(rank0.error, "");
+  ASSERT_EQ(rank1.error, "");
+  EXPECT_LT(rank1.joined_after, 3.0);
+  const std::vector<std::vector<uint8_t>> expected = {{0xA0}, {0xA1}};
+  EXPECT_EQ(rank0.blobs, expected);
+  EXPECT_EQ(rank1.blobs, expected);
+  // Nobody's failure detector saw a failure; once every rank is in, nobody else gets in.
+  EXPECT_NO_THROW(b0->check_peers());
+  EXPECT_NO_THROW(b1->check_peers());
+  EXPECT_LT(dial("127.0.0.1", port), 0);
+  EXPECT_EQ(errno, ECONNREFUSED);
+  ::close(forged);
+  ::close(silent);
+  b0->leave(true);
+  b1->leave(true);
+}
+
+TEST(TransportBootstrap, ListensOnTheCoordinatorAddressOnly) {
+  // 127.0.0.2 is this host too (all of 127/8 is loopback): listening on every interface, rank
+  // 0 would answer there; listening on the coordinator's address, it must not.
+  const int port = free_loopback_port();
+  std::unique_ptr<Bootstrap> b0;
+  RankRun rank0;
+  Config c = rank_config(0, port, "t");
+  c.startup_timeout_s = 2;
+  rank0.start(c, b0);
+  const int fd = dial_when_listening(port);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  EXPECT_LT(dial("127.0.0.2", port), 0);
+  EXPECT_EQ(errno, ECONNREFUSED);
+  rank0.thread.join();  // rank 1 never comes: rank 0 times out, naming it
+  EXPECT_NE(rank0.error.find("rank(s) 1"), std::string::npos) << rank0.error;
+}
+
+TEST(TransportBootstrap, ASlowStartIsNoFailure) {
+  // Rank 1 starts 2 s after rank 0 (pending pod, inputs downloading): four times the
+  // per-exchange deadline, well within the start-up deadline.
+  const int port = free_loopback_port();
+  std::unique_ptr<Bootstrap> b0, b1;
+  RankRun rank0, rank1;
+  rank0.start(rank_config(0, port, "t"), b0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  rank1.start(rank_config(1, port, "t"), b1);
+  rank0.thread.join();
+  rank1.thread.join();
+  EXPECT_EQ(rank0.error, "");
+  EXPECT_EQ(rank1.error, "");
+  EXPECT_EQ(rank0.blobs, rank1.blobs);
+}
+
+TEST(TransportBootstrap, StartupDeadlineStillEnds) {
+  // A rank 1 whose rank 0 never comes gives up at the start-up deadline, not before.
+  Config c = rank_config(1, free_loopback_port(), "t");
+  c.startup_timeout_s = 1.0;
+  const double t0 = now_s();
+  try {
+    Bootstrap b(c);
+    FAIL() << "joined a coordinator that does not exist";
+  } catch (const moerl::Error& e) {
+    EXPECT_EQ(e.kind(), moerl::ErrorKind::Timeout);
+    EXPECT_NE(std::string(e.what()).find("within 1 s"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(now_s() - t0, 0.9);
+}
+
+TEST(TransportConfig, StartupDeadlineTokenAndBindAddressFromEnv) {
+  setenv("MOERL_TIMEOUT_S", "7", 1);
+  unsetenv("MOERL_STARTUP_TIMEOUT_S");
+  setenv("MOERL_JOB_TOKEN", "abc", 1);
+  setenv("MOERL_BIND_ADDRESS", "10.0.3.7", 1);
+  Config c = Config::from_env();
+  EXPECT_EQ(c.timeout_s, 7);
+  EXPECT_EQ(c.startup_timeout_s, 7);  // unset: the exchange deadline
+  EXPECT_EQ(c.job_token, "abc");
+  EXPECT_EQ(c.bind_address, "10.0.3.7");
+  setenv("MOERL_STARTUP_TIMEOUT_S", "900", 1);
+  EXPECT_EQ(Config::from_env().startup_timeout_s, 900);
+  for (const char* bad : {"soon", "0", "-5", "1e9"}) {
+    setenv("MOERL_STARTUP_TIMEOUT_S", bad, 1);
+    try {
+      Config::from_env();
+      ADD_FAILURE() << bad;
+    } catch (const moerl::Error& e) {
+      EXPECT_EQ(e.kind(), moerl::ErrorKind::BadInput);
+      EXPECT_NE(std::string(e.what()).find("MOERL_STARTUP_TIMEOUT_S"), std::string::npos);
+    }
+  }
+  unsetenv("MOERL_STARTUP_TIMEOUT_S");
+  setenv("MOERL_BIND_ADDRESS", "0.0.0.0.0", 1);
+  EXPECT_THROW(Config::from_env(), moerl::Error);
+  for (const char* name : {"MOERL_TIMEOUT_S", "MOERL_JOB_TOKEN", "MOERL_BIND_ADDRESS"})
+    unsetenv(name);
+}
+
+}  // namespace
+}  // namespace moerl::ep::testing
