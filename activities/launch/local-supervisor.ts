@@ -5,17 +5,20 @@
 // worker process finds the job through its directory and adopts it (local.ts).
 //
 // Files in the job directory (written by the supervisor unless noted):
-//   job.json        the TrainJobSpec (written by the launcher before the supervisor starts)
-//   supervisor.pid  this process's pid = the job's process group (written by the launcher)
+//   job.json        the TrainJobSpec and this start's launchId (written by the launcher, atomically,
+//                   before the supervisor starts)
+//   supervisor.pid  the supervisor naming itself (local-pid.ts): its pid = the job's process group,
+//                   its start time and launchId, written atomically before any rank starts
 //   status.json     the JobStatus, replaced atomically whenever a rank changes state;
 //                   `"final": true` once every rank has exited
 //   rank-<r>.log    each rank's stdout and stderr
 //   rank-<r>/       each rank's scratch directory (MOERL_WORK_DIR)
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { createWriteStream, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { createWriteStream, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { writeFileAtomic, writeOwnClaim } from './local-pid.js';
 import type { JobStatus, RankStatus, TrainJobSpec } from './types.js';
 import { rankEnv } from './types.js';
 
@@ -44,12 +47,6 @@ export const jobFiles = {
   rankWork: (rank: number) => `rank-${rank}`,
 };
 
-function writeAtomic(path: string, text: string): void {
-  const tmp = `${path}.tmp-${process.pid}`;
-  writeFileSync(tmp, text);
-  renameSync(tmp, path);
-}
-
 function logTail(path: string): string {
   try {
     return readFileSync(path, 'utf8').slice(-logTailBytes).trim();
@@ -58,10 +55,16 @@ function logTail(path: string): string {
   }
 }
 
-function supervise(jobDir: string): void {
-  const { spec, coordinatorPort, launchId } = JSON.parse(
-    readFileSync(join(jobDir, jobFiles.job), 'utf8'),
-  ) as LocalJobFile;
+function supervise(jobDir: string, launchId: string): void {
+  const file = JSON.parse(readFileSync(join(jobDir, jobFiles.job), 'utf8')) as LocalJobFile;
+  // A start that was slow to run: its directory was set aside as abandoned and another start
+  // owns the name now. It runs nothing.
+  if (file.launchId !== launchId) {
+    console.error(`supervisor: ${jobDir} belongs to start ${file.launchId}, not ${launchId}`);
+    process.exit(1);
+  }
+  const { spec, coordinatorPort } = file;
+  writeOwnClaim(jobDir, jobFiles.pid, launchId);
   const ranks: RankStatus[] = Array.from({ length: spec.worldSize }, (_, rank) => ({
     rank,
     state: 'running',
@@ -75,7 +78,7 @@ function supervise(jobDir: string): void {
   const write = (final: boolean) => {
     const state = failure ? 'failed' : ranks.every((r) => r.state === 'succeeded') ? 'succeeded' : 'running';
     const status: LocalStatusFile = { name: spec.name, state, ranks, failure, final, launchId };
-    writeAtomic(join(jobDir, jobFiles.status), JSON.stringify(status));
+    writeFileAtomic(join(jobDir, jobFiles.status), JSON.stringify(status));
   };
   const stopAll = () => {
     for (const child of children)
@@ -149,10 +152,10 @@ function supervise(jobDir: string): void {
 }
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const jobDir = process.argv[2];
-  if (!jobDir) {
-    console.error('usage: node local-supervisor.js <job dir>');
+  const [jobDir, launchId] = process.argv.slice(2);
+  if (!jobDir || !launchId) {
+    console.error('usage: node local-supervisor.js <job dir> <launch id>');
     process.exit(2);
   }
-  supervise(jobDir);
+  supervise(jobDir, launchId);
 }

@@ -2,27 +2,36 @@
 // that leads the job's own process group. A job is its directory `<work dir>/<job name>`:
 // whoever creates the directory starts the job, and any worker process on the machine that
 // launches the same name later finds it there and adopts it, so there is exactly one job per
-// name. An adopted job's files are never touched; a job whose supervisor died without
-// finishing is killed as a group and started again.
+// name. The supervisor names itself in the directory (local-pid.ts), and only a process that is
+// that supervisor is adopted or signalled. An adopted job's files are never touched; a job whose
+// supervisor died without finishing is killed as a group and started again.
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { openSync, closeSync, readFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { openSync, closeSync } from 'node:fs';
+import { mkdir, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import {
+  claimState,
+  findSupervisor,
+  parseClaim,
+  processStartTime,
+  signalJobGroup,
+  supervisorPath,
+  writeFileAtomic,
+} from './local-pid.js';
+import type { SupervisorClaim } from './local-pid.js';
 import { jobFiles } from './local-supervisor.js';
 import type { LocalJobFile, LocalStatusFile } from './local-supervisor.js';
 import type { JobStatus, Launcher, TrainJob, TrainJobSpec } from './types.js';
 
 const pollMs = 250;
 const stopGraceMs = 3000;
-/** How long a starting job may have a directory but no supervisor pid yet. */
+/** How long a starting job may have a directory but no supervisor yet (default). */
 const startupGraceMs = 10_000;
 /** Finished jobs' directories older than this are removed when another job launches. */
 const finishedJobKeepMs = 10 * 60_000;
-
-const supervisorPath = new URL('./local-supervisor.js', import.meta.url).pathname;
 
 /**
  * The environment a rank sees: what the rank program, the store client and the native core read,
@@ -50,29 +59,6 @@ export function freeLoopbackPort(): Promise<number> {
   });
 }
 
-/** True while `pid` is the supervisor of `jobDir` (a recycled pid runs something else). */
-function supervisorAlive(pid: number, jobDir: string): boolean {
-  try {
-    process.kill(pid, 0);
-  } catch {
-    return false;
-  }
-  try {
-    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(jobDir);
-  } catch {
-    return true; // no /proc: trust the signal check
-  }
-}
-
-function killGroup(pgid: number, signal: NodeJS.Signals | 0): boolean {
-  try {
-    process.kill(-pgid, signal);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 async function readJson<T>(path: string): Promise<T | null> {
   try {
     return JSON.parse(await readFile(path, 'utf8')) as T;
@@ -88,8 +74,7 @@ class LocalJob implements TrainJob {
   constructor(
     readonly name: string,
     private readonly dir: string,
-    private readonly pid: number,
-    private readonly launchId: string,
+    private readonly supervisor: SupervisorClaim,
     readonly adopted: boolean,
     worldSize: number,
   ) {
@@ -104,7 +89,7 @@ class LocalJob implements TrainJob {
       })),
       failure: null,
       final: false,
-      launchId,
+      launchId: supervisor.launchId,
     };
     this.done = this.follow();
   }
@@ -112,7 +97,7 @@ class LocalJob implements TrainJob {
   /** The job's status file, if it is this start's (a restart under the same name writes another's). */
   private async readStatus(): Promise<LocalStatusFile | null> {
     const status = await readJson<LocalStatusFile>(join(this.dir, jobFiles.status));
-    return status?.launchId === this.launchId ? status : null;
+    return status?.launchId === this.supervisor.launchId ? status : null;
   }
 
   /** Follows status.json until it is final, or until the supervisor is gone without finishing. */
@@ -121,14 +106,14 @@ class LocalJob implements TrainJob {
       const status = await this.readStatus();
       if (status) this.last = status;
       if (this.last.final) return this.status();
-      if (!supervisorAlive(this.pid, this.dir)) {
+      if (claimState(this.supervisor, this.dir) !== 'supervisor') {
         // Its last words may have landed between the read above and the check.
         const after = await this.readStatus();
         if (after?.final) {
           this.last = after;
           return this.status();
         }
-        killGroup(this.pid, 'SIGKILL');
+        signalJobGroup(this.supervisor, this.dir, 'SIGKILL');
         this.last = {
           ...this.last,
           state: 'failed',
@@ -137,7 +122,7 @@ class LocalJob implements TrainJob {
             rank: null,
             exitCode: null,
             signal: 'SIGKILL',
-            logTail: `the job's supervisor (pid ${this.pid}) died before the job finished`,
+            logTail: `the job's supervisor (pid ${this.supervisor.pid}) died before the job finished`,
             permanent: false,
           },
         };
@@ -157,10 +142,11 @@ class LocalJob implements TrainJob {
   }
 
   async kill(): Promise<void> {
-    if (killGroup(this.pid, 'SIGTERM')) {
+    const signal = (s: NodeJS.Signals | 0) => signalJobGroup(this.supervisor, this.dir, s);
+    if (signal('SIGTERM')) {
       const deadline = Date.now() + stopGraceMs;
-      while (Date.now() < deadline && killGroup(this.pid, 0)) await sleep(100);
-      killGroup(this.pid, 'SIGKILL');
+      while (Date.now() < deadline && signal(0)) await sleep(100);
+      signal('SIGKILL');
     }
     await this.done;
   }
@@ -174,11 +160,21 @@ class LocalJob implements TrainJob {
   }
 }
 
+export interface LocalLauncherOptions {
+  /** How long a job directory may have no supervisor before it counts as abandoned (10 s). */
+  startupGraceMs?: number;
+}
+
 export class LocalLauncher implements Launcher {
+  private readonly startupGraceMs: number;
+
   constructor(
     private readonly workDir: string,
     private readonly env: NodeJS.ProcessEnv = process.env,
-  ) {}
+    options: LocalLauncherOptions = {},
+  ) {
+    this.startupGraceMs = options.startupGraceMs ?? startupGraceMs;
+  }
 
   async launch(spec: TrainJobSpec): Promise<TrainJob> {
     await mkdir(this.workDir, { recursive: true });
@@ -201,19 +197,27 @@ export class LocalLauncher implements Launcher {
   /** The job in `dir` if it can be adopted; otherwise it is removed and null returned. */
   private async existing(spec: TrainJobSpec, dir: string): Promise<TrainJob | null> {
     const started = Date.now();
-    let pid: number | null = null;
-    while (pid === null && Date.now() - started < startupGraceMs) {
-      const text = await readFile(join(dir, jobFiles.pid), 'utf8').catch(() => null);
-      if (text !== null) pid = Number(text);
-      else await sleep(pollMs); // another worker is starting it right now
+    let job: LocalJobFile | null = null;
+    let claim: SupervisorClaim | null = null;
+    // Another worker may be starting it right now: it writes job.json, then spawns the
+    // supervisor, which names itself as it starts. A supervisor found running before it has
+    // written its claim is the one (the worker that spawned it may have died since).
+    for (;;) {
+      job = await readJson<LocalJobFile>(join(dir, jobFiles.job));
+      if (job) {
+        const written = parseClaim(await readFile(join(dir, jobFiles.pid), 'utf8').catch(() => null));
+        claim = written?.launchId === job.launchId ? written : findSupervisor(dir, job.launchId);
+        if (claim) break;
+      }
+      if (Date.now() - started >= this.startupGraceMs) break;
+      await sleep(pollMs);
     }
-    const status = await readJson<LocalStatusFile>(join(dir, jobFiles.status));
-    const job = await readJson<LocalJobFile>(join(dir, jobFiles.job));
-    if (pid !== null && job) {
-      const alive = supervisorAlive(pid, dir);
-      if (alive || (status?.final && status.state === 'succeeded' && status.launchId === job.launchId))
-        return new LocalJob(spec.name, dir, pid, job.launchId, true, spec.worldSize);
-      killGroup(pid, 'SIGKILL'); // ranks of a supervisor that died, if any are left
+    if (job && claim) {
+      const status = await readJson<LocalStatusFile>(join(dir, jobFiles.status));
+      const succeeded = status?.final && status.state === 'succeeded' && status.launchId === job.launchId;
+      if (succeeded || claimState(claim, dir) === 'supervisor')
+        return new LocalJob(spec.name, dir, claim, true, spec.worldSize);
+      signalJobGroup(claim, dir, 'SIGKILL'); // ranks of a supervisor that died, if any are left
     }
     // A failed or abandoned job: set it aside atomically (of two workers only one wins the
     // rename), then start afresh.
@@ -225,18 +229,20 @@ export class LocalLauncher implements Launcher {
 
   private async start(spec: TrainJobSpec, dir: string): Promise<TrainJob> {
     const file: LocalJobFile = { spec, coordinatorPort: await freeLoopbackPort(), launchId: randomUUID() };
-    await writeFile(join(dir, jobFiles.job), JSON.stringify(file));
+    writeFileAtomic(join(dir, jobFiles.job), JSON.stringify(file));
     const out = openSync(join(dir, 'supervisor.log'), 'a');
     try {
-      const child = spawn(process.execPath, [supervisorPath, dir], {
+      const child = spawn(process.execPath, [supervisorPath, dir, file.launchId], {
         detached: true, // a process group of its own: the job's
         stdio: ['ignore', out, out],
         env: rankEnvironment(this.env),
       });
       if (child.pid === undefined) throw new Error(`cannot start the supervisor of job ${spec.name}`);
       child.unref();
-      await writeFile(join(dir, jobFiles.pid), String(child.pid));
-      return new LocalJob(spec.name, dir, child.pid, file.launchId, false, spec.worldSize);
+      // The supervisor writes its own claim; its start time is read here at once, while the
+      // unreaped child still holds its pid.
+      const claim = { pid: child.pid, startTime: processStartTime(child.pid), launchId: file.launchId };
+      return new LocalJob(spec.name, dir, claim, false, spec.worldSize);
     } finally {
       closeSync(out);
     }
@@ -251,8 +257,9 @@ export class LocalLauncher implements Launcher {
         (await stat(join(dir, jobFiles.status)).catch(() => null)) ?? (await stat(dir).catch(() => null));
       if (!info || now - info.mtimeMs < finishedJobKeepMs) continue;
       const status = await readJson<LocalStatusFile>(join(dir, jobFiles.status));
-      const pid = Number(await readFile(join(dir, jobFiles.pid), 'utf8').catch(() => 'NaN'));
-      if (status?.final || !supervisorAlive(pid, dir)) await rm(dir, { recursive: true, force: true });
+      const claim = parseClaim(await readFile(join(dir, jobFiles.pid), 'utf8').catch(() => null));
+      if (status?.final || !claim || claimState(claim, dir) !== 'supervisor')
+        await rm(dir, { recursive: true, force: true });
     }
   }
 }

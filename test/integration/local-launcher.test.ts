@@ -147,7 +147,9 @@ describe('LocalLauncher (real rank programs)', { skip: tools.skip }, () => {
     const work = join(dir, 'jobs-orphan');
     const first = await new LocalLauncher(work, env).launch(spec('orphan', untilKilled));
     const ranks = await ranksRunning(join(work, 'orphan'));
-    const pid = Number(readFileSync(join(work, 'orphan', 'supervisor.pid'), 'utf8'));
+    const { pid } = JSON.parse(readFileSync(join(work, 'orphan', 'supervisor.pid'), 'utf8')) as {
+      pid: number;
+    };
     process.kill(pid, 'SIGKILL'); // the supervisor alone: its ranks are orphaned in its group
     // The signal lands when the kernel next runs it: on a loaded host, not at once.
     for (let waited = 0; processesNaming(join(work, 'orphan')).includes(pid); waited += 50) {
