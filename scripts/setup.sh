@@ -5,8 +5,8 @@
 #
 #   scripts/setup.sh [--sanitize] [STEP...]
 #
-# Steps, in order (default: all but kube-tools, reward-python and native-asan; --sanitize adds
-# native-asan):
+# Steps, in order (default: all but kube-tools, reward-python, pyref and native-asan; --sanitize
+# adds native-asan):
 #   packages     Debian packages the native core builds against (apt-get, as root or via sudo)
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
 #   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
@@ -16,6 +16,8 @@
 #   reward-python  the reward functions' pinned Python environment with math-verify
 #                (scripts/reward-python.sh; made once in the tools cache; not a default step:
 #                the demo does not need it, the tests do)
+#   pyref        the tests' Python reference: torch, transformers, tokenizers, safetensors
+#                (scripts/pyref.sh; made once in the tools cache, about 4 GB; not a default step)
 #   ts           npm run build (tsc into dist/)
 #   native       cmake + ninja into native/build
 #   native-asan  the same with -DMOERL_SANITIZE=ON into native/build-asan
@@ -37,7 +39,7 @@ DEBIAN_PACKAGES=(
   chromium  # headless browser: the report test renders moerl report's page in it
   tmux  # the pseudo-terminal the watch test runs moerl watch in
 )
-ALL_STEPS=(packages npm tools kube-tools reward-python ts native native-asan)
+ALL_STEPS=(packages npm tools kube-tools reward-python pyref ts native native-asan)
 
 LOG_DIR="$ROOT/.moerl/logs"
 
@@ -164,15 +166,19 @@ run_tool() {
   return 1
 }
 
-step_reward_python() {
+# python_env_step <step> <script>: makes (once) and names one of the pinned Python environments.
+python_env_step() {
   local path
   mkdir -p "$LOG_DIR"
-  path="$(bash "$ROOT/scripts/reward-python.sh" 2>"$LOG_DIR/setup-reward-python.log")" || {
-    tail -n 20 "$LOG_DIR/setup-reward-python.log" >&2
+  path="$(bash "$ROOT/scripts/$2" 2>"$LOG_DIR/setup-$1.log")" || {
+    tail -n 20 "$LOG_DIR/setup-$1.log" >&2
     return 1
   }
-  say "reward-python: $path"
+  say "$1: $path"
 }
+
+step_reward_python() { python_env_step reward-python reward-python.sh; }
+step_pyref() { python_env_step pyref pyref.sh; }
 
 step_ts() {
   say "ts: tsc"

@@ -5,7 +5,8 @@
 #   total: N passed, M failed, K skipped
 # where N, M and K count ctest and node tests (a skipped suite counts once), and M also counts
 # each failed build or lint step. With CI=true a node test skipped because the native tools are
-# not built counts as failed, not skipped. The exit code is non-zero when M is.
+# not built, or the Python reference environment (scripts/pyref.sh) is not installed, counts as
+# failed, not skipped. The exit code is non-zero when M is.
 #
 #   scripts/test.sh [--only PARTS] [--skip-setup] [--name PATTERN] [-R REGEX] [PATH...]
 #
@@ -112,7 +113,7 @@ if [[ $skip_setup -eq 0 ]]; then
   section "setup"
   base=(npm)
   want native && base=(packages "${base[@]}")
-  want node && base+=(tools kube-tools reward-python)
+  want node && base+=(tools kube-tools reward-python pyref)
   if ! bash scripts/setup.sh "${base[@]}"; then
     fail_step setup
     finish
@@ -236,6 +237,8 @@ node_file_notes=()
 current_group=""
 # The skip reason of test/support/native-tools.ts: under CI such a skip hides tests that must run.
 native_skip_reason='native tools not built'
+# And that of test/support/python-reference.ts: tests against transformers must run under CI too.
+pyref_skip_reason='python reference not installed'
 note_file() { node_file_notes+=("$(printf '  %-18s %s' '' "$1")"); }
 run_node_file() {
   local file="$1" tap rc
@@ -255,12 +258,13 @@ run_node_file() {
   current_group=""
   # The runner's closing "# pass N" / "# fail N" / "# cancelled N" lines. Skips are counted
   # from the "ok N - name # SKIP reason" lines: "# skipped N" leaves out skipped suites.
-  local pass fail cancelled skip native_skip
+  local pass fail cancelled skip native_skip pyref_skip
   pass="$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$tap" | tail -n 1)"
   fail="$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$tap" | tail -n 1)"
   cancelled="$(sed -n 's/^# cancelled \([0-9]*\)$/\1/p' "$tap" | tail -n 1)"
   skip="$(grep -cE '^[[:space:]]*ok [0-9]+ - .* # SKIP' "$tap")"
   native_skip="$(grep -cE "^[[:space:]]*ok [0-9]+ - .* # SKIP $native_skip_reason" "$tap")"
+  pyref_skip="$(grep -cE "^[[:space:]]*ok [0-9]+ - .* # SKIP $pyref_skip_reason" "$tap")"
   rm -f "$tap"
   if [[ $rc -eq 124 || $rc -eq 137 ]]; then
     node_failed=$((node_failed + 1))
@@ -282,6 +286,11 @@ run_node_file() {
     skip=$((skip - native_skip))
     bad=$((bad + native_skip))
     note_file "$file: $native_skip skipped for missing native tools (a failure with CI=true)"
+  fi
+  if [[ ${CI:-} == true && $pyref_skip -gt 0 ]]; then
+    skip=$((skip - pyref_skip))
+    bad=$((bad + pyref_skip))
+    note_file "$file: $pyref_skip skipped for a missing Python reference (a failure with CI=true)"
   fi
   node_passed=$((node_passed + pass))
   node_failed=$((node_failed + bad))
