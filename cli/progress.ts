@@ -3,6 +3,7 @@
 // of what it sees: a line per finished iteration and a live line for what is in flight.
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client, WorkflowExecutionDescription } from '@temporalio/client';
+import { printable } from '../activities/printable.js';
 import type { CampaignState, IterationSummary, StageName } from '../workflows/types.js';
 import { stageNames } from '../workflows/types.js';
 import { describeCampaign, executionStatus, queryState, type CampaignMemo } from './campaigns.js';
@@ -167,7 +168,8 @@ export function progressLine(snap: ProgressSnapshot): string {
       `${Math.round(snap.last.rolloutTokensPerSecond)} tok/s`,
     );
   if (snap.etaSeconds !== null && snap.execution === 'running') parts.push(`ETA ${seconds(snap.etaSeconds)}`);
-  return parts.join('  ');
+  // A pause reason and a last failure are others' text: no control character reaches the terminal.
+  return parts.map(printable).join('  ');
 }
 
 export interface FollowUpdate {

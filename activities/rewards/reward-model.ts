@@ -4,6 +4,7 @@
 // exponential backoff and jitter for failures that may pass (5xx, 408, 429, network, timeout).
 // Its error messages end up in workflow history, so what they quote of the server's answer is
 // short, one line, free of control characters and of the configured header values.
+import { printable } from '../printable.js';
 import { BadInputError, BadRolloutError, RewardModelError } from './errors.js';
 import type { RolloutRecord } from './rollout-record.js';
 import { isTaskName, taskNames, verify } from './verifiers.js';
@@ -163,7 +164,7 @@ export const excerptChars = 200;
 export function excerpt(text: string, secrets: readonly string[] = []): string {
   let redacted = text;
   for (const secret of secrets) redacted = redacted.split(secret).join('[redacted]');
-  const clean = redacted.replace(/[\s\p{Cc}\p{Cf}]+/gu, ' ').trim();
+  const clean = printable(redacted);
   const chars = Array.from(clean);
   return chars.length > excerptChars ? `${chars.slice(0, excerptChars).join('')}...` : clean;
 }

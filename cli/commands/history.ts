@@ -1,4 +1,5 @@
 // `moerl history <id>`: one row per iteration from the workflow history, across all runs.
+import { printable } from '../../activities/printable.js';
 import { stageNames } from '../../workflows/types.js';
 import { describeCampaign } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
@@ -7,7 +8,7 @@ import { readCampaignHistory, type CampaignHistory } from '../history.js';
 
 export function historyText(history: CampaignHistory): string {
   const runs = history.runs.length;
-  const header = `campaign ${history.campaignId}: ${history.iterations.length} iterations in ${runs} workflow run${runs === 1 ? '' : 's'}`;
+  const header = `campaign ${printable(history.campaignId)}: ${history.iterations.length} iterations in ${runs} workflow run${runs === 1 ? '' : 's'}`;
   if (history.iterations.length === 0) return `${header}\nno activity yet`;
   const rows = history.iterations.map((it) => {
     const attempts = stageNames
@@ -35,7 +36,7 @@ export function historyText(history: CampaignHistory): string {
   ];
   const failures = history.iterations.flatMap((it) =>
     stageNames.flatMap((s) =>
-      (it.stages[s]?.failures ?? []).map((f) => `  iteration ${it.iteration} ${s} ${f}`),
+      (it.stages[s]?.failures ?? []).map((f) => `  iteration ${it.iteration} ${s} ${printable(f)}`),
     ),
   );
   if (failures.length) out.push('failures:', ...failures);
@@ -44,7 +45,7 @@ export function historyText(history: CampaignHistory): string {
       'hyperparameter changes:',
       ...history.hyperparameterChanges.map(
         (c) =>
-          `  from iteration ${c.iteration}: ${keyValues(c.changes)}${c.reason ? ` (${c.reason})` : ''} at ${timestamp(c.at)}`,
+          `  from iteration ${c.iteration}: ${keyValues(c.changes)}${c.reason ? ` (${printable(c.reason)})` : ''} at ${timestamp(c.at)}`,
       ),
     );
   return out.join('\n');

@@ -1,5 +1,6 @@
 // `moerl status <id>`: the campaign's own account of itself (the status query), as a summary.
 import type { WorkflowExecutionDescription } from '@temporalio/client';
+import { printable } from '../../activities/printable.js';
 import { stageOfActivity } from '../../activities/types.js';
 import type { CampaignActivities } from '../../activities/types.js';
 import type { CampaignState, StageName } from '../../workflows/types.js';
@@ -105,7 +106,9 @@ export function statusText(state: CampaignState, description: WorkflowExecutionD
   lines.push(['workflow runs', String(state.runs)]);
   lines.push(['build', buildText(description)]);
   const width = Math.max(...lines.map(([k]) => k.length));
-  return lines.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n');
+  // Names, reasons and failure messages (rank log tails among them) are others' text: no
+  // control character of theirs reaches the terminal.
+  return lines.map(([k, v]) => `${k.padEnd(width)}  ${printable(v)}`).join('\n');
 }
 
 export const statusCommand: Command = {

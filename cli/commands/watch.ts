@@ -1,9 +1,11 @@
 // `moerl watch <id>`: the demo's live progress for any campaign, until it ends. The exit code
 // says how it ended, so a script can wait on a campaign with `moerl watch <id> >/dev/null`.
+import { printable } from '../../activities/printable.js';
 import type { Command, CommandContext } from '../command.js';
 import { UsageError } from '../errors.js';
 import { decimal } from '../format.js';
 import { followCampaign, iterationLine, progressLine } from '../progress.js';
+import type { FollowResult } from '../progress.js';
 
 /** Exit codes by how the workflow ended; anything else that ends it (failed, terminated, timed out) is 4. */
 export const watchExitCodes = { completed: 0, cancelled: 3, otherwise: 4 } as const;
@@ -14,6 +16,18 @@ function intervalMs(value: string | undefined): number {
   if (!Number.isFinite(s) || s < 0.1 || s > 3600)
     throw new UsageError(`--interval: got "${value}"; seconds between polls, from 0.1 to 3600`);
   return s * 1000;
+}
+
+/** The last line: how the campaign ended (or that watching stopped) and what it committed. */
+export function outcomeLine(id: string, result: FollowResult): string {
+  const state = result.state;
+  const last = state?.recentIterations.at(-1);
+  // Without a state (the status query never answered) there is nothing to count.
+  const committed = state
+    ? ` (${Math.max(0, state.committedIteration)} iterations committed` +
+      (last ? `, mean reward ${decimal(last.meanReward)} at iteration ${last.iteration})` : ')')
+    : '';
+  return printable(`campaign ${id} ${result.outcome ?? 'still running (watch stopped)'}${committed}`);
 }
 
 export const watchCommand: Command = {
@@ -44,7 +58,8 @@ status, execution, pauseReason, committedIteration, totalIterations, inFlight, l
     const result = await followCampaign(client, id, {
       intervalMs: interval,
       ...(ctx.io.signal ? { signal: ctx.io.signal } : {}),
-      onQueryError: (message) => ctx.note(`moerl watch: status query failed (retrying): ${message}`),
+      onQueryError: (message) =>
+        ctx.note(`moerl watch: status query failed (retrying): ${printable(message)}`),
       onChange({ snapshot, newIterations }) {
         if (ctx.json) {
           out.write(`${JSON.stringify(snapshot)}\n`);
@@ -60,16 +75,7 @@ status, execution, pauseReason, committedIteration, totalIterations, inFlight, l
       },
     });
     if (tty && live) out.write('\n');
-    if (!ctx.json) {
-      const state = result.state;
-      const last = state?.recentIterations.at(-1);
-      // Without a state (the status query never answered) there is nothing to count.
-      const committed = state
-        ? ` (${Math.max(0, state.committedIteration)} iterations committed` +
-          (last ? `, mean reward ${decimal(last.meanReward)} at iteration ${last.iteration})` : ')')
-        : '';
-      out.write(`campaign ${id} ${result.outcome ?? 'still running (watch stopped)'}${committed}\n`);
-    }
+    if (!ctx.json) out.write(`${outcomeLine(id, result)}\n`);
     if (result.outcome === null) return 1;
     if (result.execution === 'completed') return watchExitCodes.completed;
     if (result.execution === 'cancelled') return watchExitCodes.cancelled;

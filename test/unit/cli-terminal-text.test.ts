@@ -1,0 +1,122 @@
+// What `moerl status`, `history` and `watch` print to a terminal: reasons given with --reason,
+// failure messages and the rank log tails inside them come from people and programs the CLI's
+// user does not control, so control characters (terminal escapes, carriage returns, bells, C1
+// codes) and invisible formatting characters (bidi overrides) are not printed as they are.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import type { WorkflowExecutionDescription } from '@temporalio/client';
+import { historyText } from '../../cli/commands/history.js';
+import { statusText } from '../../cli/commands/status.js';
+import { outcomeLine } from '../../cli/commands/watch.js';
+import type { CampaignHistory } from '../../cli/history.js';
+import { progressLine, snapshotOf } from '../../cli/progress.js';
+import { initialState } from '../../workflows/state.js';
+import type { CampaignState } from '../../workflows/types.js';
+import { testSpec } from '../support/campaign-harness.js';
+
+/** Clears the screen, retitles the window, rings, returns the cursor, reverses text, CSI by C1. */
+const hostile = 'ok\x1b[2J\x1b]0;pwned\x07\r\u202eevil\x9b31m\x00 end';
+const controls = /[\p{Cc}\p{Cf}]/u;
+
+/** Each printed line is free of control and formatting characters (line breaks apart). */
+function assertPrintable(text: string, what: string) {
+  for (const line of text.split('\n'))
+    assert.ok(!controls.test(line), `${what} printed ${JSON.stringify(line)}`);
+  assert.ok(text.includes('ok'), what);
+}
+
+const spec = testSpec();
+
+function hostileState(): CampaignState {
+  const state = initialState({
+    campaignId: 'c-1',
+    spec: { ...spec, name: `name ${hostile}` },
+    taskQueues: { control: 'c', rollout: 'r', train: 't' },
+  });
+  state.status = 'paused';
+  state.pauseReason = `update failed for good: rank 1 exited 1: ${hostile}`;
+  state.hyperparameterChanges.push({
+    iteration: 2,
+    changes: { temperature: 0.8 },
+    reason: hostile,
+    at: new Date(0).toISOString(),
+  });
+  state.lastFailure = {
+    iteration: 1,
+    stage: 'update',
+    message: `rank 0 exited 1: ${hostile} | ${hostile}`,
+    type: 'RankFailed',
+    nonRetryable: false,
+    at: new Date(0).toISOString(),
+  };
+  state.activeStages.push({ iteration: 1, stage: 'update', startedAt: new Date(0).toISOString() });
+  return state;
+}
+
+const description = {
+  status: { name: 'RUNNING' },
+  memo: { spec },
+  raw: {
+    pendingActivities: [
+      {
+        activityId: '9',
+        activityType: { name: 'updatePolicy' },
+        attempt: 2,
+        lastFailure: { message: `rank 0: ${hostile}`, applicationFailureInfo: { type: `T${hostile}` } },
+      },
+    ],
+  },
+} as unknown as WorkflowExecutionDescription;
+
+describe('terminal output holds no control characters from reasons and failure messages', () => {
+  it('moerl status', () => {
+    assertPrintable(statusText(hostileState(), description), 'status');
+  });
+
+  it('moerl watch: the live line and the last line', () => {
+    const state = hostileState();
+    assertPrintable(progressLine(snapshotOf(state, description, spec)), 'watch (paused)');
+    state.status = 'running';
+    assertPrintable(progressLine(snapshotOf(state, description, spec)), 'watch (running, attempt 2)');
+    assertPrintable(
+      outcomeLine('c-1', { outcome: `failed: ${hostile}`, execution: 'failed', state, iterations: [] }),
+      'watch (outcome)',
+    );
+  });
+
+  it('moerl history', () => {
+    const history: CampaignHistory = {
+      campaignId: 'c-1',
+      runs: ['r'],
+      runSpans: [],
+      iterations: [
+        {
+          iteration: 1,
+          stages: {
+            update: {
+              seconds: 3,
+              attempts: 2,
+              activities: 1,
+              failures: [`attempt 1: RankFailed: ${hostile}`],
+              running: false,
+            },
+          },
+          meanReward: 0.5,
+          checkpoint: null,
+          hyperparameterChanges: [],
+          passRate: null,
+          samples: null,
+          tokens: null,
+          rolloutTokensPerSecond: null,
+          chunksRedone: null,
+          trainMetrics: null,
+        },
+      ],
+      hyperparameterChanges: [
+        { iteration: 2, changes: { temperature: 0.8 }, reason: hostile, at: new Date(0).toISOString() },
+      ],
+      pauses: [],
+    };
+    assertPrintable(historyText(history), 'history');
+  });
+});
