@@ -1,6 +1,7 @@
 // Test honesty in scripts/test.sh: skipped tests are reported in the last line, and a skip
-// because the native tools are missing is a failure with CI=true. Runs the real script on a real
-// test file whose native part skips when MOERL_NATIVE_BIN points at an empty folder.
+// because the native tools or the Python reference are missing is a failure with CI=true. Runs
+// the real script on real test files whose native part skips when MOERL_NATIVE_BIN points at an
+// empty folder, and whose Python part skips when MOERL_PYREF_PYTHON names no interpreter.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -13,11 +14,19 @@ import { repoRoot } from '../../cli/temporal-tools.js';
 const emptyBin = mkdtempSync(join(tmpdir(), 'moerl-no-native-'));
 after(() => rmSync(emptyBin, { recursive: true, force: true }));
 
-async function testSh(ci: boolean): Promise<{ code: number; lines: string[] }> {
-  const env: NodeJS.ProcessEnv = { ...process.env, MOERL_NATIVE_BIN: emptyBin, CI: ci ? 'true' : '' };
+async function testSh(
+  ci: boolean,
+  file = 'test/unit/rewards-score.test.ts',
+): Promise<{ code: number; lines: string[] }> {
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    MOERL_NATIVE_BIN: emptyBin,
+    MOERL_PYREF_PYTHON: join(emptyBin, 'python'),
+    CI: ci ? 'true' : '',
+  };
   // Set by the runner this test runs in; a nested `node --test` would report to it instead.
   delete env.NODE_TEST_CONTEXT;
-  const args = ['scripts/test.sh', '--skip-setup', 'test/unit/rewards-score.test.ts'];
+  const args = ['scripts/test.sh', '--skip-setup', file];
   try {
     const { stdout } = await promisify(execFile)('bash', args, { cwd: repoRoot(), env });
     return { code: 0, lines: stdout.trimEnd().split('\n') };
@@ -45,6 +54,18 @@ describe('test honesty in scripts/test.sh', () => {
     assert.ok(
       lines.some((l) =>
         l.includes('rewards-score.test.js: 1 skipped for missing native tools (a failure with CI=true)'),
+      ),
+      lines.join('\n'),
+    );
+  });
+
+  it('with CI=true a skip for a missing Python reference is a failure, named in the summary', async () => {
+    const { code, lines } = await testSh(true, 'test/unit/hf-tokenizer.test.ts');
+    assert.notEqual(code, 0);
+    assert.match(lines.at(-1) ?? '', /^total: [1-9]\d* passed, 1 failed, 0 skipped$/);
+    assert.ok(
+      lines.some((l) =>
+        l.includes('hf-tokenizer.test.js: 1 skipped for a missing Python reference (a failure with CI=true)'),
       ),
       lines.join('\n'),
     );
