@@ -1,0 +1,92 @@
+// A user's own reward function, in verl's signature
+// compute_score(data_source, solution_str, ground_truth, extra_info), run in a pool of
+// sandboxed processes (sandbox.ts for what the sandbox holds, process-pool.ts for the limits).
+import { fileURLToPath } from 'node:url';
+import { BadInputError } from './errors.js';
+import { ProcessPool } from './process-pool.js';
+import {
+  availableIsolation,
+  defaultSandboxLimits,
+  pythonDir,
+  resolveRewardPython,
+  sandboxCommand,
+  type Isolation,
+  type SandboxLimits,
+} from './sandbox.js';
+
+/**
+ * Where the function is: a Python `module` ("pkg.rewards:compute_score", found on `path`), a
+ * Python `file` with `function` in it, or a JavaScript module `file` exporting `function`.
+ * `function` defaults to compute_score.
+ */
+export type UserFunctionSpec =
+  | { kind: 'python'; module: string; path?: string[] }
+  | { kind: 'python'; file: string; function?: string }
+  | { kind: 'js'; file: string; function?: string };
+
+export interface SandboxOptions extends Partial<SandboxLimits> {
+  /** Worker processes at most (default 2). */
+  processes?: number;
+  /** The Python interpreter (default: resolveRewardPython()). */
+  python?: string;
+  /**
+   * "namespaces" (the default) refuses to start where network, PID and mount namespaces are
+   * not available; "none" runs without them (see sandbox.ts for what still holds).
+   */
+  isolation?: Isolation;
+}
+
+/** JavaScript's engine reserves about 1 GiB of address space before any heap: its floor. */
+const jsMinimumMemoryBytes = 2 * 1024 ** 3;
+const jsRunner = fileURLToPath(new URL('./js-runner.js', import.meta.url));
+
+/** How the function is named in messages and counts, e.g. "python:my_rewards:compute_score". */
+export function userFunctionName(spec: UserFunctionSpec): string {
+  if (spec.kind === 'python' && 'module' in spec) return `python:${spec.module}`;
+  return `${spec.kind}:${spec.file}:${spec.function ?? 'compute_score'}`;
+}
+
+/** The sandboxed pool of `spec`; a request is {data_source, solution_str, ground_truth, extra_info}. */
+export function userFunctionPool(spec: UserFunctionSpec, options: SandboxOptions = {}): ProcessPool {
+  const limits = { ...defaultSandboxLimits, ...dropUndefined(options) };
+  const isolation = options.isolation ?? 'namespaces';
+  if (isolation === 'namespaces' && availableIsolation() !== 'namespaces') {
+    throw new BadInputError(
+      `reward function ${userFunctionName(spec)}: this worker cannot make network, PID and mount ` +
+        'namespaces (unshare: Linux, as root or with unprivileged user namespaces allowed), so it ' +
+        'cannot run the function without network access; run the worker where it can, or set the ' +
+        'sandbox\'s isolation to none (docs/tasks.md, "Bring a reward function")',
+    );
+  }
+  let program: string;
+  let args: string[];
+  let memoryBytes = limits.memoryBytes;
+  if (spec.kind === 'python') {
+    program = options.python ?? resolveRewardPython();
+    const runner = [`${pythonDir}reward_runner.py`];
+    args =
+      'module' in spec
+        ? [...runner, '--module', spec.module, ...(spec.path ?? []).flatMap((p) => ['--path', p])]
+        : [...runner, '--file', spec.file, '--function', spec.function ?? 'compute_score'];
+    // -I: no user site-packages, no PYTHON* variables, no script folder on sys.path; -B: no .pyc
+    // files written beside the user's code.
+    args.unshift('-I', '-B');
+  } else {
+    memoryBytes = Math.max(memoryBytes, jsMinimumMemoryBytes);
+    program = process.execPath;
+    const heapMiB = Math.floor((memoryBytes - 1024 ** 3) / 1024 ** 2);
+    args = [`--max-old-space-size=${heapMiB}`, jsRunner, spec.file, spec.function ?? 'compute_score'];
+  }
+  return new ProcessPool({
+    name: userFunctionName(spec),
+    size: options.processes ?? 2,
+    timeoutMs: limits.timeoutMs,
+    cpuSeconds: limits.cpuSeconds,
+    maxOutputBytes: limits.maxOutputBytes,
+    spawn: () => sandboxCommand({ program, args, memoryBytes, isolation }),
+  });
+}
+
+function dropUndefined<T extends object>(options: T): Partial<T> {
+  return Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)) as Partial<T>;
+}
