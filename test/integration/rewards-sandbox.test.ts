@@ -1,0 +1,227 @@
+// Users' reward functions in the sandbox: real Python and JavaScript functions that loop, sleep,
+// allocate without bound, connect to a loopback server this test runs, look for a secret this
+// test puts in the worker's environment, print megabytes, raise, or die. Each sample is
+// contained and scores 0 with its reason, and the pool goes on scoring good samples in fresh
+// processes; a function that fails on every sample is reported as such with its first error.
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { BadInputError } from '../../activities/rewards/errors.js';
+import { RewardFunctions, type Sample } from '../../activities/rewards/functions.js';
+import { availableIsolation, resolveRewardPython } from '../../activities/rewards/sandbox.js';
+import { userFunctionPool } from '../../activities/rewards/user-function.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'moerl-reward-fns-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+const secret = `s3cret-${process.pid}-${Date.now()}`;
+const python = resolveRewardPython();
+const namespaces = availableIsolation() === 'namespaces';
+
+// One function, one behaviour per solution_str; "good" scores 1 when it equals the ground truth.
+writeFileSync(
+  join(dir, 'behaviours.py'),
+  `import os, socket, sys, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "spin":
+        while True:
+            pass
+    if solution_str == "sleep":
+        time.sleep(600)
+    if solution_str == "allocate":
+        hoard = []
+        while True:
+            hoard.append(bytearray(50 * 1024 * 1024))
+    if solution_str == "connect":
+        with socket.create_connection(("127.0.0.1", extra_info["port"]), timeout=5) as s:
+            s.sendall(b"reward leaked")
+        return 1.0
+    if solution_str == "secret":
+        seen = " ".join(os.environ.values())
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    seen += f.read().decode(errors="replace")
+            except OSError:
+                pass
+        return 1.0 if extra_info["secret"] in seen else 0.0
+    if solution_str == "env":
+        raise RuntimeError("environment: " + ",".join(sorted(os.environ)))
+    if solution_str == "print":
+        while True:
+            print("x" * 4096)
+    if solution_str == "raise":
+        raise ValueError("no score for you")
+    if solution_str == "exit":
+        os._exit(3)
+    if solution_str == "nan":
+        return float("nan")
+    return {"score": 1.0 if solution_str == ground_truth else 0.0, "acc": True}
+`,
+);
+writeFileSync(
+  join(dir, 'always_fails.py'),
+  'def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return 1 / 0\n',
+);
+writeFileSync(join(dir, 'broken.py'), 'def compute_score(:\n');
+writeFileSync(
+  join(dir, 'behaviours.mjs'),
+  `export function compute_score(dataSource, solutionStr, groundTruth, extraInfo) {
+  if (solutionStr === 'spin') for (;;);
+  if (solutionStr === 'secret') return Object.values(process.env).includes(extraInfo.secret) ? 1 : 0;
+  if (solutionStr === 'env') throw new Error('environment: ' + Object.keys(process.env).sort().join(','));
+  if (solutionStr === 'allocate') { const hoard = []; for (;;) hoard.push(Buffer.alloc(64 * 1024 * 1024, 1)); }
+  return solutionStr === groundTruth;
+}
+`,
+);
+
+let server: Server;
+let port = 0;
+let connections = 0;
+before(async () => {
+  process.env.MOERL_TEST_REWARD_SECRET = secret;
+  process.env.AWS_SECRET_ACCESS_KEY = secret;
+  server = createServer((socket) => {
+    connections++;
+    socket.destroy();
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  port = (server.address() as { port: number }).port;
+});
+after(() => {
+  delete process.env.MOERL_TEST_REWARD_SECRET;
+  delete process.env.AWS_SECRET_ACCESS_KEY;
+  server.close();
+});
+
+const limits = { timeoutMs: 15_000, cpuSeconds: 1, memoryBytes: 512 * 1024 ** 2, maxOutputBytes: 256 * 1024 };
+const sample = (dataSource: string, solutionStr: string): Sample => ({
+  dataSource,
+  solutionStr,
+  groundTruth: 'good',
+  extraInfo: { port, secret },
+});
+
+describe(
+  'reward function sandbox',
+  { skip: !namespaces && 'no network/PID namespaces on this machine' },
+  () => {
+    const rewards = new RewardFunctions(
+      {
+        bySource: {
+          py: { kind: 'python', file: join(dir, 'behaviours.py') },
+          failing: { kind: 'python', module: 'always_fails', path: [dir] },
+          broken: { kind: 'python', file: join(dir, 'broken.py') },
+          js: { kind: 'js', file: join(dir, 'behaviours.mjs') },
+        },
+      },
+      { sandbox: { ...limits, processes: 3, python } },
+    );
+    after(() => rewards.close());
+
+    it('contains each failure, scores it 0 with its reason, and goes on', async () => {
+      const cases: [string, string, number, string | undefined, RegExp?][] = [
+        ['py', 'good', 1, undefined],
+        ['py', 'spin', 0, 'cpu', /more than 1 s of CPU/],
+        ['py', 'good', 1, undefined],
+        ['py', 'sleep', 0, 'timeout', /within 15000 ms/],
+        ['py', 'allocate', 0, 'memory', /MemoryError/],
+        ['py', 'connect', 0, 'exception', /OSError: \[Errno 101\] Network is unreachable/],
+        ['py', 'secret', 0, undefined],
+        ['py', 'env', 0, 'exception', /^RuntimeError: environment: HOME,LANG,PATH,PWD,TMPDIR /],
+        ['py', 'print', 0, 'output', /printed more than 262144 bytes; last output: "x+/],
+        ['py', 'raise', 0, 'exception', /^ValueError: no score for you \(behaviours\.py:\d+\)$/],
+        ['py', 'exit', 0, 'crash', /exited with code 3/],
+        ['py', 'nan', 0, 'bad-result', /returned float 'nan', not a finite number/],
+        ['py', 'bad', 0, undefined],
+        ['py', 'good', 1, undefined],
+      ];
+      const batch = await rewards.scoreBatch(cases.map(([source, text]) => sample(source, text)));
+      cases.forEach(([source, text, score, reason, message], i) => {
+        const result = batch.results[i];
+        const where = `${source} ${text}: ${JSON.stringify(result)}`;
+        assert.equal(result?.score, score, where);
+        assert.equal(result?.failure?.reason, reason, where);
+        if (message) assert.match(result?.failure?.message ?? '', message, where);
+      });
+      assert.equal(connections, 0, 'the loopback server saw a connection');
+      assert.deepEqual(batch.failures.byReason, {
+        cpu: 1,
+        timeout: 1,
+        memory: 1,
+        exception: 3,
+        output: 1,
+        crash: 1,
+        'bad-result': 1,
+      });
+      assert.equal(batch.failures.count, 9);
+      assert.deepEqual(batch.allFailing, []);
+    });
+
+    it('reports a function that fails on every sample, with its first error', async () => {
+      const batch = await rewards.scoreBatch([
+        sample('failing', 'a'),
+        sample('py', 'good'),
+        sample('failing', 'b'),
+      ]);
+      assert.deepEqual(
+        batch.results.map((r) => r.score),
+        [0, 1, 0],
+      );
+      assert.equal(batch.allFailing.length, 1);
+      const [failing] = batch.allFailing;
+      assert.equal(failing?.function, 'python:always_fails');
+      assert.equal(failing?.samples, 2);
+      assert.equal(failing?.reason, 'exception');
+      assert.match(failing?.message ?? '', /^ZeroDivisionError: division by zero \(always_fails\.py:2\)$/);
+      assert.equal(batch.failures.first?.index, 0);
+    });
+
+    it('a function that cannot load fails every sample at once with the load error', async () => {
+      const started = Date.now();
+      const batch = await rewards.scoreBatch(Array.from({ length: 20 }, () => sample('broken', 'x')));
+      assert.equal(batch.failures.count, 20);
+      assert.deepEqual(batch.failures.byReason, { start: 20 });
+      assert.equal(batch.allFailing[0]?.samples, 20);
+      assert.match(batch.allFailing[0]?.message ?? '', /could not load the function: SyntaxError/);
+      assert.ok(Date.now() - started < 15_000, 'a broken function is not restarted per sample');
+    });
+
+    it('JavaScript functions get the same limits and environment', async () => {
+      const cases: [string, number, string | undefined, RegExp?][] = [
+        ['good', 1, undefined],
+        ['spin', 0, 'cpu'],
+        ['secret', 0, undefined],
+        ['env', 0, 'exception', /^Error: environment: HOME,LANG,PATH,PWD,TMPDIR /],
+        ['allocate', 0, 'memory'],
+        ['good', 1, undefined],
+      ];
+      const results = await Promise.all(
+        cases.map(([text]) => rewards.score('js', text, 'good', { port, secret })),
+      );
+      cases.forEach(([text, score, reason, message], i) => {
+        const where = `js ${text}: ${JSON.stringify(results[i])}`;
+        assert.equal(results[i]?.score, score, where);
+        assert.equal(results[i]?.failure?.reason, reason, where);
+        if (message) assert.match(results[i]?.failure?.message ?? '', message, where);
+      });
+    });
+  },
+);
+
+describe(
+  'reward function sandbox without namespaces',
+  { skip: namespaces && 'namespaces are available here' },
+  () => {
+    it('refuses to run a function with network access unless isolation "none" is asked for', () => {
+      assert.throws(
+        () => userFunctionPool({ kind: 'python', file: join(dir, 'behaviours.py') }, { python }),
+        (err: unknown) => err instanceof BadInputError && /isolation to none/.test(err.message),
+      );
+    });
+  },
+);
