@@ -9,9 +9,9 @@ import { BadInputError } from './errors.js';
 // ---- math answers ----
 
 /**
- * The content of the last `\boxed{...}` (or `\fbox{...}`) in `text`, braces balanced so that
- * `\boxed{\frac{1}{2}}` gives `\frac{1}{2}`; also the brace-less `\boxed 5`. Null when none is
- * complete.
+ * The content of the last outermost `\boxed{...}` (or `\fbox{...}`) in `text`, braces balanced
+ * so that `\boxed{\frac{1}{2}}` gives `\frac{1}{2}`; also the brace-less `\boxed 5`. Null when
+ * none is complete.
  */
 export function lastBoxed(text: string): string | null {
   const re = /\\(?:boxed|fbox)\s*(\{| )/g;
@@ -32,7 +32,11 @@ export function lastBoxed(text: string): string | null {
       else if (c === '{') depth++;
       else if (c === '}') depth--;
     }
-    if (depth === 0) found = text.slice(start, i - 1);
+    if (depth === 0) {
+      found = text.slice(start, i - 1);
+      // Boxes inside this one are part of its answer: go on after it.
+      re.lastIndex = i;
+    }
   }
   return found;
 }
