@@ -1,6 +1,7 @@
 // A real headless Chromium (the Debian `chromium` package; MOERL_CHROMIUM names another binary)
 // driven through puppeteer-core, which downloads no browser. Opens a report page from a file,
-// refuses every network request, and counts what each Vega view drew.
+// refuses every network request, and counts what each Vega view drew. Browser tests skip
+// without Chromium, except with CI=true: there they run and fail, as a CI machine must have it.
 import { findOnPath } from '../../cli/dev-server.js';
 import puppeteer from 'puppeteer-core';
 import type { Browser } from 'puppeteer-core';
@@ -9,9 +10,12 @@ export function chromiumPath(): string | undefined {
   return process.env.MOERL_CHROMIUM || findOnPath('chromium') || findOnPath('chromium-browser');
 }
 
-/** For describe(..., { skip }): why browser tests cannot run here, or false. */
+const install = 'bash scripts/setup.sh packages, or MOERL_CHROMIUM=<binary>';
+
+/** For describe(..., { skip }): why browser tests cannot run here, or false (always with CI=true). */
 export function chromiumSkip(): string | false {
-  return chromiumPath() ? false : 'chromium not installed (bash scripts/setup.sh packages)';
+  if (chromiumPath() || process.env.CI === 'true') return false;
+  return `chromium not installed (${install})`;
 }
 
 export interface PageRender {
@@ -22,11 +26,13 @@ export interface PageRender {
   requests: string[];
   /** Per chart id: drawn items per named mark (group marks excluded), summed over facets. */
   marks: Record<string, Record<string, number>>;
+  /** What the `probe` expression given to renderPage evaluated to in the page. */
+  probed?: unknown;
 }
 
 export async function withBrowser<T>(body: (browser: Browser) => Promise<T>): Promise<T> {
   const executablePath = chromiumPath();
-  if (!executablePath) throw new Error('chromium not found');
+  if (!executablePath) throw new Error(`chromium not found (${install})`);
   const browser = await puppeteer.launch({
     executablePath,
     headless: true,
@@ -40,8 +46,16 @@ export async function withBrowser<T>(body: (browser: Browser) => Promise<T>): Pr
   }
 }
 
-/** Opens `file` (an absolute path), waits for the charts and optionally writes a screenshot. */
-export async function renderPage(browser: Browser, file: string, screenshot?: string): Promise<PageRender> {
+/**
+ * Opens `file` (an absolute path), waits for the charts, optionally writes a screenshot and
+ * evaluates `probe` (an expression, as text) in the page once the charts are drawn.
+ */
+export async function renderPage(
+  browser: Browser,
+  file: string,
+  screenshot?: string,
+  probe?: string,
+): Promise<PageRender> {
   const page = await browser.newPage();
   const consoleErrors: string[] = [];
   const requests: string[] = [];
@@ -77,6 +91,7 @@ export async function renderPage(browser: Browser, file: string, screenshot?: st
     return out;
   })()`)) as PageRender['marks'];
   if (screenshot) await page.screenshot({ path: screenshot as `${string}.png`, fullPage: true });
+  const probed: unknown = probe === undefined ? undefined : await page.evaluate(probe);
   await page.close();
-  return { rendered, consoleErrors, requests, marks };
+  return { rendered, consoleErrors, requests, marks, ...(probe === undefined ? {} : { probed }) };
 }
