@@ -4,7 +4,7 @@
 // contained and scores 0 with its reason, and the pool goes on scoring good samples in fresh
 // processes; a function that fails on every sample is reported as such with its first error.
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -19,17 +19,34 @@ after(() => rmSync(dir, { recursive: true, force: true }));
 const secret = `s3cret-${process.pid}-${Date.now()}`;
 const python = resolveRewardPython();
 const namespaces = availableIsolation() === 'namespaces';
+/** The argument of the `sleep` an "orphan" sample starts: unique, so the test can look for it. */
+const orphan = String(7000 + (process.pid % 1000) + 0.5);
+
+/** Whether a process with exactly this command line runs on the machine. */
+function running(cmdline: string): boolean {
+  return readdirSync('/proc').some((pid) => {
+    try {
+      return readFileSync(`/proc/${pid}/cmdline`, 'utf8') === cmdline;
+    } catch {
+      return false;
+    }
+  });
+}
 
 // One function, one behaviour per solution_str; "good" scores 1 when it equals the ground truth.
 writeFileSync(
   join(dir, 'behaviours.py'),
-  `import os, socket, sys, time
+  `import os, socket, subprocess, sys, time
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if solution_str == "spin":
         while True:
             pass
     if solution_str == "sleep":
+        time.sleep(600)
+    if solution_str == "orphan":
+        # A child in a session of its own would outlive a process-group kill, not the namespace.
+        subprocess.Popen(["sleep", extra_info["orphan"]], start_new_session=True)
         time.sleep(600)
     if solution_str == "allocate":
         hoard = []
@@ -103,7 +120,7 @@ const sample = (dataSource: string, solutionStr: string): Sample => ({
   dataSource,
   solutionStr,
   groundTruth: 'good',
-  extraInfo: { port, secret },
+  extraInfo: { port, secret, orphan },
 });
 
 describe(
@@ -129,6 +146,7 @@ describe(
         ['py', 'spin', 0, 'cpu', /more than 1 s of CPU/],
         ['py', 'good', 1, undefined],
         ['py', 'sleep', 0, 'timeout', /within 15000 ms/],
+        ['py', 'orphan', 0, 'timeout', /within 15000 ms/],
         ['py', 'allocate', 0, 'memory', /MemoryError/],
         ['py', 'connect', 0, 'exception', /OSError: \[Errno 101\] Network is unreachable/],
         ['py', 'secret', 0, undefined],
@@ -149,16 +167,23 @@ describe(
         if (message) assert.match(result?.failure?.message ?? '', message, where);
       });
       assert.equal(connections, 0, 'the loopback server saw a connection');
+      // The kernel ends the namespace's other processes as its first one exits: give it a moment.
+      let orphanAlive = running(`sleep\0${orphan}\0`);
+      for (let i = 0; orphanAlive && i < 50; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        orphanAlive = running(`sleep\0${orphan}\0`);
+      }
+      assert.equal(orphanAlive, false, 'a process the function started outlived it by 5 s');
       assert.deepEqual(batch.failures.byReason, {
         cpu: 1,
-        timeout: 1,
+        timeout: 2,
         memory: 1,
         exception: 3,
         output: 1,
         crash: 1,
         'bad-result': 1,
       });
-      assert.equal(batch.failures.count, 9);
+      assert.equal(batch.failures.count, 10);
       assert.deepEqual(batch.allFailing, []);
     });
 
