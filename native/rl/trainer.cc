@@ -109,9 +109,9 @@ GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logp
   return t;
 }
 
-StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
-                       const std::vector<TrainSequence>& batch, const LossConfig& lc,
-                       const AdamWConfig& ac, const MicroBatchProgress& progress) {
+StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
+                              const std::vector<TrainSequence>& batch, const LossConfig& lc,
+                              const MicroBatchProgress& progress) {
   const model::ModelConfig& cfg = ps.layout.cfg;
   const int V = cfg.vocab_size, E = cfg.num_experts, L = cfg.num_layers;
   const double t0 = now_s();
@@ -194,9 +194,6 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
   comm.allreduce_sum(acc.data(), acc.size());
 
   StepMetrics m;
-  float lr = 0.0f;
-  m.grad_norm = adamw_step(ps, opt, ac, comm, &lr);
-  m.lr = lr;
   m.tokens = n_tok;
   m.sequences = n_seq;
   m.aux_loss = acc[kAux] / aux_norm;
@@ -221,6 +218,18 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
   m.seconds = now_s() - t0;
   m.ep_seconds = comm.stats.seconds - ep_s0;
   m.ep_bytes = (double)(comm.stats.bytes - ep_b0);
+  return m;
+}
+
+StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
+                       const std::vector<TrainSequence>& batch, const LossConfig& lc,
+                       const AdamWConfig& ac, const MicroBatchProgress& progress) {
+  const double t0 = now_s();
+  StepMetrics m = compute_gradients(ps, comm, batch, lc, progress);
+  float lr = 0.0f;
+  m.grad_norm = adamw_step(ps, opt, ac, comm, &lr);
+  m.lr = lr;
+  m.seconds = now_s() - t0;
   return m;
 }
 

@@ -31,7 +31,7 @@ struct LossConfig {
   float clip_eps = 0.2f;      // GRPO ratio clip
   float kl_coef = 0.0f;       // k3 KL to the reference policy
   float entropy_coef = 0.0f;  // bonus: loss -= entropy_coef * mean entropy
-  float aux_coef = 0.01f;     // sequence-wise balance loss, mean over sequences and layers
+  float aux_coef = 0.01f;     // balance loss weight (the model's BalanceLoss says how it counts)
   float z_coef = 0.001f;      // router z-loss, mean over all tokens (prompt too) and layers
   float temperature = 1.0f;   // log-probs of softmax(logits / temperature), as the sampler
   int micro_batch = 32;       // sequences per forward/backward on one rank
@@ -60,7 +60,13 @@ GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logp
 // number), so a tool can report progress inside a long step. Must not throw.
 using MicroBatchProgress = std::function<void(int done, int total)>;
 
-// Runs forward/backward over `batch` (global; this rank uses its share) and one AdamW step.
+// Forward/backward over `batch` (global; this rank uses its share): gradients of the step's
+// loss in ps.dw (dense ones summed over ranks) and the step's metrics but grad_norm and lr.
+StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
+                              const std::vector<TrainSequence>& batch, const LossConfig& lc,
+                              const MicroBatchProgress& progress = nullptr);
+
+// compute_gradients, then one AdamW step.
 StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
                        const std::vector<TrainSequence>& batch, const LossConfig& lc,
                        const AdamWConfig& ac, const MicroBatchProgress& progress = nullptr);

@@ -11,3 +11,6 @@ target_link_libraries(moe_generate PRIVATE moerl_model moerl_io moerl_tasks moer
 
 add_executable(moe_reward ${CMAKE_CURRENT_LIST_DIR}/moe_reward.cc)
 target_link_libraries(moe_reward PRIVATE moerl_tasks moerl_tool_cli)
+
+add_executable(moe_hf ${CMAKE_CURRENT_LIST_DIR}/moe_hf.cc)
+target_link_libraries(moe_hf PRIVATE moerl_rl moerl_tool_cli)

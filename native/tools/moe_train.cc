@@ -33,6 +33,7 @@
 
 #include "common/check.h"
 #include "io/checkpoint.h"
+#include "io/hf.h"
 #include "io/json.h"
 #include "io/sha256.h"
 #include "model/expert_comm.h"
@@ -113,7 +114,8 @@ struct PhaseProgress {
 struct InitOptions {
   model::ModelConfig cfg;
   uint64_t seed = 0;
-  std::string out;
+  std::string out, from_hf;
+  bool max_seq_len_given = false;
 };
 
 void add_init_options(CLI::App* cmd, InitOptions& o) {
@@ -135,9 +137,35 @@ void add_init_options(CLI::App* cmd, InitOptions& o) {
   cmd->add_option("--experts", o.cfg.num_experts, "E");
   cmd->add_option("--top-k", o.cfg.top_k, "K, experts per token");
   cmd->add_option("--expert-dim", o.cfg.expert_dim, "F, expert width");
+  cmd->add_option("--from-hf", o.from_hf,
+                  "a Hugging Face model directory (qwen3_moe, mixtral): its config and weights "
+                  "replace the shape flags and the random init (--max-seq-len still applies; "
+                  "without it min(max_position_embeddings, 4096))");
+  cmd->parse_complete_callback([cmd, &o] { o.max_seq_len_given = cmd->count("--max-seq-len") > 0; });
+}
+
+// The HF directory's model, this rank's tensors only (io/hf.h).
+int cmd_init_from_hf(const InitOptions& o) {
+  io::HfModel m = io::read_hf_config(o.from_hf, o.max_seq_len_given ? o.cfg.max_seq_len : 0);
+  if (!o.max_seq_len_given) m = io::read_hf_config(o.from_hf, std::min(m.cfg.max_seq_len, 4096));
+  Rank rank(transport::Config::from_env(), m.cfg.num_experts);
+  auto ps = make_store(m.cfg, rank.ep);
+  io::load_hf_weights(m, *ps);
+  io::OptimizerState opt;
+  opt.reset(ps->layout);
+  io::save_checkpoint(o.out, *ps, opt, rank.ep,
+                      "{\"kind\":\"init\",\"huggingFace\":{\"family\":\"" + m.family +
+                          "\",\"dtype\":\"" + m.dtype + "\"}}");
+  size_t params = ps->layout.dense_numel + ps->layout.expert_numel * rank.ep.world_size();
+  if (rank.ep.rank() == 0)
+    std::printf("{\"done\":true,\"out\":%s,\"parameters\":%zu,\"family\":\"%s\",\"config\":%s}\n",
+                io::json_quote(o.out).c_str(), params, m.family.c_str(),
+                model::config_to_json(m.cfg).c_str());
+  return 0;
 }
 
 int cmd_init(const InitOptions& o) {
+  if (!o.from_hf.empty()) return cmd_init_from_hf(o);
   const model::ModelConfig& cfg = o.cfg;
   model::validate(cfg);
   Rank rank(transport::Config::from_env(), cfg.num_experts);
@@ -435,7 +463,8 @@ int main(int argc, char** argv) {
   SftOptions sft;
   GrpoOptions grpo;
   BenchOptions sgemm, sha;
-  CLI::App* init_cmd = app.add_subcommand("init", "write a randomly initialised checkpoint");
+  CLI::App* init_cmd =
+      app.add_subcommand("init", "write a randomly initialised or Hugging Face imported checkpoint");
   add_init_options(init_cmd, init);
   CLI::App* sft_cmd = app.add_subcommand("sft", "supervised fine-tuning on a task or a JSONL file");
   add_sft_options(sft_cmd, sft);

@@ -1,0 +1,213 @@
+// moe_hf: moerl checkpoints and Hugging Face model directories.
+//
+//   moe_hf export --checkpoint DIR --config CONFIG.json --out DIR [--max-shard-bytes 5e9]
+//       An HF directory of a committed checkpoint: its weights in the config's dtype, by shards
+//       (model.safetensors, or model-0000i-of-0000n.safetensors with the index), config.json
+//       last. CONFIG.json is the config.json of the model the campaign started from.
+//   moe_hf score (--hf DIR | --checkpoint DIR) --sequences FILE [--max-seq-len N]
+//                [--grad-out FILE --loss sft|grpo ...]
+//       Teacher-forced log-probs: FILE has JSONL lines {"tokens":[...]} (with "prompt_len",
+//       "old_logprobs" and "advantage" for --loss grpo); prints one line per sequence,
+//       {"logprobs":[log p(tokens[t] | tokens[<t]) for t >= 1]}. With --grad-out (one rank) the
+//       gradients of one step's loss (rl::compute_gradients, every sequence in one micro-batch)
+//       go to FILE as F32 safetensors under the HF tensor names, and a {"loss":...} line is
+//       printed last.
+//
+// Under the rank contract (MOERL_RANK, ...; none set: one rank) score runs expert parallel:
+// every rank takes every sequence, rank 0 prints. Exit 0 done, 2 bad input, 1 retryable.
+#include <cmath>   // std::exp, std::log
+#include <cstdio>  // std::printf
+#include <memory>
+#include <sstream>
+
+#include "common/check.h"
+#include "io/checkpoint.h"
+#include "io/hf.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "model/expert_comm.h"
+#include "model/model.h"
+#include "rl/trainer.h"
+#include "tools/moe_cli.h"
+#include "transport/communicator.h"
+
+namespace moerl::tools {
+namespace {
+
+struct Rank {
+  transport::Communicator comm;
+  model::ExpertComm ep;
+  Rank(const transport::Config& c, int num_experts) : comm(c), ep(comm, num_experts) {}
+};
+
+std::string dir_of(const std::string& file) {
+  size_t slash = file.rfind('/');
+  return slash == std::string::npos ? "." : file.substr(0, slash);
+}
+
+struct ExportOptions {
+  std::string checkpoint, config, out;
+  double max_shard_bytes = 5e9;
+};
+
+int cmd_export(const ExportOptions& o) {
+  const model::ModelConfig cfg = io::read_checkpoint_config(o.checkpoint);
+  MOERL_CHECK_INPUT(o.config.size() >= 11 && o.config.substr(o.config.size() - 11) == "config.json",
+                    "--config must name a config.json, got ", o.config);
+  const io::HfModel m = io::read_hf_config(dir_of(o.config), cfg.max_seq_len);
+  MOERL_CHECK_INPUT(model::config_to_json(m.cfg) == model::config_to_json(cfg), o.config,
+                    " describes ", model::config_to_json(m.cfg), " but checkpoint ", o.checkpoint,
+                    " holds ", model::config_to_json(cfg));
+  transport::Config one;  // the whole model in one process: every expert
+  Rank rank(one, cfg.num_experts);
+  model::ParamStore ps(model::make_layout(cfg, 0, cfg.num_experts));
+  io::OptimizerState opt;
+  io::load_checkpoint(o.checkpoint, ps, opt);
+  io::save_hf(o.out, m, ps, io::read_file(o.config), (uint64_t)o.max_shard_bytes);
+  std::printf("{\"done\":true,\"out\":%s,\"dtype\":\"%s\"}\n", io::json_quote(o.out).c_str(),
+              m.dtype.c_str());
+  return 0;
+}
+
+struct ScoreOptions {
+  std::string hf, checkpoint, sequences, grad_out, loss = "sft";
+  int max_seq_len = 0;
+  rl::LossConfig lc;
+};
+
+std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo) {
+  std::vector<rl::TrainSequence> out;
+  io::for_each_json_line(path, [&](const io::Json& j, const std::string& what) {
+    rl::TrainSequence s;
+    for (const io::Json& t : io::array_field(j, "tokens", what))
+      s.tokens.push_back((int32_t)io::as_integer(t, what + " tokens"));
+    MOERL_CHECK_INPUT(s.tokens.size() >= 2, what, ": needs at least 2 tokens");
+    s.prompt_len = j.contains("prompt_len") ? (int)io::integer_field(j, "prompt_len", what) : 1;
+    MOERL_CHECK_INPUT(s.prompt_len >= 1 && s.prompt_len < (int)s.tokens.size(), what,
+                      ": prompt_len must be in [1, tokens)");
+    if (grpo) {
+      for (const io::Json& v : io::array_field(j, "old_logprobs", what))
+        s.old_logprobs.push_back((float)io::as_number(v, what + " old_logprobs"));
+      MOERL_CHECK_INPUT(s.old_logprobs.size() == s.tokens.size() - s.prompt_len, what,
+                        ": old_logprobs must have one entry per completion token");
+      s.advantage = (float)io::number_field(j, "advantage", what);
+    }
+    out.push_back(std::move(s));
+  });
+  MOERL_CHECK_INPUT(!out.empty(), path, ": no sequences");
+  return out;
+}
+
+int cmd_score(ScoreOptions& o) {
+  MOERL_CHECK_INPUT(o.hf.empty() != o.checkpoint.empty(), "give one of --hf and --checkpoint");
+  io::HfModel hf;
+  model::ModelConfig cfg;
+  if (!o.hf.empty()) {
+    hf = io::read_hf_config(o.hf, o.max_seq_len);
+    cfg = hf.cfg;
+  } else {
+    cfg = io::read_checkpoint_config(o.checkpoint);
+  }
+  const bool grpo = o.loss == "grpo";
+  std::vector<rl::TrainSequence> seqs = read_sequences(o.sequences, grpo);
+  Rank rank(transport::Config::from_env(), cfg.num_experts);
+  model::ParamStore ps(model::make_layout(cfg, rank.ep.first_expert(), rank.ep.num_local_experts()));
+  io::OptimizerState opt;
+  if (!o.hf.empty())
+    io::load_hf_weights(hf, ps);
+  else
+    io::load_checkpoint(o.checkpoint, ps, opt);
+
+  // every rank forwards every sequence, right-padded into one batch
+  const int B = (int)seqs.size(), V = cfg.vocab_size;
+  int T = 0;
+  for (const auto& s : seqs) T = std::max(T, (int)s.tokens.size());
+  std::vector<int32_t> tokens((size_t)B * T, 0), lengths(B);
+  for (int b = 0; b < B; b++) {
+    lengths[b] = (int)seqs[b].tokens.size();
+    std::copy(seqs[b].tokens.begin(), seqs[b].tokens.end(), tokens.begin() + (size_t)b * T);
+  }
+  model::Activations a;
+  model::model_forward(ps, rank.ep, tokens.data(), lengths.data(), B, T, a);
+  if (rank.ep.rank() == 0) {
+    for (int b = 0; b < B; b++) {
+      std::ostringstream line;
+      line << "{\"logprobs\":[";
+      for (int t = 1; t < lengths[b]; t++) {
+        const float* lg = a.logits.data() + ((size_t)b * T + t - 1) * V;
+        double m = lg[0];
+        for (int v = 1; v < V; v++) m = std::max(m, (double)lg[v]);
+        double sum = 0.0;
+        for (int v = 0; v < V; v++) sum += std::exp((double)lg[v] - m);
+        line << (t > 1 ? "," : "") << io::json_float(lg[seqs[b].tokens[t]] - m - std::log(sum));
+      }
+      line << "]}";
+      std::printf("%s\n", line.str().c_str());
+    }
+  }
+  if (o.grad_out.empty()) return 0;
+  MOERL_CHECK_INPUT(rank.ep.world_size() == 1 && !o.hf.empty(),
+                    "--grad-out needs one rank and --hf (it writes every tensor under HF names)");
+  o.lc.objective = grpo ? rl::Objective::Grpo : rl::Objective::Sft;
+  o.lc.micro_batch = B;
+  rl::StepMetrics sm = rl::compute_gradients(ps, rank.ep, seqs, o.lc);
+  // the gradient arenas have the parameters' layout: write them as a model of gradients
+  model::ParamStore grads(ps.layout);
+  grads.dense = ps.grad_dense;
+  grads.experts = ps.grad_experts;
+  io::HfModel as_f32 = hf;
+  as_f32.dtype = "F32";
+  std::vector<io::TensorOut> tensors;
+  for (const auto* list : {&grads.layout.dense, &grads.layout.experts})
+    for (const model::TensorSpec& s : *list) {
+      const float* base = (s.expert >= 0 ? grads.experts.data() : grads.dense.data()) + s.offset;
+      const size_t cols = s.numel / (size_t)s.shape[0];
+      for (const io::HfPiece& p : io::hf_pieces(as_f32, s.name, s.shape[0])) {
+        std::vector<int64_t> shape = s.shape;
+        shape[0] = p.rows;
+        tensors.push_back({p.hf_name, shape, base + p.row0 * cols});
+      }
+    }
+  io::write_safetensors(o.grad_out, tensors, "F32");
+  std::printf("{\"loss\":%s,\"aux_loss\":%s,\"policy_loss\":%s,\"entropy\":%s}\n",
+              io::json_float(sm.loss).c_str(), io::json_float(sm.aux_loss).c_str(),
+              io::json_float(sm.policy_loss).c_str(), io::json_float(sm.entropy).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace moerl::tools
+
+int main(int argc, char** argv) {
+  using namespace moerl::tools;
+  CLI::App app{"Exports moerl checkpoints as Hugging Face model directories; scores sequences.",
+               "moe_hf"};
+  app.option_defaults()->always_capture_default();
+  ExportOptions ex;
+  ScoreOptions sc;
+  CLI::App* ex_cmd = app.add_subcommand("export", "write a checkpoint as an HF model directory");
+  ex_cmd->add_option("--checkpoint", ex.checkpoint, "committed checkpoint directory")->required();
+  ex_cmd->add_option("--config", ex.config, "config.json of the source HF model")->required();
+  ex_cmd->add_option("--out", ex.out, "HF model directory to write")->required();
+  ex_cmd->add_option("--max-shard-bytes", ex.max_shard_bytes, "largest safetensors shard")
+      ->check(kPositive);
+  CLI::App* sc_cmd = app.add_subcommand("score", "teacher-forced log-probs (and gradients)");
+  sc_cmd->add_option("--hf", sc.hf, "HF model directory");
+  sc_cmd->add_option("--checkpoint", sc.checkpoint, "moerl checkpoint directory");
+  sc_cmd->add_option("--sequences", sc.sequences, "JSONL of {\"tokens\":[...]}")->required();
+  sc_cmd->add_option("--max-seq-len", sc.max_seq_len, "with --hf: T_max (0 = the config's)")
+      ->check(kNonNegative);
+  sc_cmd->add_option("--grad-out", sc.grad_out, "safetensors file for the loss's gradients");
+  sc_cmd->add_option("--loss", sc.loss, "loss of --grad-out")->check(CLI::IsMember({"sft", "grpo"}));
+  sc_cmd->add_option("--aux-coef", sc.lc.aux_coef, "balance loss weight");
+  sc_cmd->add_option("--z-coef", sc.lc.z_coef, "router z-loss weight");
+  sc_cmd->add_option("--clip-eps", sc.lc.clip_eps, "GRPO ratio clip");
+  sc_cmd->add_option("--entropy-coef", sc.lc.entropy_coef, "GRPO entropy bonus");
+  sc_cmd->add_option("--temperature", sc.lc.temperature, "GRPO log-prob temperature")
+      ->check(kPositive);
+  return run_tool(app, argc, argv, [&] {
+    if (*ex_cmd) return cmd_export(ex);
+    if (*sc_cmd) return cmd_score(sc);
+    MOERL_FAIL(BadInput, "give a command: export or score (see moe_hf --help)");
+  });
+}
