@@ -5,6 +5,7 @@ import { homedir, hostname } from 'node:os';
 import { join } from 'node:path';
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { CampaignSpec } from '../workflows/spec.js';
+import { rankDeadlines } from '../workflows/spec-rendezvous.js';
 import { CheckpointCache, cacheLimitsFromEnv } from './checkpoints.js';
 import { KubernetesLauncher, kubeConfigFromEnvironment } from './launch/kubernetes.js';
 import { LocalLauncher } from './launch/local.js';
@@ -52,7 +53,8 @@ export function workerActivityDeps(
   const cacheDir =
     env.MOERL_CACHE_DIR ?? join(env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'moerl', 'work');
   const binDir = nativeBinDir(env);
-  const local = new LocalLauncher(join(cacheDir, 'jobs'), { ...env, MOERL_NATIVE_BIN: binDir });
+  // One local launcher per launcher section (they differ only in the ranks' deadlines).
+  const local = new Map<string, LocalLauncher>();
   const kubernetes = new Map<string, KubernetesLauncher>();
   let kubeConfig: KubeConfig | undefined;
   return {
@@ -63,7 +65,19 @@ export function workerActivityDeps(
     workerId: newWorkerId(),
     rolloutRanks: new RankSlots(rolloutRankCapacity(env[rolloutRanksEnv], rolloutRanksEnv)),
     launcherFor: (launcher) => {
-      if (launcher.kind === 'local') return local;
+      if (launcher.kind === 'local') {
+        const key = JSON.stringify(launcher);
+        let found = local.get(key);
+        if (!found) {
+          found = new LocalLauncher(
+            join(cacheDir, 'jobs'),
+            { ...env, MOERL_NATIVE_BIN: binDir },
+            { deadlines: rankDeadlines(launcher) },
+          );
+          local.set(key, found);
+        }
+        return found;
+      }
       // One per launcher section (its watches and clients are per namespace and pod settings),
       // all with the worker's one set of credentials, read when first needed.
       const key = JSON.stringify(launcher);

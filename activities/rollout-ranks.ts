@@ -6,6 +6,7 @@
 // its records are followed; one rank behaves exactly as the single generator always did.
 import { ApplicationFailure } from '@temporalio/common';
 import { freeLoopbackPort, rankEnvironment } from './launch/local.js';
+import { newJobToken, rendezvousEnv } from './launch/rendezvous.js';
 import { rankEnv } from './launch/types.js';
 import { runTool, toolFailure } from './native.js';
 import type { RunToolOptions, ToolRun } from './native.js';
@@ -45,6 +46,7 @@ export async function runGenerateRanks(
     [rankEnv.worldSize]: String(worldSize),
     [rankEnv.coordinator]: `127.0.0.1:${await freeLoopbackPort()}`,
     [rankEnv.provider]: process.env[rankEnv.provider] ?? 'shm',
+    [rendezvousEnv.jobToken]: newJobToken(),
   };
   let failed: { rank: number; run: ToolRun } | null = null;
   try {

@@ -7,6 +7,8 @@
 //   MOERL_RANK (or JOB_COMPLETION_INDEX in a pod)  MOERL_WORLD_SIZE  MOERL_COORDINATOR
 //   MOERL_FI_PROVIDER  MOERL_JOB (the RankJob as JSON)  MOERL_WORK_DIR (scratch; default a
 //   temporary directory)  MOERL_NATIVE_BIN (moe_train's directory; default this build's)
+//   and, read by the native core only: MOERL_JOB_TOKEN  MOERL_STARTUP_TIMEOUT_S  MOERL_TIMEOUT_S
+//   MOERL_BIND_ADDRESS (docs/native-ep.md, "Rank env contract")
 //
 // Exit 0 = done; 2 = bad input (the job must not be retried); anything else = retryable.
 import { spawn } from 'node:child_process';

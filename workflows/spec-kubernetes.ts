@@ -3,6 +3,7 @@
 // file so the pod settings, with the Kubernetes name and quantity rules they need, stay readable
 // apart from the rest of the spec. Pure zod, like spec.ts: workflows import it.
 import { z } from 'zod';
+import { rendezvousFields } from './spec-rendezvous.js';
 
 // Kubernetes' own validation rules (k8s.io/apimachinery/pkg/util/validation), so a spec that
 // passes here is not rejected later by the API server in the middle of a campaign.
@@ -215,6 +216,7 @@ export const kubernetesLauncherSchema = z.strictObject({
     .describe(
       'a trainer pod still Pending/Unschedulable after this fails the update with the scheduler’s reason',
     ),
+  ...rendezvousFields,
   coordinatorPort: z
     .number()
     .int()

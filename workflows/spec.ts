@@ -4,6 +4,7 @@
 import { z } from 'zod';
 import { datasetSchema } from './spec-dataset.js';
 import { kubernetesLauncherSchema, kubernetesStoreProblems } from './spec-kubernetes.js';
+import { rendezvousFields } from './spec-rendezvous.js';
 
 /** Names of the verifiable tasks the native core generates prompts for (docs/tasks.md). */
 export const builtinTasks = ['add', 'sort', 'reverse'] as const;
@@ -70,7 +71,7 @@ const taskSchema = z.union([
 ]);
 
 const launcherSchema = z.discriminatedUnion('kind', [
-  z.strictObject({ kind: z.literal('local') }),
+  z.strictObject({ kind: z.literal('local'), ...rendezvousFields }),
   kubernetesLauncherSchema,
 ]);
 

@@ -113,6 +113,7 @@ export class KubernetesLauncher implements Launcher {
           continue;
         }
         await this.api.ensureService(spec, this.settings, existing);
+        await this.api.ensureTokenSecret(spec, this.settings, existing, false);
         return this.follow(spec, existing, true);
       }
       signal?.throwIfAborted();
@@ -128,6 +129,7 @@ export class KubernetesLauncher implements Launcher {
       );
       if (!created) continue;
       await this.api.ensureService(spec, this.settings, created);
+      await this.api.ensureTokenSecret(spec, this.settings, created, true);
       return this.follow(spec, created, false);
     }
     throw ApplicationFailure.create({

@@ -24,7 +24,10 @@ import {
 import type { SupervisorClaim } from './local-pid.js';
 import { jobFiles } from './local-supervisor.js';
 import type { LocalJobFile, LocalStatusFile } from './local-supervisor.js';
+import { deadlineEnv, newJobToken, rendezvousEnv } from './rendezvous.js';
 import type { JobStatus, Launcher, TrainJob, TrainJobSpec } from './types.js';
+import { rankDeadlines } from '../../workflows/spec-rendezvous.js';
+import type { RankDeadlines } from '../../workflows/spec-rendezvous.js';
 
 const pollMs = 250;
 const stopGraceMs = 3000;
@@ -163,10 +166,13 @@ class LocalJob implements TrainJob {
 export interface LocalLauncherOptions {
   /** How long a job directory may have no supervisor before it counts as abandoned (10 s). */
   startupGraceMs?: number;
+  /** The ranks' rendezvous deadlines (the spec's launcher section); absent: the defaults. */
+  deadlines?: RankDeadlines;
 }
 
 export class LocalLauncher implements Launcher {
   private readonly startupGraceMs: number;
+  private readonly deadlines: RankDeadlines;
 
   constructor(
     private readonly workDir: string,
@@ -174,6 +180,7 @@ export class LocalLauncher implements Launcher {
     options: LocalLauncherOptions = {},
   ) {
     this.startupGraceMs = options.startupGraceMs ?? startupGraceMs;
+    this.deadlines = options.deadlines ?? rankDeadlines({ kind: 'local' });
   }
 
   async launch(spec: TrainJobSpec): Promise<TrainJob> {
@@ -235,7 +242,13 @@ export class LocalLauncher implements Launcher {
       const child = spawn(process.execPath, [supervisorPath, dir, file.launchId], {
         detached: true, // a process group of its own: the job's
         stdio: ['ignore', out, out],
-        env: rankEnvironment(this.env),
+        // The job's token reaches its ranks through the supervisor's environment only: never
+        // job.json (adopters need none; they only follow the job).
+        env: {
+          ...rankEnvironment(this.env),
+          ...deadlineEnv(this.deadlines),
+          [rendezvousEnv.jobToken]: newJobToken(),
+        },
       });
       if (child.pid === undefined) throw new Error(`cannot start the supervisor of job ${spec.name}`);
       child.unref();

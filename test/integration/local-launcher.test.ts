@@ -163,15 +163,26 @@ describe('LocalLauncher (real rank programs)', { skip: tools.skip }, () => {
     assert.deepEqual(await stillAlive(ranks), [], 'the orphaned ranks were killed');
   });
 
-  test('ranks see the rank contract and the store credentials, not the worker’s secrets', async () => {
+  test('ranks see the rank contract (a job token, the deadlines) and the store credentials, not the worker’s secrets', async () => {
     const work = join(dir, 'jobs-env');
     const job = await new LocalLauncher(work, { ...env, AWS_ACCESS_KEY_ID: 'store-key' }).launch(
       spec('env', untilKilled),
     );
     const rankPids = await ranksRunning(join(work, 'env'));
     const environ = readFileSync(`/proc/${rankPids[0]}/environ`, 'utf8').split('\0');
+    const jobDir = join(work, 'env');
+    const jobFileTexts = readdirSync(jobDir, { withFileTypes: true })
+      .filter((f) => f.isFile())
+      .map((f) => readFileSync(join(jobDir, f.name), 'utf8'));
     await job.kill();
     assert.ok(environ.includes('MOERL_RANK=0') || environ.includes('MOERL_RANK=1'), environ.join(' '));
+    // The rendezvous: a fresh job token (in no file of the job) and the default deadlines.
+    const token =
+      environ.find((e) => e.startsWith('MOERL_JOB_TOKEN='))?.slice('MOERL_JOB_TOKEN='.length) ?? '';
+    assert.match(token, /^[A-Za-z0-9_-]{43}$/, 'a job token');
+    assert.ok(!jobFileTexts.some((text) => text.includes(token)), 'the token is written to no job file');
+    assert.ok(environ.includes('MOERL_STARTUP_TIMEOUT_S=600'), 'the local start-up deadline');
+    assert.ok(environ.includes('MOERL_TIMEOUT_S=60'), 'the exchange deadline');
     assert.ok(environ.includes('AWS_ACCESS_KEY_ID=store-key'));
     assert.ok(!environ.some((e) => e.startsWith('TEMPORAL_API_KEY=')), 'no Temporal credentials');
     assert.deepEqual(

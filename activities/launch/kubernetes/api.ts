@@ -1,6 +1,6 @@
 // The API calls the KubernetesLauncher makes for one namespace: reading, creating and
-// deleting a job's Job and Service, and reading its pods' logs, each through errors.ts's
-// mapping and retries.
+// deleting a job's Job and Service, creating its token Secret, and reading its pods' logs,
+// each through errors.ts's mapping and retries.
 import { setTimeout as sleep } from 'node:timers/promises';
 import { BatchV1Api, CoreV1Api } from '@kubernetes/client-node';
 import type { KubeConfig, V1Job, V1ObjectMeta, V1Service } from '@kubernetes/client-node';
@@ -9,7 +9,15 @@ import type { KubernetesLauncher as KubernetesLauncherSpec } from '../../../work
 import type { TrainJobSpec } from '../types.js';
 import { apiCall, isAlreadyExists, isNotFound, kubernetesUnavailableErrorType } from './errors.js';
 import type { ApiCall } from './errors.js';
-import { jobLabel, rankContainerName, serviceManifest, serviceName } from './manifests.js';
+import { newJobToken } from '../rendezvous.js';
+import {
+  jobLabel,
+  rankContainerName,
+  serviceManifest,
+  serviceName,
+  tokenSecretManifest,
+  tokenSecretName,
+} from './manifests.js';
 
 /** Lines of a failed rank's log quoted in its failure. */
 const failureLogLines = 40;
@@ -131,6 +139,43 @@ export class JobApi {
     throw ApplicationFailure.create({
       type: kubernetesUnavailableErrorType,
       message: `service ${name} in namespace ${this.namespace} keeps being replaced while job ${spec.name} starts`,
+    });
+  }
+
+  /**
+   * The job's token Secret (tokenSecretManifest) with a fresh token. For a Job just created, a
+   * Secret of the same name left by an earlier Job (its collection pending) is replaced; an
+   * adopted Job keeps the Secret its pods already use, which is only created if it is missing.
+   * Secrets are created and deleted here, never read.
+   */
+  async ensureTokenSecret(
+    spec: TrainJobSpec,
+    settings: KubernetesLauncherSpec,
+    job: V1Job,
+    replace: boolean,
+  ): Promise<void> {
+    const owner = { name: spec.name, uid: job.metadata!.uid! };
+    const name = tokenSecretName(spec.name);
+    for (let round = 0; round < 3; round++) {
+      const created = await apiCall(
+        this.call('create', `secrets/${name}`),
+        () =>
+          this.core.createNamespacedSecret({
+            namespace: this.namespace,
+            body: tokenSecretManifest(spec, settings, owner, newJobToken()),
+          }),
+        (err) => (isAlreadyExists(err) ? null : undefined),
+      );
+      if (created || !replace) return;
+      await apiCall(
+        this.call('delete', `secrets/${name}`),
+        () => this.core.deleteNamespacedSecret({ name, namespace: this.namespace }),
+        (err) => (isNotFound(err) ? null : undefined),
+      );
+    }
+    throw ApplicationFailure.create({
+      type: kubernetesUnavailableErrorType,
+      message: `secret ${name} in namespace ${this.namespace} keeps coming back while job ${spec.name} starts`,
     });
   }
 

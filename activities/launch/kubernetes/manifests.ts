@@ -7,12 +7,15 @@ import type {
   V1EnvVar,
   V1Job,
   V1OwnerReference,
+  V1Secret,
   V1Service,
   V1Volume,
   V1VolumeMount,
 } from '@kubernetes/client-node';
 import { kueueQueueLabel } from '../../../workflows/spec-kubernetes.js';
 import type { KubernetesLauncher as KubernetesLauncherSpec } from '../../../workflows/spec-kubernetes.js';
+import { rankDeadlines } from '../../../workflows/spec-rendezvous.js';
+import { deadlineEnv, rendezvousEnv } from '../rendezvous.js';
 import { rankEnv, rankStoppedExitCode } from '../types.js';
 import type { TrainJobSpec } from '../types.js';
 
@@ -107,13 +110,21 @@ function rankEnvironment(spec: TrainJobSpec, launcher: KubernetesLauncherSpec): 
     [rankEnv.provider]: spec.provider,
     [rankEnv.job]: JSON.stringify(spec.job),
     [rankEnv.workDir]: rankWorkDir,
+    ...deadlineEnv(rankDeadlines(launcher)),
   };
-  delete values[rankEnv.rank];
+  for (const name of [rankEnv.rank, rendezvousEnv.bindAddress, rendezvousEnv.jobToken]) delete values[name];
   return [
     // Each pod's index, set by the Job controller on the pod: the pods share one template.
     {
       name: rankEnv.rank,
       valueFrom: { fieldRef: { fieldPath: `metadata.annotations['${completionIndexKey}']` } },
+    },
+    // Rank 0 listens on its own pod IP, the address its Service name resolves to, and no other.
+    { name: rendezvousEnv.bindAddress, valueFrom: { fieldRef: { fieldPath: 'status.podIP' } } },
+    // The job's secret, from the job's own Secret: never in the Job or pod objects themselves.
+    {
+      name: rendezvousEnv.jobToken,
+      valueFrom: { secretKeyRef: { name: tokenSecretName(spec.name), key: tokenSecretKey } },
     },
     ...Object.entries(values).map(([name, value]) => ({ name, value })),
   ];
@@ -276,5 +287,33 @@ export function serviceManifest(
         },
       ],
     },
+  };
+}
+
+/** The Secret holding a job's token (MOERL_JOB_TOKEN), and its key. */
+export function tokenSecretName(jobName: string): string {
+  return `${jobName}-token`;
+}
+export const tokenSecretKey = 'token';
+
+/**
+ * The job's token Secret, owned by the Job so the garbage collector removes it with the Job. A
+ * Secret, not an env value, so that reading Jobs and pods (the built-in `view` role) does not
+ * reveal it; the train worker may create and delete Secrets, never read them.
+ */
+export function tokenSecretManifest(
+  spec: TrainJobSpec,
+  launcher: KubernetesLauncherSpec,
+  job: { name: string; uid: string },
+  token: string,
+): V1Secret {
+  const owner: V1OwnerReference = { apiVersion: 'batch/v1', kind: 'Job', name: job.name, uid: job.uid };
+  return {
+    apiVersion: 'v1',
+    kind: 'Secret',
+    metadata: { ...metadata(spec, launcher, tokenSecretName(spec.name)), ownerReferences: [owner] },
+    type: 'Opaque',
+    immutable: true,
+    stringData: { [tokenSecretKey]: token },
   };
 }
