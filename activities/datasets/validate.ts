@@ -27,7 +27,7 @@ export interface RewardMapping {
   /** data_source values the map names. */
   mapped: readonly string[];
   hasDefault: boolean;
-  /** The spec field of the map, named in the problem (e.g. "reward.byDataSource"). */
+  /** The spec field of the map, named in the problem (e.g. "rewards.bySource"). */
   field: string;
 }
 

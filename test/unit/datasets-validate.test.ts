@@ -165,10 +165,10 @@ describe('datasets: malformed rows, all named at once', () => {
 
   it('a data_source without a reward function, once per source with its rows', async () => {
     const path = join(dir, 'train.jsonl');
-    const rewards = { mapped: ['arith'], hasDefault: false, field: 'reward.byDataSource' };
+    const rewards = { mapped: ['arith'], hasDefault: false, field: 'rewards.bySource' };
     const problems = await problemsOf(path, options('jsonl', { rewards }));
     assert.deepEqual(problems, [
-      'data_source "arith/hard" (row 0 (line 1), row 5 (line 6), row 10 (line 11) and 7 more) has no reward function: reward.byDataSource names "arith" and has no default',
+      'data_source "arith/hard" (row 0 (line 1), row 5 (line 6), row 10 (line 11) and 7 more) has no reward function: rewards.bySource names "arith" and has no default',
     ]);
     await validateDataset({ path }, options('jsonl', { rewards: { ...rewards, hasDefault: true } }));
     await validateDataset(
