@@ -1,6 +1,7 @@
 // A user's own reward function, in verl's signature
 // compute_score(data_source, solution_str, ground_truth, extra_info), run in a pool of
 // sandboxed processes (sandbox.ts for what the sandbox holds, process-pool.ts for the limits).
+import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BadInputError } from './errors.js';
 import { ProcessPool } from './process-pool.js';
@@ -48,6 +49,9 @@ export function userFunctionName(spec: UserFunctionSpec): string {
 
 /** The sandboxed pool of `spec`; a request is {data_source, solution_str, ground_truth, extra_info}. */
 export function userFunctionPool(spec: UserFunctionSpec, options: SandboxOptions = {}): ProcessPool {
+  // The process runs in a scratch folder: relative paths are the worker's, made absolute here.
+  if ('file' in spec) spec = { ...spec, file: resolve(spec.file) };
+  else spec = { ...spec, path: (spec.path ?? []).map((p) => resolve(p)) };
   const limits = { ...defaultSandboxLimits, ...dropUndefined(options) };
   const isolation = options.isolation ?? 'namespaces';
   if (isolation === 'namespaces' && availableIsolation() !== 'namespaces') {

@@ -104,7 +104,10 @@ before(async () => {
   process.env.AWS_SECRET_ACCESS_KEY = secret;
   server = createServer((socket) => {
     connections++;
-    socket.destroy();
+    // Read and close gently, so a client that gets through is not reset mid-write.
+    socket.on('error', () => undefined);
+    socket.resume();
+    socket.end();
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   port = (server.address() as { port: number }).port;
@@ -250,3 +253,32 @@ describe(
     });
   },
 );
+
+describe('reward function sandbox with isolation "none"', () => {
+  it('keeps the environment and the limits, and (as documented) not the network', async () => {
+    const pool = userFunctionPool(
+      { kind: 'python', file: join(dir, 'behaviours.py') },
+      { ...limits, python, isolation: 'none', processes: 2 },
+    );
+    try {
+      const call = (text: string) =>
+        pool.call({
+          data_source: 'x',
+          solution_str: text,
+          ground_truth: 'good',
+          extra_info: { port, secret },
+        });
+      const [env, spin, good] = await Promise.all([call('env'), call('spin'), call('good')]);
+      assert.equal(env.ok ? 'ok' : env.reason, 'exception');
+      assert.match(env.ok ? '' : env.message, /^RuntimeError: environment: HOME,LANG,PATH,PWD,TMPDIR /);
+      assert.equal(spin.ok ? 'ok' : spin.reason, 'cpu');
+      assert.deepEqual(good, { ok: true, value: 1 });
+      const before = connections;
+      assert.deepEqual(await call('connect'), { ok: true, value: 1 });
+      for (let i = 0; connections === before && i < 50; i++) await new Promise((r) => setTimeout(r, 100));
+      assert.equal(connections, before + 1, 'without namespaces the loopback server is reachable');
+    } finally {
+      pool.close();
+    }
+  });
+});
