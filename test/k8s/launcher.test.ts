@@ -214,6 +214,13 @@ describe('KubernetesLauncher (real control plane, kwok fake nodes)', () => {
       assert.equal(service.spec?.publishNotReadyAddresses, true);
       assert.equal(service.spec?.ports?.[0]?.port, 29400);
       assert.equal(service.metadata?.ownerReferences?.[0]?.uid, stored.metadata?.uid);
+      // The job token: in a Secret owned by the Job (read here as the cluster admin; the worker
+      // cannot), which the pods reference; never a value in the Job itself.
+      const secret = await core.readNamespacedSecret({ namespace, name: `${spec.name}-token` });
+      assert.equal(secret.metadata?.ownerReferences?.[0]?.uid, stored.metadata?.uid);
+      const token = Buffer.from(secret.data?.token ?? '', 'base64').toString();
+      assert.match(token, /^[A-Za-z0-9_-]{43}$/);
+      assert.ok(!JSON.stringify(stored).includes(token), 'the token is not in the Job');
 
       const running = await runningPods(namespace, spec.name, 2);
       for (const pod of running) {
