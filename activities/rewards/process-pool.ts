@@ -55,6 +55,7 @@ export interface ProcessPoolOptions {
 /** The tail of a sample's output kept for its failure message. */
 const outputTailBytes = 2048;
 const cpuPollMs = 50;
+const pipeDrainMs = 250;
 const clockTicks = 100; // USER_HZ: /proc/<pid>/stat counts CPU time in 1/100 s on Linux
 
 interface Job {
@@ -103,10 +104,14 @@ class Worker {
       this.failure ??= { reason: 'start', message: `could not start ${cmd.command}: ${err.message}` };
       this.onGone(null, null);
     });
+    // 'close' comes once the pipes are drained too, so a last answer or line of output is read
+    // before the process counts as gone; a process it left behind may hold them open, so 'exit'
+    // plus a moment is enough.
     this.child.on('exit', (code, signal) => {
       cmd.cleanup?.();
-      this.onGone(code, signal);
+      setTimeout(() => this.onGone(code, signal), pipeDrainMs).unref();
     });
+    this.child.on('close', (code: number | null, signal: NodeJS.Signals | null) => this.onGone(code, signal));
     const startMs = options.startTimeoutMs ?? 60_000;
     this.timers.push(
       setTimeout(() => this.kill('start', `did not load its function within ${startMs} ms`), startMs),
