@@ -176,6 +176,24 @@ TEST(TransportBootstrap, ListensOnTheCoordinatorAddressOnly) {
   EXPECT_NE(rank0.error.find("rank(s) 1"), std::string::npos) << rank0.error;
 }
 
+TEST(TransportBootstrap, RankZeroListensOnItsResolvedCoordinatorHost) {
+  // Without MOERL_BIND_ADDRESS rank 0 resolves the coordinator's host name (a pod's own DNS
+  // name, here localhost) and listens there.
+  const int port = free_loopback_port();
+  std::unique_ptr<Bootstrap> b0, b1;
+  RankRun rank0, rank1;
+  Config c0 = rank_config(0, port, "t");
+  c0.coordinator = "localhost:" + std::to_string(port);
+  rank0.start(c0, b0);
+  rank1.start(rank_config(1, port, "t"), b1);
+  rank0.thread.join();
+  rank1.thread.join();
+  EXPECT_EQ(rank0.error, "");
+  EXPECT_EQ(rank1.error, "");
+  ASSERT_TRUE(b0 != nullptr);
+  EXPECT_EQ(b0->local_ip(), "127.0.0.1");
+}
+
 TEST(TransportBootstrap, ASlowStartIsNoFailure) {
   // Rank 1 starts 2 s after rank 0 (pending pod, inputs downloading): four times the
   // per-exchange deadline, well within the start-up deadline.

@@ -172,20 +172,24 @@ std::string ip_text(const in_addr& addr) {
   return text;
 }
 
-// The IPv4 address rank 0 listens on: MOERL_BIND_ADDRESS, else the coordinator's host.
-in_addr listen_address(const Config& config, const std::string& host) {
-  in_addr addr{};
+// The IPv4 address rank 0 listens on: MOERL_BIND_ADDRESS, else the coordinator's host. False
+// (and why) while that name does not resolve: a pod's own DNS name appears only once the
+// headless Service has published its address, a moment after the pod started.
+bool listen_address(const Config& config, const std::string& host, in_addr& addr,
+                    std::string& why) {
   const std::string& text = config.bind_address.empty() ? host : config.bind_address;
-  if (inet_pton(AF_INET, text.c_str(), &addr) == 1) return addr;
+  if (inet_pton(AF_INET, text.c_str(), &addr) == 1) return true;
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   const int gai = ::getaddrinfo(text.c_str(), nullptr, &hints, &res);
-  MOERL_CHECK(gai == 0, "rank 0 cannot resolve its own coordinator host ", text, ": ",
-              gai_strerror(gai), " (set MOERL_BIND_ADDRESS to the address rank 0 listens on)");
+  if (gai != 0) {
+    why = std::string("cannot resolve ") + text + ": " + gai_strerror(gai);
+    return false;
+  }
   addr = reinterpret_cast<const sockaddr_in*>(res->ai_addr)->sin_addr;
   freeaddrinfo(res);
-  return addr;
+  return true;
 }
 
 // One connection attempt to the coordinator; -1 (and why in last_error) when it fails.
@@ -255,7 +259,14 @@ Bootstrap::Bootstrap(const Config& config)
 
 void Bootstrap::admit_peers(const std::string& host, const std::string& port) {
   const int world = config_.world_size;
-  const in_addr addr = listen_address(config_, host);
+  in_addr addr{};
+  for (std::string why; !listen_address(config_, host, addr, why);) {
+    if (now_s() >= deadline_) {
+      MOERL_FAIL(Timeout, "rank 0: no address to listen on within ", config_.startup_timeout_s,
+                 " s: ", why, " (set MOERL_BIND_ADDRESS to rank 0's own address)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   local_ip_ = ip_text(addr);
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
   MOERL_CHECK(listen_fd_ >= 0, "socket: ", std::strerror(errno));
