@@ -101,6 +101,7 @@ class Worker {
     }
     (this.child.stdin as Writable).on('error', () => undefined);
     this.child.on('error', (err) => {
+      cmd.cleanup?.();
       this.failure ??= { reason: 'start', message: `could not start ${cmd.command}: ${err.message}` };
       this.onGone(null, null);
     });

@@ -115,6 +115,27 @@ describe('process pool', () => {
     }
   });
 
+  it('a program that cannot be started fails every call with the reason', async () => {
+    const missing = join(dir, 'no-such-interpreter');
+    const p = new ProcessPool({
+      name: 'test',
+      size: 1,
+      timeoutMs: 1000,
+      maxOutputBytes: 1024,
+      spawn: () => ({ command: missing, args: [], env: {} }),
+    });
+    try {
+      const result = await p.call({ what: 'echo' });
+      assert.equal(result.ok ? 'ok' : result.reason, 'start');
+      assert.match(
+        result.ok ? '' : result.message,
+        /^test: could not start .*no-such-interpreter: spawn .* ENOENT$/,
+      );
+    } finally {
+      p.close();
+    }
+  });
+
   it('close() fails the calls still queued and ends the workers', async () => {
     const p = pool(neverReady, { size: 1 });
     const pending = p.call({ what: 'echo' });
