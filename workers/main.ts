@@ -14,6 +14,7 @@ import {
 } from './temporal-options.js';
 import { createWorkerMetrics, hostPort, parsePort, serveMetrics } from './metrics.js';
 import type { MetricsServer } from './metrics.js';
+import { campaignEndedFrom, runSweeper, sweepSettingsFromEnv } from './sweeper.js';
 import { expandRoles, roles, runWorkers } from './worker.js';
 import type { Role, WorkerDeployment } from './worker.js';
 
@@ -24,7 +25,7 @@ const usage = `usage: moerl-worker [--role control|rollout|train|all]... [--shut
                     [--deployment-name NAME --build-id ID]   (Worker Versioning; unversioned without)
                     [--rollout-ranks N]   (moe_generate ranks at once; default the CPUs it may use)
 env: MOERL_WORKER_ROLES (comma list), MOERL_SHUTDOWN_GRACE_SECONDS, MOERL_TASK_QUEUE_PREFIX,
-     MOERL_ROLLOUT_RANKS,
+     MOERL_ROLLOUT_RANKS, MOERL_SWEEP_NAMESPACES, MOERL_SWEEP_INTERVAL_SECONDS (control: trainer Jobs of ended campaigns),
      TEMPORAL_DEPLOYMENT_NAME, TEMPORAL_WORKER_BUILD_ID,
      MOERL_METRICS_PORT, MOERL_SDK_METRICS_PORT, MOERL_METRICS_HOST (default 127.0.0.1),
      TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_API_KEY_FILE, TEMPORAL_TLS_*
@@ -82,6 +83,8 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
       values['rollout-ranks'] ?? env[rolloutRanksEnv],
       `--rollout-ranks (${rolloutRanksEnv})`,
     ),
+    /** Namespaces whose trainer Jobs of ended campaigns a control worker deletes, and how often. */
+    sweep: sweepSettingsFromEnv(env),
     /** Lines for stderr before the worker starts. */
     warnings: values['api-key'] === undefined ? [] : [apiKeyFlagWarning],
     temporal: temporalOptionsFrom(
@@ -180,6 +183,17 @@ async function main(): Promise<void> {
     console.error(
       `moerl-worker: roles ${args.roles.join(',')} on ${args.temporal.address}/${args.temporal.namespace}, ${build}${ranks}`,
     );
+    // The control worker deletes trainer Jobs of ended campaigns (workers/sweeper.ts).
+    const { namespace } = args.temporal;
+    const sweeping = expandRoles(args.roles).includes('control')
+      ? runSweeper({
+          settings: args.sweep,
+          signal: stop.signal,
+          campaignEnded: campaignEndedFrom((workflowId) =>
+            connection.workflowService.describeWorkflowExecution({ namespace, execution: { workflowId } }),
+          ),
+        })
+      : Promise.resolve();
     await runWorkers({
       roles: args.roles,
       connection,
@@ -190,7 +204,8 @@ async function main(): Promise<void> {
       signal: stop.signal,
       rolloutRanks: args.rolloutRanks,
       ...(args.deployment ? { deployment: args.deployment } : {}),
-    });
+    }).finally(() => stop.abort());
+    await sweeping;
   } finally {
     await connection.close();
     await server?.close();

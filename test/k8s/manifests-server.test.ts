@@ -145,7 +145,28 @@ describe('RBAC of the base, before the real authorizer', () => {
     );
   });
 
-  it('the control and rollout workers and the trainer pods may not touch the API', async () => {
+  it('the control worker may list and delete Jobs and Services in moerl (the sweep), nothing else', async () => {
+    await expectAll(
+      'moerl-control',
+      [...inNs('batch', 'jobs', ['list', 'delete']), ...inNs('', 'services', ['list', 'delete'])],
+      true,
+    );
+    await expectAll(
+      'moerl-control',
+      [
+        ...inNs('batch', 'jobs', ['create', 'update', 'patch', 'deletecollection']),
+        ...inNs('', 'services', ['create', 'update']),
+        ...inNs('', 'pods', ['get', 'list', 'delete']),
+        ...inNs('', 'pods', ['get'], 'log'),
+        ...inNs('', 'secrets', ['get', 'list']),
+        { group: 'batch', resource: 'jobs', verb: 'delete', namespace: 'default' },
+        { group: 'batch', resource: 'jobs', verb: 'list', namespace: '' },
+      ],
+      false,
+    );
+  });
+
+  it('the rollout workers and the trainer pods may not touch the API', async () => {
     const anything = [
       ...inNs('batch', 'jobs', ['create', 'list']),
       ...inNs('', 'pods', ['get', 'list', 'delete']),
@@ -153,7 +174,6 @@ describe('RBAC of the base, before the real authorizer', () => {
       ...inNs('', 'services', ['create']),
       ...inNs('', 'secrets', ['get']),
     ];
-    for (const account of ['moerl-control', 'moerl-rollout', 'moerl-trainer'])
-      await expectAll(account, anything, false);
+    for (const account of ['moerl-rollout', 'moerl-trainer']) await expectAll(account, anything, false);
   });
 });

@@ -191,23 +191,24 @@ describe('every kustomization', () => {
           }
       });
 
-      it('gives an API token to the train worker only; nobody else may touch the API', () => {
+      it('gives an API token to the train worker (trainer Jobs) and the control worker (their sweep) only', () => {
         const { objects } = rendered[name];
+        const withToken = ['moerl-control', 'moerl-train'];
         for (const sa of objects.filter((o) => o.kind === 'ServiceAccount')) {
           const automount = (sa as K8sObject & { automountServiceAccountToken?: boolean })
             .automountServiceAccountToken;
-          assert.equal(automount, sa.metadata.name === 'moerl-train', `${sa.metadata.name} token`);
+          assert.equal(automount, withToken.includes(sa.metadata.name), `${sa.metadata.name} token`);
         }
         for (const role of roles)
           assert.equal(
             deploymentFor(objects, role).spec.template.spec.automountServiceAccountToken,
-            role === 'train',
+            role !== 'rollout',
           );
         const bindings = objects.filter((o) => o.kind === 'RoleBinding' || o.kind === 'ClusterRoleBinding');
-        assert.deepEqual(
-          bindings.map((b) => `${b.kind}/${b.metadata.name}`),
-          ['RoleBinding/moerl-train'],
-        );
+        assert.deepEqual(bindings.map((b) => `${b.kind}/${b.metadata.name}`).sort(), [
+          'RoleBinding/moerl-control',
+          'RoleBinding/moerl-train',
+        ]);
         assert.ok(!objects.some((o) => o.kind === 'ClusterRole'), 'no cluster-wide permissions');
         assert.ok(find(objects, 'ServiceAccount', 'moerl-trainer'), 'trainer pods have their own account');
       });

@@ -183,7 +183,7 @@ describe('kubernetes launcher manifests', () => {
     assert.deepEqual(tcp?.securityContext?.capabilities, { drop: ['ALL'] });
   });
 
-  it('labels the Job, its pods and its Service with the owner, plus the spec labels and annotations', () => {
+  it('labels the Job, its pods and its Service with the owner, plus the spec labels and annotations; the campaign id as it is in an annotation', () => {
     const owner = {
       'app.kubernetes.io/name': 'moerl',
       'app.kubernetes.io/component': 'trainer',
@@ -198,7 +198,10 @@ describe('kubernetes launcher manifests', () => {
     const service = serviceManifest(spec, settings, { name: spec.name, uid: 'uid-1' });
     for (const meta of [job.metadata, job.spec?.template.metadata, service.metadata]) {
       assert.deepEqual(meta?.labels, { team: 'rl', ...owner });
-      assert.deepEqual(meta?.annotations, { 'example.com/owner': 'rl-team' });
+      assert.deepEqual(meta?.annotations, {
+        'example.com/owner': 'rl-team',
+        'moerl.dev/campaign-id': 'GRPO math/v2',
+      });
     }
   });
 

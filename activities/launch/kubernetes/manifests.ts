@@ -29,6 +29,11 @@ export const rankWorkDir = '/var/lib/moerl/work';
 export const completionIndexKey = 'batch.kubernetes.io/job-completion-index';
 /** The label every object of one job carries: one selector finds (and deletes) all of them. */
 export const jobLabel = 'moerl.dev/job';
+/**
+ * The annotation holding the campaign id as it is (its label may be shortened and hashed): the
+ * control worker's sweep (kubernetes/sweep.ts) asks Temporal about the campaign by it.
+ */
+export const campaignIdAnnotation = 'moerl.dev/campaign-id';
 /** activeDeadlineSeconds of a Job when neither the launcher settings nor the job name one. */
 export const defaultActiveDeadlineSeconds = 24 * 3600;
 /** The unprivileged user (and group) the Dockerfile's image runs as. */
@@ -96,7 +101,7 @@ function metadata(spec: TrainJobSpec, launcher: KubernetesLauncherSpec, name: st
     namespace: launcher.namespace,
     // The spec's labels cannot use moerl.dev/ (validated), so they never replace the owner labels.
     labels: { ...launcher.labels, ...ownerLabels(spec) },
-    ...(launcher.annotations ? { annotations: { ...launcher.annotations } } : {}),
+    annotations: { ...launcher.annotations, [campaignIdAnnotation]: spec.owner.campaignId },
   };
 }
 
@@ -232,7 +237,7 @@ export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec
       activeDeadlineSeconds:
         launcher.activeDeadlineSeconds ?? spec.maxRunSeconds ?? defaultActiveDeadlineSeconds,
       template: {
-        metadata: { labels: meta.labels, ...(meta.annotations ? { annotations: meta.annotations } : {}) },
+        metadata: { labels: meta.labels, annotations: meta.annotations },
         spec: {
           restartPolicy: 'Never',
           // With the Indexed Job's hostname `<job>-<index>`, rank 0 is `<job>-0.<service>`.
