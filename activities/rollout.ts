@@ -129,25 +129,34 @@ export async function rolloutShard(
           message:
             "dataset tasks cannot run yet: the rollout activity does not feed a shard's dataset rows (activities/datasets: shardPrompts, readDatasetRows) to moe_generate, and moe_generate has no chat template or tokenizer for them; use task.builtin",
         });
-      const policy = await acquireCheckpoint(store, input.policy, deps.checkpoints);
-      const policyDir = policy.dir;
+      // A shutdown or a cancel stops the shard from here on, the checkpoint's download (minutes)
+      // included: one that came before the listeners is seen as already aborted.
+      const stop = new AbortController();
+      const onShutdown = () => stop.abort();
+      deps.shutdown.addEventListener('abort', onShutdown, { once: true });
+      ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
+      if (deps.shutdown.aborted || ctx.cancellationSignal.aborted) stop.abort();
       const outDir = join(
         deps.cacheDir,
         'rollouts',
         `${input.campaignId}-${input.iteration}-${input.shard}-${ctx.info.attempt}`,
       );
-      await rm(outDir, { recursive: true, force: true });
-      await mkdir(outDir, { recursive: true });
       const hp = input.hyperparameters;
-      const stop = new AbortController();
-      const onShutdown = () => stop.abort();
-      deps.shutdown.addEventListener('abort', onShutdown, { once: true });
-      ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
+      let policy: Awaited<ReturnType<typeof acquireCheckpoint>> | null = null;
       // The shard's ranks take their CPUs of the worker; a shard waits (beating) while other
       // shards hold them, and is released from the wait by the same shutdown or cancellation.
       let releaseRanks: (() => void) | null = null;
       try {
-        releaseRanks = await deps.rolloutRanks.acquire(worldSize, stop.signal);
+        policy = await acquireCheckpoint(store, input.policy, deps.checkpoints, {
+          signal: stop.signal,
+        }).catch((err: unknown) => {
+          if (!stop.signal.aborted) throw err;
+          return null;
+        });
+        const policyDir = policy?.dir ?? '';
+        await rm(outDir, { recursive: true, force: true });
+        await mkdir(outDir, { recursive: true });
+        if (policy !== null) releaseRanks = await deps.rolloutRanks.acquire(worldSize, stop.signal);
         // prettier-ignore
         if (releaseRanks !== null) await runGenerateRanks(
           nativeToolPath('moe_generate', deps.binDir),
@@ -202,7 +211,7 @@ export async function rolloutShard(
         releaseRanks?.();
         deps.shutdown.removeEventListener('abort', onShutdown);
         ctx.cancellationSignal.removeEventListener('abort', onShutdown);
-        policy.release();
+        policy?.release();
         await rm(outDir, { recursive: true, force: true });
       }
     }

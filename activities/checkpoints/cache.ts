@@ -1,16 +1,27 @@
 // The worker's bounded checkpoint cache: `<cacheDir>/checkpoints/<manifestSha256>`, complete
 // verified copies (installCheckpoint), evicted least recently used first once over a count or
-// byte bound, never while in use. In use = acquired and not yet released, counted in memory per
-// process and announced in a lease file per process, so worker processes of one host (one pid
-// namespace) sharing a cache directory never evict each other's. Last use is the entry
-// directory's mtime, so a restarted worker keeps the LRU order.
+// byte bound, never while in use. Room is made before a download, counting the downloads in
+// flight, so the cache stays within its byte bound (the volume under it is sized to match); a
+// checkpoint larger than the bound fails at once. In use = acquired and not yet released,
+// counted in memory per process and announced in a lease file per process (with the process's
+// start time, so a recycled pid is not mistaken for the holder), so worker processes of one
+// host (one pid namespace) sharing a cache directory never evict each other's. Last use is the
+// entry directory's mtime, so a restarted worker keeps the LRU order.
 import { randomUUID } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { readdir, readFile, rename, rm, stat, utimes } from 'node:fs/promises';
 import { join } from 'node:path';
+import { ApplicationFailure } from '@temporalio/common';
 import { writeFileAtomically } from '../store/local-file.js';
 import type { ObjectStore } from '../store/types.js';
 import type { CheckpointRef } from '../types.js';
-import { installCheckpoint, partialDirMarker } from './fetch.js';
+import {
+  checkpointBytes,
+  installCheckpoint,
+  isInstalled,
+  partialDirMarker,
+  readRefManifest,
+} from './fetch.js';
 import { badInput, isSha256 } from './manifest.js';
 
 export interface CacheLimits {
@@ -58,6 +69,54 @@ function isAlive(pid: number): boolean {
   }
 }
 
+/**
+ * `pid`'s start time (/proc/<pid>/stat's starttime, clock ticks after boot): with the pid it
+ * names one process for good. null where there is no /proc or no such process.
+ */
+export function processStartTime(pid: number): string | null {
+  try {
+    const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; starttime is field 22.
+    return text.slice(text.lastIndexOf(')') + 2).split(' ')[19] ?? null;
+  } catch {
+    return null;
+  }
+}
+
+/** What a lease file says: the entries its process holds, and when that process started. */
+interface LeaseFile {
+  startTime: string | null;
+  held: string[];
+}
+
+/** `text` as a lease file; one of an earlier version is a bare list of entries. */
+function parseLease(text: string): LeaseFile {
+  const value = JSON.parse(text) as unknown;
+  const lease = Array.isArray(value) ? { startTime: null, held: value } : (value as Partial<LeaseFile>);
+  return {
+    startTime: typeof lease.startTime === 'string' ? lease.startTime : null,
+    held: (Array.isArray(lease.held) ? lease.held : []).filter((s): s is string => typeof s === 'string'),
+  };
+}
+
+/** The lease's process still runs: the pid is alive and, where both are known, started when the lease says. */
+function holderAlive(pid: number, lease: LeaseFile): boolean {
+  if (!isAlive(pid)) return false;
+  const now = lease.startTime === null ? null : processStartTime(pid);
+  return now === null || now === lease.startTime;
+}
+
+/** `p`, unless `signal` aborts first: then its reason. */
+function unlessAborted<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+  if (!signal) return p;
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason ?? new Error('aborted'));
+    if (signal.aborted) return onAbort();
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
+}
+
 /** `p`'s value, or `fallback` when what it reads is gone (removed meanwhile, or never there). */
 async function unlessMissing<T>(p: Promise<T>, fallback: T): Promise<T> {
   try {
@@ -75,6 +134,9 @@ export class CheckpointCache {
   private readonly fills = new Map<string, Promise<void>>();
   private readonly removals = new Map<string, Promise<void>>();
   private readonly sizes = new Map<string, number>();
+  /** Bytes of the downloads in flight, by entry: room is kept for them. */
+  private readonly incoming = new Map<string, number>();
+  private readonly startTime = processStartTime(process.pid);
   private readonly token = randomUUID().slice(0, 8);
   private readonly leaseFile: string;
   private leaseWrites: Promise<void> = Promise.resolve();
@@ -95,8 +157,15 @@ export class CheckpointCache {
     this.leaseFile = join(this.root, leasesDirName, `${process.pid}-${this.token}.json`);
   }
 
-  /** Downloads the checkpoint unless cached (one download for concurrent acquires of it) and holds it. */
-  async acquire(store: ObjectStore, ref: CheckpointRef): Promise<CheckpointLease> {
+  /**
+   * Downloads the checkpoint unless cached (one download for concurrent acquires of it) and
+   * holds it. An aborted `signal` ends the wait (the download, shared, may go on to the cache).
+   */
+  async acquire(
+    store: ObjectStore,
+    ref: CheckpointRef,
+    opts: { signal?: AbortSignal } = {},
+  ): Promise<CheckpointLease> {
     if (!isSha256(ref.manifestSha256))
       throw badInput(
         `checkpoint ref ${ref.key}: manifestSha256 ${JSON.stringify(ref.manifestSha256)} is not a sha256`,
@@ -116,10 +185,10 @@ export class CheckpointCache {
       await this.removals.get(sha);
       let fill = this.fills.get(sha);
       if (!fill) {
-        fill = installCheckpoint(store, ref, dir).finally(() => this.fills.delete(sha));
+        fill = this.fill(store, ref, sha, dir).finally(() => this.fills.delete(sha));
         this.fills.set(sha, fill);
       }
-      await fill;
+      await unlessAborted(fill, opts.signal);
       await this.touch(dir);
     } catch (err) {
       release(false);
@@ -127,6 +196,33 @@ export class CheckpointCache {
     }
     await this.evict().catch(this.onError);
     return { dir, release: () => release() };
+  }
+
+  /** Makes room for a checkpoint not cached yet, then downloads it. */
+  private async fill(store: ObjectStore, ref: CheckpointRef, sha: string, dir: string): Promise<void> {
+    if (await isInstalled(dir)) return;
+    const read = await readRefManifest(store, ref);
+    const bytes = checkpointBytes(read);
+    const bound = this.limits.maxBytes;
+    if (bytes > bound)
+      throw ApplicationFailure.create({
+        type: 'CheckpointCacheTooSmall',
+        nonRetryable: true,
+        message: `checkpoint ${ref.key} takes ${bytes} bytes, more than this worker's checkpoint cache holds (MOERL_CACHE_MAX_BYTES=${bound}); give the worker a larger cache volume and bound together (k8s/README.md, "Cache sizing"), then resume`,
+      });
+    this.incoming.set(sha, bytes);
+    try {
+      const after = await this.evict();
+      if (after.bytes > bound)
+        throw ApplicationFailure.create({
+          type: 'CheckpointCacheFull',
+          message: `checkpoint ${ref.key} (${bytes} bytes) does not fit in this worker's checkpoint cache now: ${after.bytes} of MOERL_CACHE_MAX_BYTES=${bound} bytes would be in use, the rest held by running activities; a retry waits for them`,
+        });
+      await installCheckpoint(store, ref, dir, { read });
+      this.sizes.set(sha, bytes);
+    } finally {
+      this.incoming.delete(sha);
+    }
   }
 
   /** Resolves when the work started by releases (touch, lease file, eviction) has finished. */
@@ -146,6 +242,7 @@ export class CheckpointCache {
         return this.writeLeases();
       })
       .then(() => this.evict())
+      .then(() => undefined)
       .catch(this.onError);
   }
 
@@ -164,7 +261,10 @@ export class CheckpointCache {
   private writeLeases(): Promise<void> {
     const write = this.leaseWrites.then(async () => {
       if (this.refs.size === 0) await rm(this.leaseFile, { force: true });
-      else await writeFileAtomically(this.leaseFile, Buffer.from(JSON.stringify([...this.refs.keys()])));
+      else {
+        const lease: LeaseFile = { startTime: this.startTime, held: [...this.refs.keys()] };
+        await writeFileAtomically(this.leaseFile, Buffer.from(JSON.stringify(lease)));
+      }
     });
     this.leaseWrites = write.catch(() => undefined);
     return write;
@@ -184,12 +284,21 @@ export class CheckpointCache {
         await rm(join(dir, name), { force: true });
         continue;
       }
-      const text = await unlessMissing(readFile(join(dir, name), 'utf8'), '[]');
+      const text = await unlessMissing(readFile(join(dir, name), 'utf8'), null);
+      if (text === null) continue;
+      let lease: LeaseFile;
       try {
-        for (const sha of JSON.parse(text) as unknown[]) if (typeof sha === 'string') held.add(sha);
+        lease = parseLease(text);
       } catch {
         // Written whole by rename, so unreadable means damaged: that process holds nothing we can see.
+        continue;
       }
+      // The pid now names another process (the holder died, its pid was given again).
+      if (!holderAlive(pid, lease)) {
+        await rm(join(dir, name), { force: true });
+        continue;
+      }
+      for (const sha of lease.held) held.add(sha);
     }
     return held;
   }
@@ -204,13 +313,17 @@ export class CheckpointCache {
     return bytes;
   }
 
-  private evict(): Promise<void> {
+  /** Evicts until the entries and the downloads in flight are within the bounds (or only held ones are left). */
+  private evict(): Promise<{ count: number; bytes: number }> {
     const run = this.evictions.then(() => this.evictNow());
-    this.evictions = run.catch(() => undefined);
+    this.evictions = run.then(
+      () => undefined,
+      () => undefined,
+    );
     return run;
   }
 
-  private async evictNow(): Promise<void> {
+  private async evictNow(): Promise<{ count: number; bytes: number }> {
     const names = await unlessMissing(readdir(this.root), [] as string[]);
     const entries: { sha: string; path: string; mtimeMs: number; bytes: number }[] = [];
     for (const name of names) {
@@ -229,10 +342,12 @@ export class CheckpointCache {
           await rm(path, { recursive: true, force: true });
       }
     }
-    let count = entries.length;
-    let bytes = entries.reduce((sum, e) => sum + e.bytes, 0);
+    const complete = new Set(entries.map((e) => e.sha));
+    const coming = [...this.incoming].filter(([sha]) => !complete.has(sha));
+    let count = entries.length + coming.length;
+    let bytes = entries.reduce((sum, e) => sum + e.bytes, 0) + coming.reduce((sum, [, b]) => sum + b, 0);
     const over = () => count > this.limits.maxCheckpoints || bytes > this.limits.maxBytes;
-    if (!over()) return;
+    if (!over()) return { count, bytes };
     const elsewhere = await this.heldElsewhere();
     for (const e of entries.sort((a, b) => a.mtimeMs - b.mtimeMs)) {
       if (!over()) break;
@@ -242,6 +357,7 @@ export class CheckpointCache {
         bytes -= e.bytes;
       }
     }
+    return { count, bytes };
   }
 
   /** Removes an entry by renaming it away first: nobody sees it half deleted. */
@@ -289,6 +405,7 @@ export function acquireCheckpoint(
   store: ObjectStore,
   ref: CheckpointRef,
   cache: CheckpointCache,
+  opts: { signal?: AbortSignal } = {},
 ): Promise<CheckpointLease> {
-  return cache.acquire(store, ref);
+  return cache.acquire(store, ref, opts);
 }

@@ -14,7 +14,10 @@ import { badInput, isSha256, parseManifest, sha256Hex, sha256OfStream } from './
 type ManifestFile = CheckpointManifest['files'][number];
 
 /** The manifest a ref names, checked to be the one that was committed. */
-async function readRefManifest(store: ObjectStore, ref: CheckpointRef) {
+export async function readRefManifest(
+  store: ObjectStore,
+  ref: CheckpointRef,
+): Promise<{ text: string; manifest: CheckpointManifest }> {
   if (!isSha256(ref.manifestSha256))
     throw badInput(
       `checkpoint ref ${ref.key}: manifestSha256 ${JSON.stringify(ref.manifestSha256)} is not a sha256`,
@@ -59,18 +62,36 @@ async function downloadVerified(store: ObjectStore, ref: CheckpointRef, file: Ma
 /** Name part of a cache directory being filled (`<sha>.partial-<pid>-<random>`). */
 export const partialDirMarker = '.partial-';
 
+/** Bytes a complete local copy of a checkpoint takes: its files and its manifest. */
+export function checkpointBytes(read: { text: string; manifest: CheckpointManifest }): number {
+  return read.manifest.files.reduce((sum, f) => sum + f.bytes, Buffer.byteLength(read.text));
+}
+
+/** True when `dir` is a complete copy (a directory is complete exactly when it has its manifest.json). */
+export async function isInstalled(dir: string): Promise<boolean> {
+  return (await stat(join(dir, keys.manifestName)).catch(() => null)) !== null;
+}
+
 /**
- * Makes `dir` a complete, verified copy of the checkpoint unless it already is one (a directory
- * is complete exactly when it has its manifest.json): the files go into a sibling directory
- * that is renamed into place when all of them verify.
+ * Makes `dir` a complete, verified copy of the checkpoint unless it already is one: the files
+ * go into a sibling directory that is renamed into place when all of them verify. `read` is
+ * the ref's manifest when the caller has read it already; an aborted `signal` stops between files.
  */
-export async function installCheckpoint(store: ObjectStore, ref: CheckpointRef, dir: string): Promise<void> {
-  if (await stat(join(dir, keys.manifestName)).catch(() => null)) return;
-  const { text, manifest } = await readRefManifest(store, ref);
+export async function installCheckpoint(
+  store: ObjectStore,
+  ref: CheckpointRef,
+  dir: string,
+  opts: { read?: { text: string; manifest: CheckpointManifest }; signal?: AbortSignal } = {},
+): Promise<void> {
+  if (await isInstalled(dir)) return;
+  const { text, manifest } = opts.read ?? (await readRefManifest(store, ref));
   const tmp = `${dir}${partialDirMarker}${process.pid}-${randomUUID().slice(0, 8)}`;
   await mkdir(tmp, { recursive: true });
   try {
-    for (const file of manifest.files) await downloadVerified(store, ref, file, join(tmp, file.name));
+    for (const file of manifest.files) {
+      opts.signal?.throwIfAborted();
+      await downloadVerified(store, ref, file, join(tmp, file.name));
+    }
     await writeFile(join(tmp, keys.manifestName), text);
     await rename(tmp, dir).catch(async (err: NodeJS.ErrnoException) => {
       // Another process cached the same checkpoint first: use theirs.
