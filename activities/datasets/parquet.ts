@@ -1,6 +1,6 @@
 // Parquet datasets through hyparquet, one row group at a time: the footer says where each
 // group's rows start, so a pass over the file holds one group's decoded rows, and a read of
-// given rows decodes only the groups that hold them (and only the spec's columns).
+// the spec's columns decodes only those.
 import {
   asyncBufferFromFile,
   parquetMetadataAsync,
@@ -47,16 +47,4 @@ export async function readParquetRows(
 /** The row groups in order, as [rowStart, rowEnd) ranges. */
 export function rowGroupRanges(pq: ParquetFile): [number, number][] {
   return pq.groupStarts.slice(0, -1).map((start, g) => [start, pq.groupStarts[g + 1] as number]);
-}
-
-/** The index of the row group holding `row`. */
-export function rowGroupOf(pq: ParquetFile, row: number): number {
-  let lo = 0;
-  let hi = pq.groupStarts.length - 2;
-  while (lo < hi) {
-    const mid = (lo + hi + 1) >> 1;
-    if ((pq.groupStarts[mid] as number) <= row) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
 }

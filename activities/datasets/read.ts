@@ -1,12 +1,14 @@
 // A rollout shard's own rows, by index: the workflow holds only the dataset's position and hash,
-// each shard draws its row indices (sampling.ts: shardPrompts) and reads them here. Parquet
-// decodes only the row groups that hold them; JSONL is scanned once, stopping at the last row
-// wanted unless the hash must be checked (docs/benchmarks.md has the scan's cost, and why no
-// line-offset index). Bytes that are not the campaign's (another sha256) are refused.
+// each shard draws its row indices (sampling.ts: shardPrompts) and reads them here. Parquet is
+// decoded once per worker into a row cache read by offset (row-cache.ts); JSONL is scanned
+// once, stopping at the last row wanted unless the hash must be checked (docs/benchmarks.md
+// has the scan's cost, and why no line-offset index). Bytes that are not the campaign's
+// (another sha256) are refused.
 import type { DatasetFormat } from '../../workflows/spec-dataset.js';
 import { DatasetChangedError, DatasetError } from './errors.js';
 import { defaultMaxLineBytes, jsonlLines, parseJsonlLine } from './jsonl.js';
-import { openParquet, readParquetRows, rowGroupOf } from './parquet.js';
+import { openParquet } from './parquet.js';
+import { parquetRowCache, readCachedRecords } from './row-cache.js';
 import { toDatasetRow, topLevelColumns, type DatasetColumns, type DatasetRow } from './rows.js';
 import { byteStream, describeInput, hashingStream, localCopy, type DatasetInput } from './source.js';
 
@@ -47,17 +49,12 @@ export async function readDatasetRows(
     const local = await localCopy(input, opts.cacheDir, opts.expectedSha256);
     const pq = await openParquet(local.path);
     const columns = topLevelColumns(opts.columns).filter((c) => pq.columns.includes(c));
-    // Each row group that holds wanted rows is decoded once, from its first wanted row to its last.
-    const byGroup = new Map<number, number[]>();
-    for (const row of wanted.filter((i) => i < pq.rows)) {
-      const g = rowGroupOf(pq, row);
-      byGroup.set(g, [...(byGroup.get(g) ?? []), row]);
-    }
-    for (const rows of byGroup.values()) {
-      const first = rows[0] as number;
-      const records = await readParquetRows(pq, first, (rows[rows.length - 1] as number) + 1, columns);
-      for (const row of rows) keep(row, records[row - first], `row ${row}`);
-    }
+    const cache = await parquetRowCache(local.path, local.sha256, columns, opts.cacheDir);
+    const records = await readCachedRecords(
+      cache,
+      wanted.filter((i) => i < pq.rows),
+    );
+    for (const [row, record] of records) keep(row, record, `row ${row}`);
   }
   if (problems.length > 0) throw new DatasetError(source, problems);
   const missing = wanted.filter((i) => !found.has(i));

@@ -1,7 +1,7 @@
-// Shards reading their own rows by index: Parquet across row groups and JSONL by a scan give
-// the same rows, in the order asked, from a local file and from an fs store (Parquet copied
-// once into the worker's cache, named by its hash); a file whose bytes changed under the
-// campaign is refused; indices past the end are named.
+// Shards reading their own rows by index: Parquet (through the worker's row cache) across row
+// groups and JSONL by a scan give the same rows, in the order asked, from a local file and from
+// an fs store (Parquet copied once into the worker's cache, named by its hash); a file whose
+// bytes changed under the campaign is refused; indices past the end are named.
 import assert from 'node:assert/strict';
 import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -76,9 +76,14 @@ describe('datasets: rows by index', () => {
           readdirSync(join(dir, 'cache')).includes(`${sha256}.dataset`),
           'copied once, named by its hash',
         );
-        assert.equal(
-          readdirSync(join(dir, 'cache')).filter((f) => f.startsWith('.')).length,
-          0,
+        const files = readdirSync(join(dir, 'cache'));
+        assert.ok(
+          files.some((f) => f.startsWith(sha256) && f.endsWith('.rows.idx')),
+          'decoded once into the row cache',
+        );
+        assert.deepEqual(
+          files.filter((f) => f.startsWith('.') || f.endsWith('.tmp')),
+          [],
           'no temporaries left',
         );
       }
