@@ -48,14 +48,15 @@ inline int free_loopback_port() {
 // Runs args_of(r) (argv[0] = the helper binary) as rank r of R; `while_running` (optional)
 // is called every 20 ms with the pids (negated once exited), the elapsed seconds and the
 // paths of the ranks' stderr files. Ranks still alive after wall_s are killed. extra_env
-// entries ("NAME=value") are added to every rank's environment.
+// entries ("NAME=value") are added to every rank's environment. The coordinator port is
+// `coordinator_port`, or a free one when 0.
 inline std::vector<RankResult> run_ranks_each(
     int world, const std::string& provider, double timeout_s,
     const std::function<std::vector<std::string>(int rank)>& args_of, double wall_s = 120,
     const std::function<void(const std::vector<pid_t>&, double, const std::vector<std::string>&)>&
         while_running = nullptr,
-    const std::vector<std::string>& extra_env = {}) {
-  const int port = free_loopback_port();
+    const std::vector<std::string>& extra_env = {}, int coordinator_port = 0) {
+  const int port = coordinator_port != 0 ? coordinator_port : free_loopback_port();
   std::vector<pid_t> pids(static_cast<size_t>(world), -1);
   std::vector<std::string> err_paths(static_cast<size_t>(world));
   const auto start = std::chrono::steady_clock::now();

@@ -158,6 +158,38 @@ TEST(TransportBootstrap, StrangersDuringTheRendezvousChangeNothing) {
   b1->leave(true);
 }
 
+TEST(TransportBootstrap, PortScanDuringARealRendezvousChangesNothing) {
+  // The reproduction with real rank processes over tcp: while rank 0 waits for rank 1
+  // (started 3 s late, past the 2 s exchange deadline), connections that close at once and
+  // garbage hit the coordinator port. Before, rank 0 died ("rank -1 died during start-up").
+  const int port = free_loopback_port();
+  bool probed = false;
+  const auto results = run_ranks_each(
+      2, "tcp", 2,
+      [](int rank) {
+        std::vector<std::string> args = {MOERL_EP_TEST_RANK, "allreduce", "1000"};
+        if (rank == 1) args.insert(args.begin(), {"/bin/sh", "-c", "sleep 3; exec \"$0\" \"$@\""});
+        return args;
+      },
+      60,
+      [&](const std::vector<pid_t>&, double elapsed, const std::vector<std::string>&) {
+        if (probed || elapsed < 1.0) return;
+        for (int i = 0; i < 3; ++i) {
+          const int fd = dial("127.0.0.1", port);
+          if (fd >= 0) ::close(fd);
+        }
+        const int fd = dial("127.0.0.1", port);
+        if (fd >= 0) {
+          ::send(fd, "PEOM\x02\0\0\0garbage", 15, MSG_NOSIGNAL);
+          ::close(fd);
+        }
+        probed = true;
+      },
+      {"MOERL_STARTUP_TIMEOUT_S=30"}, port);
+  ASSERT_TRUE(probed);
+  for (const RankResult& r : results) EXPECT_EQ(r.exit_code, 0) << describe(results);
+}
+
 TEST(TransportBootstrap, ListensOnTheCoordinatorAddressOnly) {
   // 127.0.0.2 is this host too (all of 127/8 is loopback): listening on every interface, rank
   // 0 would answer there; listening on the coordinator's address, it must not.
