@@ -102,12 +102,13 @@ describe('RBAC of the base, before the real authorizer', () => {
   const inNs = (group: string, resource: string, verbs: string[], subresource?: string) =>
     verbs.map((verb) => ({ group, resource, verb, namespace, ...(subresource ? { subresource } : {}) }));
 
-  it('the train worker may manage Jobs and Services, read and delete pods, read logs, in moerl', async () => {
+  it('the train worker may manage Jobs and Services, create and delete token Secrets, read and delete pods, read logs, in moerl', async () => {
     await expectAll(
       'moerl-train',
       [
         ...inNs('batch', 'jobs', ['create', 'get', 'list', 'watch', 'delete']),
         ...inNs('', 'services', ['create', 'get', 'list', 'watch', 'delete']),
+        ...inNs('', 'secrets', ['create', 'delete']),
         ...inNs('', 'pods', ['get', 'list', 'watch', 'delete']),
         ...inNs('', 'pods', ['get'], 'log'),
       ],
