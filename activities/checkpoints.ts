@@ -4,7 +4,12 @@
 // bounded cache (checkpoints/cache.ts), manifest checks and hashing (checkpoints/manifest.ts).
 export { acquireCheckpoint, CheckpointCache, cacheLimitsFromEnv } from './checkpoints/cache.js';
 export type { CacheLimits, CheckpointLease } from './checkpoints/cache.js';
-export { commitCheckpoint, committedCheckpoint, stageCheckpoint } from './checkpoints/commit.js';
+export {
+  commitCheckpoint,
+  committedCheckpoint,
+  stageCheckpoint,
+  stageCopiedCheckpoint,
+} from './checkpoints/commit.js';
 export type { CommitOptions } from './checkpoints/commit.js';
 export { fetchCheckpoint, fetchCheckpointForRank, rankFiles } from './checkpoints/fetch.js';
 export {

@@ -6,12 +6,7 @@
 import { createHash } from 'node:crypto';
 import { isAbsolute, resolve } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
-import {
-  committedCheckpoint,
-  acquireCheckpoint,
-  stageCheckpoint,
-  stagedCheckpointFromManifest,
-} from './checkpoints.js';
+import { committedCheckpoint, stageCopiedCheckpoint, stagedCheckpointFromManifest } from './checkpoints.js';
 import { heartbeatUntilStopped } from './heartbeat.js';
 import * as keys from './layout.js';
 import type { ActivityDeps } from './deps.js';
@@ -348,15 +343,11 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
   if (done) return { staged: done, metrics: {}, attempt: ctx.info.attempt };
   if (input.source.kind === 'fork') {
     const source = input.source.checkpoint;
+    // Copied within the store: the train worker's cache volume is smaller than a checkpoint may be.
     const stop = heartbeatUntilStopped(() => ({ fork: source.key }));
     try {
-      const copy = await acquireCheckpoint(store, source, deps.checkpoints);
-      try {
-        const staged = await stageCheckpoint(store, copy.dir, campaignId, source.iteration);
-        return { staged, metrics: {}, attempt: ctx.info.attempt };
-      } finally {
-        copy.release();
-      }
+      const staged = await stageCopiedCheckpoint(store, source, campaignId, source.iteration);
+      return { staged, metrics: {}, attempt: ctx.info.attempt };
     } finally {
       stop();
     }

@@ -16,6 +16,7 @@ import {
   sha256Hex,
   sha256OfStream,
 } from './manifest.js';
+import { readRefManifest } from './fetch.js';
 
 export interface CommitOptions {
   /** The mean reward the checkpoint was scored with; recorded in its manifest. */
@@ -124,6 +125,35 @@ export async function stageCheckpoint(
   const staged = { campaignId, iteration, key, manifest };
   if (await readCommitted(store, staged)) return staged;
   for (const file of manifest.files) await store.putFile(`${key}/${file.name}`, join(localDir, file.name));
+  return staged;
+}
+
+/**
+ * Stages a committed checkpoint (another campaign's: a fork) under the checkpoint key of
+ * `campaignId` and `iteration` by copying it object by object within the store, streamed, so
+ * no local disk holds it (a worker's cache volume is smaller than a checkpoint may be). The
+ * commit checks every copied file against the manifest. As stageCheckpoint, a checkpoint
+ * committed already is never overwritten.
+ */
+export async function stageCopiedCheckpoint(
+  store: ObjectStore,
+  source: CheckpointRef,
+  campaignId: string,
+  iteration: number,
+): Promise<StagedCheckpoint> {
+  const { manifest } = await readRefManifest(store, source);
+  const key = keys.checkpointKey(campaignId, iteration);
+  const staged = { campaignId, iteration, key, manifest };
+  if (await readCommitted(store, staged)) return staged;
+  for (const file of manifest.files)
+    await store
+      .put(`${key}/${file.name}`, store.getStream(`${source.key}/${file.name}`))
+      .catch((err: unknown) => {
+        if (!(err instanceof StoreNotFoundError)) throw err;
+        throw badInput(
+          `checkpoint file ${source.key}/${file.name} is missing: the manifest lists it (${file.bytes} bytes), ${store.describe()} has no such object`,
+        );
+      });
   return staged;
 }
 

@@ -2,7 +2,8 @@
 // before a download (not after), a checkpoint larger than the bound fails at once and one that
 // cannot fit beside the entries in use fails retryably, both downloading nothing; a lease whose
 // pid now names another process holds nothing; a rollout cancelled while its checkpoint
-// downloads ends at once. Stores here are a real fs store behind fakes that watch or stall
+// downloads ends at once; a fork copies its source within the store, never into the train
+// worker's cache. Stores here are a real fs store behind fakes that watch or stall
 // downloads.
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readdirSync, renameSync, rmSync } from 'node:fs';
@@ -17,7 +18,7 @@ import type { ActivityDeps } from '../../activities/index.js';
 import { RankSlots } from '../../activities/rollout-capacity.js';
 import { FsStore } from '../../activities/store/index.js';
 import type { ObjectStore } from '../../activities/store/index.js';
-import type { CheckpointRef, RolloutShardInput } from '../../activities/types.js';
+import type { CheckpointRef, PrepareOutput, RolloutShardInput } from '../../activities/types.js';
 import { testSpec } from '../support/campaign-harness.js';
 import { writeLocalCheckpoint } from '../support/checkpoint-fixtures.js';
 
@@ -187,5 +188,35 @@ describe('rollout cancelled while its checkpoint downloads', () => {
         return true;
       },
     );
+  });
+});
+
+describe('a fork stages its source checkpoint', () => {
+  test('within the store, streamed: nothing is downloaded to the worker', async () => {
+    const { store, refs, root } = await checkpoints(1);
+    const noDownloads = Object.create(store) as ObjectStore;
+    noDownloads.getFile = (key) => Promise.reject(new Error(`downloaded ${key} to the worker`));
+    const deps = {
+      openStore: () => noDownloads,
+      cacheDir: join(root, 'cache'),
+      checkpoints: new CheckpointCache(join(root, 'cache'), { maxCheckpoints: 4, maxBytes: 1024 }),
+      shutdown: new AbortController().signal,
+      workerId: 'host/1/abc',
+    } as unknown as ActivityDeps;
+    const spec = testSpec({ store: { kind: 'fs', path: join(root, 'store') } });
+    const env = new MockActivityEnvironment({ heartbeatTimeoutMs: 1000 });
+    const out: PrepareOutput = await env.run(createActivities(deps).preparePolicy, {
+      campaignId: 'fork-1',
+      spec,
+      source: { kind: 'fork' as const, checkpoint: refs[0]! },
+    });
+    assert.equal(out.staged.campaignId, 'fork-1');
+    for (const f of out.staged.manifest.files)
+      assert.deepEqual(
+        await store.get(`${out.staged.key}/${f.name}`),
+        await store.get(`${refs[0]!.key}/${f.name}`),
+        f.name,
+      );
+    assert.deepEqual(entries(join(root, 'cache')), []);
   });
 });
