@@ -157,13 +157,12 @@ void split_host_port(const std::string& hp, std::string& host, std::string& port
   port = hp.substr(colon + 1);
 }
 
-sockaddr_in sock_addr(int fd, bool peer) {
-  sockaddr_in sa{};
-  socklen_t len = sizeof(sa);
-  const int rc = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len)
-                      : ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  MOERL_CHECK(rc == 0, peer ? "getpeername: " : "getsockname: ", std::strerror(errno));
-  return sa;
+// Both ends of a connected socket; false once it has been reset (rank 0 went away meanwhile).
+bool socket_ends(int fd, sockaddr_in& mine, sockaddr_in& theirs) {
+  socklen_t len = sizeof(mine);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &len) != 0) return false;
+  len = sizeof(theirs);
+  return ::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &len) == 0;
 }
 
 std::string ip_text(const in_addr& addr) {
@@ -399,14 +398,17 @@ void Bootstrap::join_coordinator(const std::string& host, const std::string& por
     }
     const int fd = connect_once(host, port, deadline_, last_error);
     if (fd >= 0) {
-      const sockaddr_in mine = sock_addr(fd, false), theirs = sock_addr(fd, true);
+      sockaddr_in mine{}, theirs{};
+      const bool connected = socket_ends(fd, mine, theirs);
       // Connecting to a local port nobody listens on can connect the socket to itself.
       const bool to_itself =
           mine.sin_port == theirs.sin_port && mine.sin_addr.s_addr == theirs.sin_addr.s_addr;
       const double until = std::min(deadline_, now_s() + kHandshakeTimeoutS);
       Challenge challenge{};
       int err = 0;
-      if (to_itself) {
+      if (!connected) {
+        last_error = "the connection to rank 0 was reset";
+      } else if (to_itself) {
         last_error = "connection refused (rank 0 is not listening yet)";
       } else if (move_within(false, fd, &challenge, sizeof(challenge), until, &err) !=
                  Moved::Done) {
