@@ -31,7 +31,25 @@ export interface CacheLimits {
   maxBytes: number;
 }
 
-/** MOERL_CACHE_MAX_CHECKPOINTS (default 4) and MOERL_CACHE_MAX_BYTES (default unlimited; K/M/G/T suffixes, powers of 1024). */
+/**
+ * The share of the cache volume checkpoints may fill when only its size is given: the rest is
+ * for what lives beside them (rollout chunks before upload, job directories).
+ */
+export const checkpointShareOfVolume = 0.8;
+
+/** `text` in bytes: a byte count, or with K/M/G/T (powers of 1024; `Gi`, `GB`, `GiB` alike). */
+function parseBytes(name: string, text: string): number {
+  const m = /^(\d+(?:\.\d+)?)([KMGT]?)(?:i?B|i)?$/.exec(text);
+  if (!m)
+    throw new Error(`${name}=${JSON.stringify(text)} is not a size (bytes, or e.g. 500M, 50G, 20Gi, 2T)`);
+  return Math.floor(Number(m[1]) * 1024 ** ' KMGT'.indexOf(m[2] || ' '));
+}
+
+/**
+ * MOERL_CACHE_MAX_CHECKPOINTS (default 4) and MOERL_CACHE_MAX_BYTES; without the latter,
+ * checkpointShareOfVolume of MOERL_CACHE_VOLUME_SIZE (the cache volume's size: k8s/ sets it
+ * from the volume's sizeLimit, so the two are one number), else no byte bound.
+ */
 export function cacheLimitsFromEnv(env: NodeJS.ProcessEnv = process.env): CacheLimits {
   const count = env.MOERL_CACHE_MAX_CHECKPOINTS?.trim() || '4';
   if (!/^\d+$/.test(count))
@@ -39,14 +57,14 @@ export function cacheLimitsFromEnv(env: NodeJS.ProcessEnv = process.env): CacheL
       `MOERL_CACHE_MAX_CHECKPOINTS=${JSON.stringify(count)} is not a whole number of checkpoints`,
     );
   const bytes = env.MOERL_CACHE_MAX_BYTES?.trim();
-  if (!bytes) return { maxCheckpoints: Number(count), maxBytes: Infinity };
-  const m = /^(\d+(?:\.\d+)?)([KMGT]?)(?:i?B)?$/.exec(bytes);
-  if (!m)
-    throw new Error(
-      `MOERL_CACHE_MAX_BYTES=${JSON.stringify(bytes)} is not a size (bytes, or e.g. 500M, 50G, 2T)`,
-    );
-  const scale = 1024 ** ' KMGT'.indexOf(m[2] || ' ');
-  return { maxCheckpoints: Number(count), maxBytes: Math.floor(Number(m[1]) * scale) };
+  if (bytes) return { maxCheckpoints: Number(count), maxBytes: parseBytes('MOERL_CACHE_MAX_BYTES', bytes) };
+  const volume = env.MOERL_CACHE_VOLUME_SIZE?.trim();
+  if (volume)
+    return {
+      maxCheckpoints: Number(count),
+      maxBytes: Math.floor(parseBytes('MOERL_CACHE_VOLUME_SIZE', volume) * checkpointShareOfVolume),
+    };
+  return { maxCheckpoints: Number(count), maxBytes: Infinity };
 }
 
 /** A checkpoint directory held for use: valid until release() (call it once; more are ignored). */

@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { before, describe, it } from 'node:test';
+import { cacheLimitsFromEnv } from '../../activities/checkpoints.js';
 import { loadSpecFile } from '../../cli/spec-file.js';
 import { repoRoot } from '../../cli/temporal-tools.js';
 import { parseWorkerArgs } from '../../workers/main.js';
@@ -181,6 +182,22 @@ describe('every kustomization', () => {
           parseWorkerArgs(['--role', 'rollout'], { MOERL_ROLLOUT_RANKS: String(ranks) }).rolloutRanks,
           ranks,
         );
+      });
+
+      it("sizes each worker's checkpoint cache by its cache volume: one number, the volume's sizeLimit", () => {
+        for (const role of roles) {
+          const pod = deploymentFor(rendered[name].objects, role).spec.template.spec;
+          const c = pod.containers[0]!;
+          const volume = pod.volumes?.find((v) => v.name === 'cache')?.emptyDir?.sizeLimit;
+          const mount = c.volumeMounts?.find((m) => m.name === 'cache')?.mountPath;
+          const env = Object.fromEntries((c.env ?? []).map((e) => [e.name, e.value]));
+          assert.ok(volume, `${name} ${role}: the cache volume has a sizeLimit`);
+          assert.equal(env.MOERL_CACHE_VOLUME_SIZE, volume, `${name} ${role}`);
+          assert.equal(env.MOERL_CACHE_MAX_BYTES, undefined, `${name} ${role}: no second number`);
+          assert.equal(mount, configData(rendered[name].objects).data.MOERL_CACHE_DIR, `${name} ${role}`);
+          const limits = cacheLimitsFromEnv({ MOERL_CACHE_VOLUME_SIZE: String(volume) });
+          assert.ok(limits.maxBytes < Infinity && limits.maxBytes > 0, `${name} ${role}: ${limits.maxBytes}`);
+        }
       });
 
       it('pins every image tag, never latest', () => {

@@ -12,7 +12,12 @@ import { join } from 'node:path';
 import { after, describe, test } from 'node:test';
 import { ApplicationFailure } from '@temporalio/common';
 import { MockActivityEnvironment } from '@temporalio/testing';
-import { CheckpointCache, commitCheckpoint, stageCheckpoint } from '../../activities/checkpoints.js';
+import {
+  CheckpointCache,
+  cacheLimitsFromEnv,
+  commitCheckpoint,
+  stageCheckpoint,
+} from '../../activities/checkpoints.js';
 import { createActivities } from '../../activities/index.js';
 import type { ActivityDeps } from '../../activities/index.js';
 import { RankSlots } from '../../activities/rollout-capacity.js';
@@ -71,6 +76,21 @@ function failureType(err: unknown): string | undefined {
 }
 
 describe('checkpoint cache within its byte bound', () => {
+  test("the bound follows the cache volume's size (k8s/ sets MOERL_CACHE_VOLUME_SIZE from its sizeLimit)", () => {
+    assert.equal(
+      cacheLimitsFromEnv({ MOERL_CACHE_VOLUME_SIZE: '20Gi' }).maxBytes,
+      Math.floor(20 * 1024 ** 3 * 0.8),
+    );
+    assert.equal(
+      cacheLimitsFromEnv({ MOERL_CACHE_VOLUME_SIZE: '4Gi', MOERL_CACHE_MAX_BYTES: '1G' }).maxBytes,
+      1024 ** 3,
+    );
+    assert.throws(
+      () => cacheLimitsFromEnv({ MOERL_CACHE_VOLUME_SIZE: 'big' }),
+      /MOERL_CACHE_VOLUME_SIZE="big" is not a size/,
+    );
+  });
+
   test('the least recently used entry is evicted before the next download, not after it', async () => {
     const { store, refs } = await checkpoints(2);
     const cacheDir = freshRoot();
