@@ -1,7 +1,7 @@
 // A training activity cancelled while its job is being launched (a Job created, or a failed one
 // deleted first: minutes during an API outage) stops: the launch is told to give up, and a job
 // it returns all the same is killed. The launcher here is a fake that launches when the test
-// says so.
+// says so; the Kubernetes launcher giving up on a cancel is in test/k8s/orphans.test.ts.
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
