@@ -56,10 +56,12 @@ export async function runSweeper(opts: {
   const { settings, signal } = opts;
   const log = opts.log ?? ((line: string) => console.error(`moerl-worker: ${line}`));
   if (settings.namespaces.length === 0) return;
-  const kubeConfig = opts.kubeConfig ?? kubeConfigFromEnvironment();
+  let kubeConfig = opts.kubeConfig;
   while (!signal.aborted) {
     for (const namespace of settings.namespaces) {
       try {
+        // Read here, so a worker without credentials says so at every sweep and keeps running.
+        kubeConfig ??= kubeConfigFromEnvironment();
         const removed = await sweepEndedCampaigns(kubeConfig, namespace, opts.campaignEnded);
         if (removed.length)
           log(`swept ${removed.length} objects of ended campaigns in ${namespace}: ${removed.join(', ')}`);
