@@ -15,7 +15,7 @@
 # Debian libraries (bookworm).
 ARG NODE_IMAGE=node:24.21.0-bookworm
 
-# ---- native: moe_train, moe_generate, moe_reward ----
+# ---- native: moe_train, moe_generate, moe_reward, moe_hf ----
 FROM ${NODE_IMAGE} AS native
 # scripts/setup.sh's DEBIAN_PACKAGES without OpenMPI: MPI serves only ep_bench's baseline,
 # which the image does not ship. GoogleTest stays: native/CMakeLists.txt requires it.
@@ -28,7 +28,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY native/ native/
 RUN cmake -S native -B native/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
- && ninja -C native/build moe_train moe_generate moe_reward
+ && ninja -C native/build moe_train moe_generate moe_reward moe_hf
 
 # ---- ts: dist/ and the production node_modules ----
 FROM ${NODE_IMAGE} AS ts
@@ -46,7 +46,7 @@ RUN npm run build \
 
 # ---- runtime ----
 FROM ${NODE_IMAGE}-slim
-# The libraries the native tools load (ldd of moe_train, moe_generate and moe_reward):
+# The libraries the native tools load (ldd of moe_train, moe_generate, moe_reward and moe_hf):
 # libfabric with its providers (efa through rdma-core's libefa), OpenBLAS, libcrypto.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -60,7 +60,7 @@ COPY --from=ts /app/package.json ./
 COPY --from=ts /app/node_modules/ node_modules/
 COPY --from=ts /app/bin/ bin/
 COPY --from=ts /app/dist/ dist/
-COPY --from=native /src/native/build/bin/moe_train /src/native/build/bin/moe_generate /src/native/build/bin/moe_reward native/build/bin/
+COPY --from=native /src/native/build/bin/moe_train /src/native/build/bin/moe_generate /src/native/build/bin/moe_reward /src/native/build/bin/moe_hf native/build/bin/
 # The cache is an emptyDir in the k8s manifests; in the image it is writable for a plain run.
 ENV NODE_ENV=production \
     MOERL_NATIVE_BIN=/app/native/build/bin/ \

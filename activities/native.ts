@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { ApplicationFailure } from '@temporalio/common';
 import { badInputErrorType } from './types.js';
 
-export type NativeTool = 'moe_train' | 'moe_generate' | 'moe_reward';
+export type NativeTool = 'moe_train' | 'moe_generate' | 'moe_reward' | 'moe_hf';
 
 /** native/build/bin of this checkout, unless MOERL_NATIVE_BIN names another directory. */
 export function nativeBinDir(env: NodeJS.ProcessEnv = process.env): string {

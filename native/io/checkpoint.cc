@@ -54,6 +54,7 @@ model::ModelConfig config_from_json(const Json& j, const std::string& what) {
     for (const Json& l : array_field(j, "dense_layers", what))
       c.dense_layers.push_back((int)as_integer(l, what + " dense_layers"));
   }
+  if (has("pad_token_id")) c.pad_token_id = (int)integer_field(j, "pad_token_id", what);
   if (has("balance_loss")) {
     const std::string& b = string_field(j, "balance_loss", what);
     MOERL_CHECK_INPUT(b == "batch" || b == "sequence", what, ": balance_loss must be batch or ",

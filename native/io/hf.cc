@@ -18,7 +18,7 @@ namespace {
 // and serving options moerl sets itself).
 const std::set<std::string> kInert = {
     "architectures",  "model_type",    "dtype",          "torch_dtype", "transformers_version",
-    "bos_token_id",   "eos_token_id",  "pad_token_id",   "initializer_range", "use_cache",
+    "bos_token_id",   "eos_token_id",  "initializer_range", "use_cache",
     "output_router_logits", "router_aux_loss_coef", "_name_or_path", "max_window_layers",
     "max_position_embeddings"};
 
@@ -160,6 +160,7 @@ HfModel read_hf_config(const std::string& dir, int max_seq_len) {
     must("sliding_window", nullptr, "sliding-window attention is not implemented");
     must("router_jitter_noise", 0.0, "router noise is not implemented");
   }
+  if (const Json* v = get("pad_token_id")) c.pad_token_id = (int)as_integer(*v, path + " pad_token_id");
   if (const Json* v = get("router_aux_loss_coef"))
     m.router_aux_loss_coef = (float)as_number(*v, path + " router_aux_loss_coef");
   m.dtype = "F32";

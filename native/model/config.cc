@@ -48,6 +48,8 @@ void validate(const ModelConfig& c) {
   for (int l : c.dense_layers)
     MOERL_CHECK_INPUT(l >= 0 && l < c.num_layers, "config: dense layer ", l, " outside [0, ",
                       c.num_layers, ")");
+  MOERL_CHECK_INPUT(c.pad_token_id >= -1 && c.pad_token_id < c.vocab_size,
+                    "config: pad_token_id must be in [-1, vocab_size), got ", c.pad_token_id);
   MOERL_CHECK_INPUT(c.dense_layers.empty() || c.dense_dim > 0,
                     "config: dense_dim must be > 0 when dense_layers are given, got ", c.dense_dim);
 }
@@ -72,6 +74,7 @@ std::string config_to_json(const ModelConfig& c) {
     os << "]";
   }
   if (c.balance_loss == BalanceLoss::Batch) os << ",\"balance_loss\":\"batch\"";
+  if (c.pad_token_id >= 0) os << ",\"pad_token_id\":" << c.pad_token_id;
   os << "}";
   return os.str();
 }

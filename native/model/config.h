@@ -41,6 +41,8 @@ struct ModelConfig {
   int dense_dim = 0;            // hidden width of the dense SwiGLU MLP layers
   std::vector<int> dense_layers;  // ascending layer ids whose MLP is dense (no router/experts)
   BalanceLoss balance_loss = BalanceLoss::Sequence;
+  int pad_token_id = -1;  // transformers' padding_idx: the input embedding of this token gets no
+                          //   gradient (its LM-head row does); -1 = none
 };
 
 // Resolved widths: Hkv, D, the q block H*D and the k (= v) block Hkv*D of a qkv row.

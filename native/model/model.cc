@@ -199,7 +199,8 @@ void model_backward(ParamStore& ps, ExpertComm& comm, const float* dlogits, floa
     rmsnorm_backward(dx.data(), dlw.ln1, dln.data(), la.resid.data(), lw.ln1, la.ln1_rstd.data(),
                      N, C);
   }
-  embedding_backward(dw.wte, dw.wpe, dx.data(), a.tokens.data(), a.positions.data(), N, C);
+  embedding_backward(dw.wte, dw.wpe, dx.data(), a.tokens.data(), a.positions.data(), N, C,
+                     cfg.pad_token_id);
 }
 
 double forward_flops(const ModelConfig& cfg, int B, int T) {

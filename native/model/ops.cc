@@ -234,11 +234,12 @@ void embedding_forward(float* out, const int32_t* tokens, const int32_t* positio
 }
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        const int32_t* positions, int N, int C) {
+                        const int32_t* positions, int N, int C, int skip_token) {
   for (int i = 0; i < N; i++) {
     float* dte = dwte + (size_t)tokens[i] * C;
     const float* d = dout + (size_t)i * C;
-    for (int c = 0; c < C; c++) dte[c] += d[c];
+    if (tokens[i] != skip_token)
+      for (int c = 0; c < C; c++) dte[c] += d[c];
     if (dwpe == nullptr) continue;
     float* dpe = dwpe + (size_t)positions[i] * C;
     for (int c = 0; c < C; c++) dpe[c] += d[c];

@@ -48,8 +48,9 @@ void swiglu_backward(float* dh1, float* dh3, const float* dact, const float* h1,
 // out [N,C] = wte[tokens] + wpe[positions] (wpe may be null: no position embedding)
 void embedding_forward(float* out, const int32_t* tokens, const int32_t* positions,
                        const float* wte, const float* wpe, int N, int C);
+// skip_token: a token id whose row of dwte gets nothing (-1 = none).
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        const int32_t* positions, int N, int C);
+                        const int32_t* positions, int N, int C, int skip_token = -1);
 
 // Row-wise softmax in place over [N,V]; returns nothing, rows are independent.
 void softmax_rows(float* x, int N, int V);

@@ -2,7 +2,7 @@
 // recompute-everything path used only to measure what the cache saves.
 #include "model/sampler.h"
 
-#include <algorithm>  // std::sort, std::max
+#include <algorithm>  // std::sort, std::max, std::find
 #include <cmath>      // std::exp, std::log, std::sqrt
 #include <numeric>    // std::iota
 
@@ -254,7 +254,7 @@ void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
       seqs[s].push_back(tok);
       new_tokens++;
       furthest = std::max(furthest, (int)r.tokens.size());
-      r.stopped = tok == sp.eos_id;
+      r.stopped = std::find(sp.eos_ids.begin(), sp.eos_ids.end(), tok) != sp.eos_ids.end();
       if (r.stopped || (int)r.tokens.size() >= sp.max_new_tokens ||
           (int)seqs[s].size() >= cfg.max_seq_len)
         slot_seq[row_slot[i]] = -1;  // free: the next request takes it at the next step

@@ -24,7 +24,7 @@ struct SampleParams {
   float top_p = 1.0f;        // nucleus: keep the smallest prefix of sorted probs with mass >= top_p
   int top_k = 0;             // 0 = no top-k truncation
   int max_new_tokens = 16;
-  int32_t eos_id = 1;
+  std::vector<int32_t> eos_ids = {1};  // a sampled token among these stops its sequence
   bool use_kv_cache = true;  // false: recompute the whole prefix every step (benchmark only)
   int max_batch = 0;  // sequences decoding at once (KV cache slots); 0 = all requests
 };

@@ -15,6 +15,7 @@ struct Prompt {
   int64_t prompt_id = 0;
   std::string text;    // e.g. "47+815="
   std::string answer;  // e.g. "862"; the completion must be exactly this, then <eos>
+  std::vector<int32_t> tokens;  // given token ids (a model's own tokenizer); empty: encode(text)
 };
 
 // Names of the built-in tasks: "add", "sort", "reverse".

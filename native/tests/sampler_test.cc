@@ -99,10 +99,10 @@ TEST_F(SamplerTest, ContinuousBatchingSamplesTheAllAtOnceTokens) {
   SampleParams sp;
   sp.top_p = 0.9f;
   sp.max_new_tokens = 12;
-  sp.eos_id = -1;
+  sp.eos_ids = {};
   std::vector<SampleResult> all, cont, again;
   generate(ps, comm, requests(8, 0), sp, all);
-  sp.eos_id = all[0].tokens[3];  // a token sampled early on: sample 0 at least stops early
+  sp.eos_ids = {all[0].tokens[3]};  // a token sampled early on: sample 0 at least stops early
   generate(ps, comm, requests(8, 0), sp, all);
   sp.max_batch = 3;
   generate(ps, comm, requests(8, 0), sp, cont);

@@ -13,7 +13,8 @@
 // the low-latency slots are sized for B rows instead of the rank's whole share. 0 = all.
 //
 // --prompts FILE: JSONL lines {"prompt_id":p,"prompt":"text"} replace the built-in generator
-// (a dataset task); --first-prompt/--num-prompts then index lines of the file and --task is
+// (a dataset task); {"prompt_id":p,"prompt_tokens":[ids]} give token ids of the model's own
+// tokenizer instead (a Hugging Face model: then --eos-ids, and records carry no text); --first-prompt/--num-prompts then index lines of the file and --task is
 // only copied into the records.
 //
 // Chunk k holds prompts first+k*chunk .. first+(k+1)*chunk-1, every sample of each, and is
@@ -66,6 +67,7 @@ struct Options {
   uint64_t seed = 0;
   int64_t iteration = 0, first = 0, num_prompts = 64, samples = 8, chunk = 16, start_chunk = 0;
   bool no_kv_cache = false, ignore_eos = false;
+  std::vector<int32_t> eos_ids;
   double progress_interval = 1.0;
   model::SampleParams sp;
 };
@@ -96,6 +98,8 @@ void add_options(CLI::App& app, Options& o) {
       ->check(kPositive);
   app.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the prefix every step (benchmark only)");
   app.add_flag("--ignore-eos", o.ignore_eos, "always generate --max-new-tokens (benchmark only)");
+  app.add_option("--eos-ids", o.eos_ids, "stop token ids of the model's own tokenizer (default: "
+                 "the built-in tokenizer's <eos>)")->delimiter(',');
   app.add_option("--progress-interval", o.progress_interval, "seconds between progress lines")
       ->check(kNonNegative);
   app.add_option("--ep-mode", o.ep_mode,
@@ -167,7 +171,9 @@ int run(Options& o) {
   const int64_t iteration = o.iteration, first = o.first, num_prompts = o.num_prompts,
                 samples = o.samples, chunk = o.chunk, start_chunk = o.start_chunk;
   model::SampleParams& sp = o.sp;
-  sp.eos_id = o.ignore_eos ? -1 : tasks::kEos;  // -1: never stop early
+  // stop ids: the built-in tokenizer's <eos>, or a model's own (--eos-ids); none: never early
+  sp.eos_ids = o.eos_ids.empty() ? std::vector<int32_t>{tasks::kEos} : o.eos_ids;
+  if (o.ignore_eos) sp.eos_ids.clear();
   sp.use_kv_cache = !o.no_kv_cache;
   MOERL_CHECK_INPUT(sp.top_p > 0.0f && sp.top_p <= 1.0f, "--top-p must be in (0, 1], got ", sp.top_p);
 
@@ -195,8 +201,20 @@ int run(Options& o) {
     io::for_each_json_line(prompts_file, [&](const io::Json& j, const std::string& what) {
       tasks::Prompt p;
       p.prompt_id = io::integer_field(j, "prompt_id", what);
-      p.text = io::string_field(j, "prompt", what);
-      tasks::encode(p.text);  // BadInput now, naming the character, rather than mid-run
+      if (j.contains("prompt_tokens")) {
+        for (const io::Json& t : io::array_field(j, "prompt_tokens", what)) {
+          p.tokens.push_back((int32_t)io::as_integer(t, what + " prompt_tokens"));
+          MOERL_CHECK_INPUT(p.tokens.back() >= 0 && p.tokens.back() < cfg.vocab_size, what,
+                            ": prompt token ", p.tokens.back(), " outside the vocabulary of ",
+                            cfg.vocab_size);
+        }
+        MOERL_CHECK_INPUT(!o.eos_ids.empty() || o.ignore_eos, what, ": prompt_tokens come from a ",
+                          "model's own tokenizer, so give its stop ids with --eos-ids");
+        if (j.contains("prompt")) p.text = io::string_field(j, "prompt", what);
+      } else {
+        p.text = io::string_field(j, "prompt", what);
+        tasks::encode(p.text);  // BadInput now, naming the character, rather than mid-run
+      }
       file_prompts.push_back(p);
     });
     MOERL_CHECK_INPUT(first + num_prompts <= (int64_t)file_prompts.size(), prompts_file, " has ",
@@ -218,7 +236,8 @@ int run(Options& o) {
       prompts.push_back(file_prompts.empty() ? tasks::make_prompt(task, split, seed, p)
                                              : file_prompts[p]);
       for (int64_t s = 0; s < samples; s++)
-        reqs.push_back({tasks::encode(prompts.back().text),
+        reqs.push_back({prompts.back().tokens.empty() ? tasks::encode(prompts.back().text)
+                                                      : prompts.back().tokens,
                         model::sample_seed(seed, (uint64_t)iteration,
                                            (uint64_t)prompts.back().prompt_id, (uint64_t)s)});
     }
@@ -258,7 +277,8 @@ int run(Options& o) {
       r.prompt = pr.text;
       r.prompt_tokens = reqs[i].prompt;
       r.tokens = res[i].tokens;
-      r.text = tasks::decode(res[i].tokens);
+      // text by the built-in tokenizer; a model's own tokenizer decodes on the TypeScript side
+      if (pr.tokens.empty()) r.text = tasks::decode(res[i].tokens);
       r.logprobs = res[i].logprobs;
       r.finish_reason = res[i].stopped ? "stop" : "length";
       chunk_tokens += (int64_t)r.tokens.size();

@@ -161,7 +161,7 @@ struct Options {
 void run(const Options& o, int rank, int R) {
   tasks::check_task(o.task);
   model::SampleParams sp = o.sp;
-  sp.eos_id = o.ignore_eos ? -1 : tasks::kEos;
+  sp.eos_ids = o.ignore_eos ? std::vector<int32_t>{} : std::vector<int32_t>{tasks::kEos};
   model::ModelConfig cfg = io::read_checkpoint_config(o.checkpoint);
   MOERL_CHECK_INPUT(cfg.num_experts % R == 0, "num_experts ", cfg.num_experts,
                     " must be divisible by the MPI world size ", R);

@@ -13,6 +13,9 @@
       The loss moerl's trainer defines (docs/native-model.md), by torch autograd over the whole
       batch in one forward: gradients saved as a model (save_pretrained: the on-disk tensor
       names) in OUT_DIR, and {"loss":...} printed.
+  hf_models.py compare A B
+      Two safetensors files or HF directories, tensor by tensor: {"tensors":n, "missing":[names in
+      one only], "bitwise":bool (same dtype, shape and bytes), "max_rel_l2":x, "worst":name}.
 """
 import argparse
 import json
@@ -136,6 +139,44 @@ def grad(args):
     print(json.dumps({"loss": loss.item(), "aux_loss": out.aux_loss.item()}))
 
 
+def tensors(path):
+    from safetensors import safe_open
+    if os.path.isdir(path):
+        index = os.path.join(path, "model.safetensors.index.json")
+        files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) \
+            else ["model.safetensors"]
+        files = [os.path.join(path, f) for f in files]
+    else:
+        files = [path]
+    out = {}
+    for f in files:
+        with safe_open(f, "pt") as h:
+            for k in h.keys():
+                out[k] = h.get_tensor(k)
+    return out
+
+
+def compare(args):
+    a, b = tensors(args.a), tensors(args.b)
+    common = sorted(set(a) & set(b))
+    bitwise = set(a) == set(b)
+    worst, worst_name = 0.0, ""
+    for k in common:
+        x, y = a[k], b[k]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            bitwise = False
+        elif not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
+            bitwise = False
+        if x.shape != y.shape:
+            worst, worst_name = float("inf"), k
+            continue
+        d = ((x.double() - y.double()).norm() / max(y.double().norm().item(), 1e-30)).item()
+        if d > worst:
+            worst, worst_name = d, k
+    print(json.dumps({"tensors": len(common), "missing": sorted(set(a) ^ set(b)), "bitwise": bitwise,
+                      "max_rel_l2": worst, "worst": worst_name}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -160,8 +201,11 @@ def main():
     p.add_argument("--clip-eps", type=float, default=0.2)
     p.add_argument("--entropy-coef", type=float, default=0.0)
     p.add_argument("--temperature", type=float, default=1.0)
+    p = sub.add_parser("compare")
+    p.add_argument("a")
+    p.add_argument("b")
     args = parser.parse_args()
-    {"make": make, "score": score, "generate": generate, "grad": grad}[args.cmd](args)
+    {"make": make, "score": score, "generate": generate, "grad": grad, "compare": compare}[args.cmd](args)
 
 
 if __name__ == "__main__":
