@@ -2,7 +2,8 @@
 // safetensors read per tensor and written by shards.
 #include "io/hf.h"
 
-#include <cstdio>  // std::snprintf: shard file names
+#include <cstdio>   // std::snprintf: shard file names
+#include <fstream>  // std::ifstream: which side files exist
 #include <map>
 #include <set>
 #include <sstream>  // std::ostringstream
@@ -290,8 +291,22 @@ void load_hf_weights(const HfModel& m, model::ParamStore& ps) {
   }
 }
 
+std::vector<std::pair<std::string, std::string>> hf_side_files(const std::string& dir) {
+  static const char* kNames[] = {"generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                                 "special_tokens_map.json", "chat_template.jinja", "vocab.json",
+                                 "merges.txt", "tokenizer.model", "added_tokens.json"};
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* name : kNames) {
+    const std::string path = dir + "/" + name;
+    if (!std::ifstream(path).good()) continue;
+    out.emplace_back(name, read_file(path));
+  }
+  return out;
+}
+
 void save_hf(const std::string& out_dir, const HfModel& m, const model::ParamStore& ps,
-             const std::string& config_json, uint64_t max_shard_bytes) {
+             const std::string& config_json, uint64_t max_shard_bytes,
+             const std::vector<std::pair<std::string, std::string>>& beside) {
   const model::ParamLayout& l = ps.layout;
   MOERL_CHECK(l.num_local_experts == m.cfg.num_experts, "save_hf needs every expert, this store holds ",
               l.num_local_experts, " of ", m.cfg.num_experts);
@@ -325,6 +340,7 @@ void save_hf(const std::string& out_dir, const HfModel& m, const model::ParamSto
     Json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     write_file_atomic(out_dir + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
+  for (const auto& [name, content] : beside) write_file_atomic(out_dir + "/" + name, content);
   write_file_atomic(out_dir + "/config.json", config_json);
 }
 

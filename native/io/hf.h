@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>  // std::pair
 #include <vector>
 
 #include "model/config.h"
@@ -44,9 +45,15 @@ void load_hf_weights(const HfModel& m, model::ParamStore& ps);
 
 // Writes an HF model directory from a full model (every expert) in m.dtype: safetensors shards
 // of at most max_shard_bytes (model.safetensors alone when one suffices, else
-// model-0000i-of-0000n.safetensors and model.safetensors.index.json), then config_json (the
-// source's config.json text) as config.json, last.
+// model-0000i-of-0000n.safetensors and model.safetensors.index.json), the files of `beside`
+// (name, content: tokenizer and generation config), then config_json (the source's config.json
+// text) as config.json, last.
 void save_hf(const std::string& out_dir, const HfModel& m, const model::ParamStore& ps,
-             const std::string& config_json, uint64_t max_shard_bytes);
+             const std::string& config_json, uint64_t max_shard_bytes,
+             const std::vector<std::pair<std::string, std::string>>& beside = {});
+
+// The files beside a model's weights that serving needs (tokenizer, chat template, generation
+// config) which exist in dir, as (name, content).
+std::vector<std::pair<std::string, std::string>> hf_side_files(const std::string& dir);
 
 }  // namespace moerl::io

@@ -2,8 +2,9 @@
 //
 //   moe_hf export --checkpoint DIR --config CONFIG.json --out DIR [--max-shard-bytes 5e9]
 //       An HF directory of a committed checkpoint: its weights in the config's dtype, by shards
-//       (model.safetensors, or model-0000i-of-0000n.safetensors with the index), config.json
-//       last. CONFIG.json is the config.json of the model the campaign started from.
+//       (model.safetensors, or model-0000i-of-0000n.safetensors with the index), the tokenizer
+//       and generation config found beside CONFIG.json, config.json last. CONFIG.json is the
+//       config.json of the model the campaign started from.
 //   moe_hf score (--hf DIR | --checkpoint DIR) --sequences FILE [--max-seq-len N]
 //                [--grad-out FILE --loss sft|grpo ...]
 //       Teacher-forced log-probs: FILE has JSONL lines {"tokens":[...]} (with "prompt_len",
@@ -63,7 +64,8 @@ int cmd_export(const ExportOptions& o) {
   model::ParamStore ps(model::make_layout(cfg, 0, cfg.num_experts));
   io::OptimizerState opt;
   io::load_checkpoint(o.checkpoint, ps, opt);
-  io::save_hf(o.out, m, ps, io::read_file(o.config), (uint64_t)o.max_shard_bytes);
+  io::save_hf(o.out, m, ps, io::read_file(o.config), (uint64_t)o.max_shard_bytes,
+              io::hf_side_files(dir_of(o.config)));
   std::printf("{\"done\":true,\"out\":%s,\"dtype\":\"%s\"}\n", io::json_quote(o.out).c_str(),
               m.dtype.c_str());
   return 0;

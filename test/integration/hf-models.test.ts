@@ -221,6 +221,8 @@ for (const family of ['qwen3_moe', 'mixtral'] as const) {
       assert.deepEqual(c.missing, []);
       assert.ok(c.bitwise, `not bitwise: worst ${c.worst}`);
       assert.ok(readFileSync(join(out, 'model.safetensors.index.json'), 'utf8').includes('model-00002-of-'));
+      for (const file of ['tokenizer.json', 'tokenizer_config.json', 'generation_config.json'])
+        assert.equal(readFileSync(join(out, file), 'utf8'), readFileSync(join(dir, file), 'utf8'), file);
       // the sharded export imports again, and transformers reads it
       const again = join(work, `${family}-reimport`);
       await native('moe_train', ['init', '--from-hf', out, '--out', again, '--max-seq-len', '256']);
