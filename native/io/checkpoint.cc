@@ -20,13 +20,15 @@ constexpr int kVersion = 1;
 
 std::string expert_file(int rank) { return "experts-rank" + std::to_string(rank) + ".safetensors"; }
 
-// The tensors of one arena: parameters then both moments, in layout order.
+// The tensors of one arena: parameters then both moments, in layout order (null moments: zeros).
 std::vector<TensorOut> arena_tensors(const std::vector<model::TensorSpec>& specs, const float* p,
                                      const float* m, const float* v) {
   std::vector<TensorOut> out;
   for (const model::TensorSpec& s : specs) out.push_back({s.name, s.shape, p + s.offset});
-  for (const model::TensorSpec& s : specs) out.push_back({"adam.m." + s.name, s.shape, m + s.offset});
-  for (const model::TensorSpec& s : specs) out.push_back({"adam.v." + s.name, s.shape, v + s.offset});
+  for (const model::TensorSpec& s : specs)
+    out.push_back({"adam.m." + s.name, s.shape, m ? m + s.offset : nullptr});
+  for (const model::TensorSpec& s : specs)
+    out.push_back({"adam.v." + s.name, s.shape, v ? v + s.offset : nullptr});
   return out;
 }
 
@@ -151,8 +153,12 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
                      const OptimizerState& opt, model::ExpertComm& comm,
                      const std::string& meta_json) {
   const model::ParamLayout& l = ps.layout;
-  MOERL_CHECK(opt.m_dense.size() == l.dense_numel && opt.m_experts.size() == l.expert_numel,
+  // Empty moments at step 0 stand for zeros (a fresh checkpoint), written without a buffer.
+  const bool fresh = opt.step == 0 && opt.m_dense.empty() && opt.m_experts.empty() &&
+                     opt.v_dense.empty() && opt.v_experts.empty();
+  MOERL_CHECK(fresh || (opt.m_dense.size() == l.dense_numel && opt.m_experts.size() == l.expert_numel),
               "optimizer state does not match the parameter layout");
+  auto moment = [&](const std::vector<float>& v) { return fresh ? nullptr : v.data(); };
   const int R = comm.world_size(), self = comm.rank();
   // Every rank writes into its own `dir`, which may be a directory shared by all ranks or
   // a rank-local one (pods with separate filesystems).
@@ -168,9 +174,9 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
   };
   if (self == 0)
     write("dense.safetensors",
-          arena_tensors(l.dense, ps.dense.data(), opt.m_dense.data(), opt.v_dense.data()));
-  write(expert_file(self), arena_tensors(l.experts, ps.experts.data(), opt.m_experts.data(),
-                                         opt.v_experts.data()));
+          arena_tensors(l.dense, ps.dense.data(), moment(opt.m_dense), moment(opt.v_dense)));
+  write(expert_file(self), arena_tensors(l.experts, ps.experts.data(), moment(opt.m_experts),
+                                         moment(opt.v_experts)));
   // Each rank hashed its own file; rank 0 collects the experts records (the gather also
   // orders the manifest after every rank's write).
   std::vector<FileRecord> experts(self == 0 ? R : 0);
@@ -213,7 +219,7 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
     const std::string path = dir + "/manifest.json";
     if (!std::ifstream(path).good() || read_file(path) != manifest) {
       write_safetensors(dir + "/dense.safetensors",
-                        arena_tensors(l.dense, ps.dense.data(), opt.m_dense.data(), opt.v_dense.data()));
+                        arena_tensors(l.dense, ps.dense.data(), moment(opt.m_dense), moment(opt.v_dense)));
       FileRecord d = file_record(dir, "dense.safetensors");
       MOERL_CHECK(d.bytes == head.dense.bytes && std::memcmp(d.sha256, head.dense.sha256, sizeof d.sha256) == 0,
                   "rank ", self, "'s dense tensors differ from rank 0's (", dir,

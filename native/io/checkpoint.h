@@ -17,6 +17,8 @@
 namespace moerl::io {
 
 // AdamW first/second moments in the same layout as the parameters.
+// Empty moments at step 0 (a default OptimizerState) save as zeros without a buffer, so a fresh
+// checkpoint costs no memory for them.
 struct OptimizerState {
   std::vector<float> m_dense, m_experts, v_dense, v_experts;
   int64_t step = 0;  // optimizer steps taken so far

@@ -132,11 +132,22 @@ void make_dirs(const std::string& dir) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& data) {
+  write_file_atomic(path, [&](const Append& append) { append(data.data(), data.size()); });
+}
+
+void write_file_atomic(const std::string& path, const std::function<void(const Append&)>& produce) {
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   MOERL_CHECK(f != nullptr, "cannot create ", tmp);
-  size_t n = std::fwrite(data.data(), 1, data.size(), f);
-  bool ok = n == data.size() && std::fflush(f) == 0;
+  bool ok = true;
+  try {
+    produce([&](const char* bytes, size_t n) { ok = ok && std::fwrite(bytes, 1, n, f) == n; });
+  } catch (...) {
+    std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
+  ok = ok && std::fflush(f) == 0;
   ok = (std::fclose(f) == 0) && ok;
   MOERL_CHECK(ok, "short write to ", tmp);
   MOERL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path);

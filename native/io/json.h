@@ -46,5 +46,9 @@ std::string read_file(const std::string& path);
 void make_dirs(const std::string& dir);
 // Writes to path + ".tmp" then renames, so readers never see a partial file.
 void write_file_atomic(const std::string& path, const std::string& data);
+// The same for a file made in pieces: produce calls append(bytes, n) as often as it likes, so a
+// large file never has to be held in memory whole.
+using Append = std::function<void(const char* bytes, size_t n)>;
+void write_file_atomic(const std::string& path, const std::function<void(const Append&)>& produce);
 
 }  // namespace moerl::io

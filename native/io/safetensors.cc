@@ -1,7 +1,8 @@
 // safetensors reader and writer.
 #include "io/safetensors.h"
 
-#include <cstring>  // std::memcpy
+#include <algorithm>  // std::min, std::fill
+#include <cstring>    // std::memcpy
 #include <fstream>  // std::ifstream: single tensors of large files
 #include <sstream>  // std::ostringstream
 
@@ -92,24 +93,36 @@ void write_safetensors(const std::string& path, const std::vector<TensorOut>& te
   header << "}";
   std::string h = header.str();
   while (h.size() % 8 != 0) h.push_back(' ');  // keeps the data 8-byte aligned
-  std::string out(8, '\0');
+  std::string head(8, '\0');
   uint64_t hlen = h.size();
-  for (int i = 0; i < 8; i++) out[i] = (char)((hlen >> (8 * i)) & 0xff);
-  out += h;
-  out.reserve(out.size() + offset);
-  for (const TensorOut& t : tensors) {
-    const size_t n = numel(t.shape);
-    if (dtype == "F32") {
-      out.append(reinterpret_cast<const char*>(t.data), n * sizeof(float));
-      continue;
+  for (int i = 0; i < 8; i++) head[i] = (char)((hlen >> (8 * i)) & 0xff);
+  head += h;
+  // streamed tensor by tensor, converted (or zero-filled) in pieces of kPiece values
+  constexpr size_t kPiece = 1 << 16;
+  write_file_atomic(path, [&](const Append& append) {
+    append(head.data(), head.size());
+    std::vector<char> buf(kPiece * sizeof(float));
+    for (const TensorOut& t : tensors) {
+      const size_t n = numel(t.shape);
+      if (dtype == "F32" && t.data != nullptr) {
+        append(reinterpret_cast<const char*>(t.data), n * sizeof(float));
+        continue;
+      }
+      for (size_t i0 = 0; i0 < n; i0 += kPiece) {
+        const size_t m = std::min(kPiece, n - i0);
+        if (t.data == nullptr) {
+          std::fill(buf.begin(), buf.begin() + m * eb, '\0');
+        } else {
+          for (size_t i = 0; i < m; i++) {
+            uint16_t v = dtype == "BF16" ? to_bf16(t.data[i0 + i]) : to_f16(t.data[i0 + i]);
+            buf[2 * i] = (char)(v & 0xff);
+            buf[2 * i + 1] = (char)(v >> 8);
+          }
+        }
+        append(buf.data(), m * eb);
+      }
     }
-    for (size_t i = 0; i < n; i++) {
-      uint16_t v = dtype == "BF16" ? to_bf16(t.data[i]) : to_f16(t.data[i]);
-      out.push_back((char)(v & 0xff));
-      out.push_back((char)(v >> 8));
-    }
-  }
-  write_file_atomic(path, out);
+  });
 }
 
 namespace {

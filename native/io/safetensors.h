@@ -13,7 +13,7 @@ namespace moerl::io {
 struct TensorOut {
   std::string name;
   std::vector<int64_t> shape;
-  const float* data = nullptr;  // numel = product of shape
+  const float* data = nullptr;  // numel = product of shape; null: zeros
 };
 
 // dtype: "F32", "BF16" or "F16" on disk (rounded to nearest even from fp32).

@@ -110,14 +110,14 @@ Weights bind_weights(const ParamLayout& l, float* dense, float* experts) {
   return w;
 }
 
-ParamStore::ParamStore(const ParamLayout& l)
+ParamStore::ParamStore(const ParamLayout& l, bool with_grads)
     : layout(l),
       dense(l.dense_numel),
       experts(l.expert_numel),
-      grad_dense(l.dense_numel),
-      grad_experts(l.expert_numel) {
+      grad_dense(with_grads ? l.dense_numel : 0),
+      grad_experts(with_grads ? l.expert_numel : 0) {
   w = bind_weights(layout, dense.data(), experts.data());
-  dw = bind_weights(layout, grad_dense.data(), grad_experts.data());
+  if (with_grads) dw = bind_weights(layout, grad_dense.data(), grad_experts.data());
 }
 
 void ParamStore::zero_grad() {

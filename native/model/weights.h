@@ -69,7 +69,8 @@ struct ParamStore {
   std::vector<float> dense, experts, grad_dense, grad_experts;
   Weights w, dw;
 
-  explicit ParamStore(const ParamLayout& l);
+  // with_grads = false: parameters only (import, export, scoring), dw left unbound.
+  explicit ParamStore(const ParamLayout& l, bool with_grads = true);
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
   void zero_grad();

@@ -61,7 +61,7 @@ int cmd_export(const ExportOptions& o) {
                     " holds ", model::config_to_json(cfg));
   transport::Config one;  // the whole model in one process: every expert
   Rank rank(one, cfg.num_experts);
-  model::ParamStore ps(model::make_layout(cfg, 0, cfg.num_experts));
+  model::ParamStore ps(model::make_layout(cfg, 0, cfg.num_experts), false);
   io::OptimizerState opt;
   io::load_checkpoint(o.checkpoint, ps, opt);
   io::save_hf(o.out, m, ps, io::read_file(o.config), (uint64_t)o.max_shard_bytes,

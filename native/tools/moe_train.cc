@@ -149,10 +149,11 @@ int cmd_init_from_hf(const InitOptions& o) {
   io::HfModel m = io::read_hf_config(o.from_hf, o.max_seq_len_given ? o.cfg.max_seq_len : 0);
   if (!o.max_seq_len_given) m = io::read_hf_config(o.from_hf, std::min(m.cfg.max_seq_len, 4096));
   Rank rank(transport::Config::from_env(), m.cfg.num_experts);
-  auto ps = make_store(m.cfg, rank.ep);
+  // parameters only: the rank's peak memory is its dense tensors and experts
+  auto ps = std::make_unique<model::ParamStore>(
+      model::make_layout(m.cfg, rank.ep.first_expert(), rank.ep.num_local_experts()), false);
   io::load_hf_weights(m, *ps);
-  io::OptimizerState opt;
-  opt.reset(ps->layout);
+  io::OptimizerState opt;  // zeros, written without a buffer
   io::save_checkpoint(o.out, *ps, opt, rank.ep,
                       "{\"kind\":\"init\",\"huggingFace\":{\"family\":\"" + m.family +
                           "\",\"dtype\":\"" + m.dtype + "\"}}");

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# moerl against PyTorch eager + transformers on the same Qwen3-MoE weights (bench/hf_engines.py):
+# GRPO step tokens/s, greedy decode tokens/s, import peak RSS on 1 and 2 ranks. One JSON line.
+#   usage: bench/hf_engines.sh [work dir]        env: see bench/hf_engines.py
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
+python="$(bash "$ROOT/scripts/pyref.sh")"
+export BUILD="${BUILD:-$ROOT/native/build}"
+for tool in moe_train moe_generate; do
+  [[ -x "$BUILD/bin/$tool" ]] || { echo "hf_engines: build the native tools first (bash scripts/setup.sh native)" >&2; exit 1; }
+done
+exec "$python" "$ROOT/bench/hf_engines.py" "$@"
