@@ -161,8 +161,11 @@ void rope_angles(float* cos_out, float* sin_out, int position, int D, float thet
   }
 }
 
-void rope_forward(float* x, const int32_t* positions, int N, int stride, int heads, int D,
-                  float theta) {
+namespace {
+
+// Rotates each pair (x_j, x_{j+D/2}) of the first `heads` heads of every row by sign * angle.
+void rope_rotate(float* x, const int32_t* positions, int N, int stride, int heads, int D,
+                 float theta, float sign) {
   const int half = D / 2;
   std::vector<float> c(half), s(half);
   for (int i = 0; i < N; i++) {
@@ -170,30 +173,25 @@ void rope_forward(float* x, const int32_t* positions, int N, int stride, int hea
     for (int h = 0; h < heads; h++) {
       float* v = x + (size_t)i * stride + h * D;
       for (int j = 0; j < half; j++) {
-        float a = v[j], b = v[j + half];
-        v[j] = a * c[j] - b * s[j];
-        v[j + half] = b * c[j] + a * s[j];
+        float a = v[j], b = v[j + half], sn = sign * s[j];
+        v[j] = a * c[j] - b * sn;
+        v[j + half] = b * c[j] + a * sn;
       }
     }
   }
 }
 
+}  // namespace
+
+void rope_forward(float* x, const int32_t* positions, int N, int stride, int heads, int D,
+                  float theta) {
+  rope_rotate(x, positions, N, stride, heads, D, theta, 1.0f);
+}
+
 void rope_backward(float* dx, const int32_t* positions, int N, int stride, int heads, int D,
                    float theta) {
   // The transpose of a rotation is the rotation by the opposite angle.
-  const int half = D / 2;
-  std::vector<float> c(half), s(half);
-  for (int i = 0; i < N; i++) {
-    rope_angles(c.data(), s.data(), positions[i], D, theta);
-    for (int h = 0; h < heads; h++) {
-      float* v = dx + (size_t)i * stride + h * D;
-      for (int j = 0; j < half; j++) {
-        float a = v[j], b = v[j + half];
-        v[j] = a * c[j] + b * s[j];
-        v[j + half] = b * c[j] - a * s[j];
-      }
-    }
-  }
+  rope_rotate(dx, positions, N, stride, heads, D, theta, -1.0f);
 }
 
 // ----------------------------------------------------------------------------

@@ -11,12 +11,22 @@
 #include <string>
 #include <vector>
 
+#include "model/expert_comm.h"
+#include "transport/communicator.h"
+
 namespace moerl::tools {
 
 // Parses argv into app (whose options are bound to variables), then runs body. Exit codes:
 // 0 done or --help; 2 bad input: an unknown flag, a missing or malformed value (CLI11's
 // message names the flag) or a moerl::Error of kind BadInput; 1 anything else (retryable).
 int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
+
+// This process's rank of a job (the rank contract's env) and its door to the EP core.
+struct Rank {
+  transport::Communicator comm;
+  model::ExpertComm ep;
+  Rank(const transport::Config& c, int num_experts) : comm(c), ep(comm, num_experts) {}
+};
 
 // Value checks for numeric flags: "must be > 0" / ">= 0" naming the flag (CLI11's Range
 // would print DBL_MAX in full). A value that is no number is left to CLI11's conversion error.

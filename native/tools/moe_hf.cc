@@ -35,12 +35,6 @@
 namespace moerl::tools {
 namespace {
 
-struct Rank {
-  transport::Communicator comm;
-  model::ExpertComm ep;
-  Rank(const transport::Config& c, int num_experts) : comm(c), ep(comm, num_experts) {}
-};
-
 std::string dir_of(const std::string& file) {
   size_t slash = file.rfind('/');
   return slash == std::string::npos ? "." : file.substr(0, slash);

@@ -47,12 +47,6 @@
 namespace moerl::tools {
 namespace {
 
-struct Rank {
-  transport::Communicator comm;
-  model::ExpertComm ep;
-  Rank(const transport::Config& c, int num_experts) : comm(c), ep(comm, num_experts) {}
-};
-
 std::unique_ptr<model::ParamStore> make_store(const model::ModelConfig& cfg, model::ExpertComm& ep) {
   return std::make_unique<model::ParamStore>(
       model::make_layout(cfg, ep.first_expert(), ep.num_local_experts()));

@@ -21,6 +21,7 @@ import { ApplicationFailure } from '@temporalio/common';
 import { parse } from 'yaml';
 import { KubernetesLauncher } from '../../activities/launch/kubernetes.js';
 import type { TrainJob, TrainJobSpec } from '../../activities/launch/types.js';
+import { emptyTrainJob } from '../support/train-job-spec.js';
 import { kubernetesLauncherSchema } from '../../workflows/spec-kubernetes.js';
 import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
 
@@ -61,20 +62,12 @@ function launcherIn(
 
 let jobs = 0;
 function trainSpec(worldSize = 2): TrainJobSpec {
-  return {
-    name: `launcher-u${++jobs}-0a1b2c3d`,
-    worldSize,
-    job: {
-      store: { kind: 's3', bucket: 'moerl-test', prefix: '', region: 'us-east-1', forcePathStyle: false },
-      checkpoints: [],
-      inputLists: [],
-      steps: [],
-      outputs: [],
-    },
-    env: {},
-    provider: 'tcp',
-    owner: { campaignId: 'Launcher Test', iteration: jobs, attempt: 1 },
-  };
+  jobs++;
+  return emptyTrainJob(`launcher-u${jobs}-0a1b2c3d`, worldSize, {
+    campaignId: 'Launcher Test',
+    iteration: jobs,
+    attempt: 1,
+  });
 }
 
 const selector = (name: string) => `moerl.dev/job=${name}`;

@@ -9,6 +9,7 @@ import { BatchV1Api, CoreV1Api, PatchStrategy, setHeaderOptions } from '@kuberne
 import { KubernetesLauncher } from '../../activities/launch/kubernetes.js';
 import { sweepEndedCampaigns } from '../../activities/launch/kubernetes/sweep.js';
 import type { TrainJobSpec } from '../../activities/launch/types.js';
+import { emptyTrainJob } from '../support/train-job-spec.js';
 import { kubernetesLauncherSchema } from '../../workflows/spec-kubernetes.js';
 import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
 
@@ -38,20 +39,8 @@ function launcherIn(namespace: string, settings: Record<string, unknown> = {}, s
 
 let jobs = 0;
 function trainSpec(campaignId: string, worldSize = 1): TrainJobSpec {
-  return {
-    name: `orphan-u${++jobs}-0a1b2c3d`,
-    worldSize,
-    job: {
-      store: { kind: 's3', bucket: 'moerl-test', prefix: '', region: 'us-east-1', forcePathStyle: false },
-      checkpoints: [],
-      inputLists: [],
-      steps: [],
-      outputs: [],
-    },
-    env: {},
-    provider: 'tcp',
-    owner: { campaignId, iteration: jobs, attempt: 1 },
-  };
+  jobs++;
+  return emptyTrainJob(`orphan-u${jobs}-0a1b2c3d`, worldSize, { campaignId, iteration: jobs, attempt: 1 });
 }
 
 const selector = (name: string) => `moerl.dev/job=${name}`;

@@ -7,7 +7,7 @@ import type { V1Job } from '@kubernetes/client-node';
 import { stringify } from 'yaml';
 import { jobManifest, serviceManifest } from '../../activities/launch/kubernetes/manifests.js';
 import { QueueClock, isQueued } from '../../activities/launch/kubernetes/queue.js';
-import type { TrainJobSpec } from '../../activities/launch/types.js';
+import { emptyTrainJob } from '../support/train-job-spec.js';
 import { parseSpecText } from '../../cli/spec-file.js';
 import { SpecError } from '../../workflows/spec.js';
 import { kubernetesLauncherSchema } from '../../workflows/spec-kubernetes.js';
@@ -29,20 +29,7 @@ function problems(launcher: Record<string, unknown>): string[] {
   assert.fail('the spec was accepted');
 }
 
-const spec: TrainJobSpec = {
-  name: 'grpo-u3-1a2b3c4d',
-  worldSize: 2,
-  job: {
-    store: { kind: 's3', bucket: 'b', prefix: '', region: 'r', forcePathStyle: false },
-    checkpoints: [],
-    inputLists: [],
-    steps: [],
-    outputs: [],
-  },
-  env: {},
-  provider: 'tcp',
-  owner: { campaignId: 'c', iteration: 3, attempt: 1 },
-};
+const spec = emptyTrainJob('grpo-u3-1a2b3c4d', 2, { campaignId: 'c', iteration: 3, attempt: 1 }, 'r');
 
 describe('launcher.queueName', () => {
   it('is optional, and a LocalQueue name must be a DNS-1123 label', () => {

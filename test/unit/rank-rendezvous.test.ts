@@ -13,7 +13,7 @@ import {
   tokenSecretName,
 } from '../../activities/launch/kubernetes/manifests.js';
 import { newJobToken } from '../../activities/launch/rendezvous.js';
-import type { TrainJobSpec } from '../../activities/launch/types.js';
+import { emptyTrainJob } from '../support/train-job-spec.js';
 import { kubernetesLauncherSchema } from '../../workflows/spec-kubernetes.js';
 import { rankDeadlines } from '../../workflows/spec-rendezvous.js';
 import { SpecError, campaignSpecJsonSchema } from '../../workflows/spec.js';
@@ -34,20 +34,7 @@ function problemsWith(launcher: Record<string, unknown>): string[] {
   }
 }
 
-const spec: TrainJobSpec = {
-  name: 'grpo-u3-1a2b3c4d',
-  worldSize: 2,
-  job: {
-    store: { kind: 's3', bucket: 'b', prefix: '', region: 'us-east-1', forcePathStyle: false },
-    checkpoints: [],
-    inputLists: [],
-    steps: [],
-    outputs: [],
-  },
-  env: {},
-  provider: 'tcp',
-  owner: { campaignId: 'c1', iteration: 3, attempt: 1 },
-};
+const spec = emptyTrainJob('grpo-u3-1a2b3c4d', 2, { campaignId: 'c1', iteration: 3, attempt: 1 });
 
 function podEnv(launcher: Record<string, unknown>) {
   const job = jobManifest(spec, kubernetesLauncherSchema.parse({ ...minimal, ...launcher }));
