@@ -1,8 +1,46 @@
 // The reward model's credential: one header whose secret comes from the worker's environment or
 // from a file on the worker. The spec names only the variable or the file, so the secret never
-// reaches the spec, the workflow history or an error message.
-import { readFileSync } from 'node:fs';
+// reaches the spec, the workflow history or an error message. A spec is untrusted: it may name
+// only the variables and files the worker's operator allows (MOERL_REWARD_SECRET_ENVS,
+// MOERL_REWARD_SECRET_FILES), never, say, TEMPORAL_API_KEY or the pod's service-account token.
+import { readFileSync, realpathSync } from 'node:fs';
+import { basename, dirname, isAbsolute, join, resolve, sep } from 'node:path';
 import { BadInputError } from './errors.js';
+
+/** Comma-separated environment variable names a spec's `secretEnv` may name. */
+export const secretEnvsSetting = 'MOERL_REWARD_SECRET_ENVS';
+/** Comma-separated absolute paths a spec's `secretFile` may name; one ending in "/" allows its files. */
+export const secretFilesSetting = 'MOERL_REWARD_SECRET_FILES';
+
+const list = (value: string | undefined) =>
+  (value ?? '')
+    .split(',')
+    .map((s) => s.trim())
+    .filter((s) => s !== '');
+
+/** Whether the operator's setting allows `file` (symbolic links and ".." resolved first). */
+function fileAllowed(file: string, allowed: string[]): boolean {
+  // A file that does not exist is judged by where it would be, and reported unreadable below.
+  let real: string;
+  try {
+    real = realpathSync(file);
+  } catch {
+    try {
+      real = join(realpathSync(dirname(file)), basename(file));
+    } catch {
+      real = resolve(file);
+    }
+  }
+  return allowed.some((a) => {
+    if (!isAbsolute(a)) return false;
+    try {
+      if (!a.endsWith('/')) return a === real || realpathSync(a) === real;
+      return real.startsWith(realpathSync(a) + sep);
+    } catch {
+      return false;
+    }
+  });
+}
 
 /** The spec's `reward.auth` (workflows/spec.ts): exactly one of secretEnv and secretFile. */
 export interface RewardModelAuth {
@@ -27,10 +65,20 @@ export function rewardAuthHeaders(
   let where: string;
   if (auth.secretEnv !== undefined) {
     where = `environment variable ${auth.secretEnv}`;
+    if (!list(env[secretEnvsSetting]).includes(auth.secretEnv))
+      throw fail(
+        `${where} is not one this worker allows (${secretEnvsSetting}=${env[secretEnvsSetting] ?? ''}); ` +
+          `the worker's operator lists the variables a spec may name`,
+      );
     secret = env[auth.secretEnv] ?? '';
     if (secret === '') throw fail(`${where} is not set on this worker (it holds the ${auth.header} secret)`);
   } else if (auth.secretFile !== undefined) {
     where = `secret file ${auth.secretFile}`;
+    if (!fileAllowed(auth.secretFile, list(env[secretFilesSetting])))
+      throw fail(
+        `${where} is not one this worker allows (${secretFilesSetting}=${env[secretFilesSetting] ?? ''}); ` +
+          `the worker's operator lists the files a spec may name`,
+      );
     try {
       secret = readFileSync(auth.secretFile, 'utf8').replace(/\r?\n$/, '');
     } catch (err) {

@@ -105,6 +105,15 @@ function checkOptions(o: HttpRewardModelOptions): URL {
   if (url.protocol !== 'http:' && url.protocol !== 'https:') {
     throw bad('url', `${url.protocol}//${url.host}`, 'expected an http:// or https:// URL');
   }
+  // Rollouts and any credential travel encrypted, unless the server is on this machine.
+  const loopback = ['localhost', '[::1]'].includes(url.hostname) || /^127\.\d+\.\d+\.\d+$/.test(url.hostname);
+  if (url.protocol === 'http:' && !loopback) {
+    throw bad(
+      'url',
+      `${url.protocol}//${url.host}`,
+      'expected https:// (http:// only to a loopback address)',
+    );
+  }
   if (url.username !== '' || url.password !== '') {
     // fetch refuses such URLs; credentials belong in `headers`, which are never shown.
     throw new BadInputError('httpRewardModel: url must not carry user info; send credentials in headers');

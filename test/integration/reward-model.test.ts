@@ -328,11 +328,17 @@ describe('httpRewardModel', () => {
       },
     });
     assert.ok(!JSON.stringify(spec).includes('env-t0ken'));
-    const reward = rewardFunction(spec, new AbortController().signal, { MOERL_REWARD_TOKEN: 'env-t0ken' });
+    const reward = rewardFunction(spec, new AbortController().signal, {
+      MOERL_REWARD_SECRET_ENVS: 'MOERL_REWARD_TOKEN',
+      MOERL_REWARD_TOKEN: 'env-t0ken',
+    });
     assert.deepEqual(await reward.score([record(3, 1)]), [31]);
     assert.equal(seen[0]?.headers.authorization, 'Bearer env-t0ken');
     assert.throws(
-      () => rewardFunction(spec, new AbortController().signal, {}),
+      () =>
+        rewardFunction(spec, new AbortController().signal, {
+          MOERL_REWARD_SECRET_ENVS: 'MOERL_REWARD_TOKEN',
+        }),
       /reward model auth: environment variable MOERL_REWARD_TOKEN is not set on this worker/,
     );
   });

@@ -2,13 +2,13 @@
 // worker's environment or a file the spec names, never from the spec; the spec section that
 // names it, and the response-size limit, are validated with the field named.
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { rewardAuthHeaders } from '../../activities/rewards/auth.js';
 import { BadInputError } from '../../activities/rewards/errors.js';
-import { defaultMaxResponseBytes } from '../../activities/rewards/reward-model.js';
+import { defaultMaxResponseBytes, httpRewardModel } from '../../activities/rewards/reward-model.js';
 import { parseCampaignSpec, SpecError } from '../../workflows/spec.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'moerl-rewards-auth-'));
@@ -42,10 +42,11 @@ const problems = (reward: unknown): string => {
 describe('item 10: reward model auth', () => {
   it('reads the secret from the named environment variable, with the scheme', () => {
     const auth = { header: 'authorization', scheme: 'Bearer', secretEnv: 'MOERL_REWARD_TOKEN' };
-    assert.deepEqual(rewardAuthHeaders(auth, { MOERL_REWARD_TOKEN: 'tok-1' }), {
+    const allow = { MOERL_REWARD_SECRET_ENVS: 'MOERL_REWARD_TOKEN, K' };
+    assert.deepEqual(rewardAuthHeaders(auth, { ...allow, MOERL_REWARD_TOKEN: 'tok-1' }), {
       authorization: 'Bearer tok-1',
     });
-    assert.deepEqual(rewardAuthHeaders({ header: 'x-api-key', secretEnv: 'K' }, { K: 'k2' }), {
+    assert.deepEqual(rewardAuthHeaders({ header: 'x-api-key', secretEnv: 'K' }, { ...allow, K: 'k2' }), {
       'x-api-key': 'k2',
     });
     assert.deepEqual(rewardAuthHeaders(undefined, {}), {});
@@ -54,7 +55,11 @@ describe('item 10: reward model auth', () => {
   it('reads the secret from the named file, without its trailing line break', () => {
     const file = join(dir, 'token');
     writeFileSync(file, 'file-t0ken\n');
-    assert.deepEqual(rewardAuthHeaders({ header: 'authorization', scheme: 'Bearer', secretFile: file }), {
+    const auth = { header: 'authorization', scheme: 'Bearer', secretFile: file };
+    assert.deepEqual(rewardAuthHeaders(auth, { MOERL_REWARD_SECRET_FILES: file }), {
+      authorization: 'Bearer file-t0ken',
+    });
+    assert.deepEqual(rewardAuthHeaders(auth, { MOERL_REWARD_SECRET_FILES: `/nonexistent/,${dir}/` }), {
       authorization: 'Bearer file-t0ken',
     });
   });
@@ -64,19 +69,36 @@ describe('item 10: reward model auth', () => {
     writeFileSync(empty, '');
     const twoLines = join(dir, 'two-lines');
     writeFileSync(twoLines, 'line-one-s3cret\nline-two\n');
+    const envs = { MOERL_REWARD_SECRET_ENVS: 'RM_TOKEN,T' };
+    const files = { MOERL_REWARD_SECRET_FILES: `${dir}/` };
     const cases: [Parameters<typeof rewardAuthHeaders>, RegExp][] = [
-      [[{ header: 'authorization', secretEnv: 'RM_TOKEN' }, {}], /environment variable RM_TOKEN is not set/],
-      [[{ header: 'authorization', secretEnv: 'RM_TOKEN' }, { RM_TOKEN: '' }], /RM_TOKEN is not set/],
       [
-        [{ header: 'authorization', secretFile: join(dir, 'missing') }, {}],
+        [{ header: 'authorization', secretEnv: 'RM_TOKEN' }, envs],
+        /environment variable RM_TOKEN is not set/,
+      ],
+      [
+        [
+          { header: 'authorization', secretEnv: 'RM_TOKEN' },
+          { ...envs, RM_TOKEN: '' },
+        ],
+        /RM_TOKEN is not set/,
+      ],
+      [
+        [{ header: 'authorization', secretFile: join(dir, 'missing') }, files],
         /cannot read secret file .*missing.*ENOENT/,
       ],
-      [[{ header: 'authorization', secretFile: empty }, {}], /secret file .*empty is empty/],
+      [[{ header: 'authorization', secretFile: empty }, files], /secret file .*empty is empty/],
       [
-        [{ header: 'authorization', secretFile: twoLines }, {}],
+        [{ header: 'authorization', secretFile: twoLines }, files],
         /holds a line break or another control character/,
       ],
-      [[{ header: 'authorization', secretEnv: 'T' }, { T: 'ab\r\nx-evil: 1' }], /T holds a line break/],
+      [
+        [
+          { header: 'authorization', secretEnv: 'T' },
+          { ...envs, T: 'ab\r\nx-evil: 1' },
+        ],
+        /T holds a line break/,
+      ],
     ];
     for (const [args, pattern] of cases) {
       assert.throws(
@@ -91,6 +113,59 @@ describe('item 10: reward model auth', () => {
         },
       );
     }
+  });
+
+  it("a spec names only the variables and files the worker's operator allows (untrusted spec)", () => {
+    // Before: any variable or readable file of the worker went to the URL the spec chose.
+    const worker = {
+      TEMPORAL_API_KEY: 'temporal-s3cret',
+      RM_TOKEN: 'ok',
+      MOERL_REWARD_SECRET_ENVS: 'RM_TOKEN',
+    };
+    assert.throws(
+      () => rewardAuthHeaders({ header: 'authorization', secretEnv: 'TEMPORAL_API_KEY' }, worker),
+      (e: Error) =>
+        e instanceof BadInputError &&
+        /TEMPORAL_API_KEY is not one this worker allows \(MOERL_REWARD_SECRET_ENVS=RM_TOKEN\)/.test(
+          e.message,
+        ) &&
+        !e.message.includes('temporal-s3cret'),
+    );
+    assert.throws(
+      () => rewardAuthHeaders({ header: 'a', secretEnv: 'RM_TOKEN' }, {}),
+      /not one this worker allows/,
+    );
+    const secrets = join(dir, 'secrets');
+    mkdirSync(secrets, { recursive: true });
+    writeFileSync(join(secrets, 'rm'), 'rm-t0ken');
+    const outside = join(dir, 'sa-token');
+    writeFileSync(outside, 'service-account-s3cret');
+    symlinkSync(outside, join(secrets, 'link'));
+    const files = { MOERL_REWARD_SECRET_FILES: `${secrets}/` };
+    assert.deepEqual(rewardAuthHeaders({ header: 'a', secretFile: join(secrets, 'rm') }, files), {
+      a: 'rm-t0ken',
+    });
+    for (const escape of [outside, join(secrets, '..', 'sa-token'), join(secrets, 'link'), '/etc/hostname'])
+      assert.throws(
+        () => rewardAuthHeaders({ header: 'a', secretFile: escape }, files),
+        /is not one this worker allows \(MOERL_REWARD_SECRET_FILES=/,
+        escape,
+      );
+  });
+
+  it('sends rollouts and credentials over https only, http only to a loopback address', () => {
+    const options = { timeoutMs: 1000, maxRetries: 0, batchSize: 1 };
+    assert.throws(
+      () => httpRewardModel({ ...options, url: 'http://rm.example.com/score' }),
+      /url "http:\/\/rm.example.com" is invalid; expected https:\/\/ \(http:\/\/ only to a loopback address\)/,
+    );
+    for (const url of [
+      'https://rm.example.com/score',
+      'http://127.0.0.1:9/score',
+      'http://localhost:9/s',
+      'http://[::1]:9/s',
+    ])
+      assert.doesNotThrow(() => httpRewardModel({ ...options, url }), url);
   });
 
   it('the spec names the variable or the file, exactly one, and has no place for the secret', () => {
