@@ -1,8 +1,10 @@
 // Staging and committing checkpoints in the store, and retention. The commit point is the
 // checkpoint's manifest.json, created only if absent and never rewritten or removed while
 // LATEST can name it, so a commit can be retried from any step and returns the same ref.
+import { createHash } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { Transform } from 'node:stream';
 import { ApplicationFailure } from '@temporalio/common';
 import * as keys from '../layout.js';
 import { StoreNotFoundError } from '../store/errors.js';
@@ -16,7 +18,7 @@ import {
   sha256Hex,
   sha256OfStream,
 } from './manifest.js';
-import { readRefManifest } from './fetch.js';
+import { checkCheckpointFile, missingCheckpointFile, readRefManifest } from './fetch.js';
 
 export interface CommitOptions {
   /** The mean reward the checkpoint was scored with; recorded in its manifest. */
@@ -145,15 +147,31 @@ export async function stageCopiedCheckpoint(
   const key = keys.checkpointKey(campaignId, iteration);
   const staged = { campaignId, iteration, key, manifest };
   if (await readCommitted(store, staged)) return staged;
-  for (const file of manifest.files)
-    await store
-      .put(`${key}/${file.name}`, store.getStream(`${source.key}/${file.name}`))
-      .catch((err: unknown) => {
-        if (!(err instanceof StoreNotFoundError)) throw err;
-        throw badInput(
-          `checkpoint file ${source.key}/${file.name} is missing: the manifest lists it (${file.bytes} bytes), ${store.describe()} has no such object`,
-        );
+  const copied: string[] = [];
+  try {
+    for (const file of manifest.files) {
+      // hashed on the way through, so a damaged source fails here, before anything is staged
+      const target = `${key}/${file.name}`;
+      const hash = createHash('sha256');
+      let bytes = 0;
+      const through = new Transform({
+        transform(chunk: Buffer, _encoding, done) {
+          hash.update(chunk);
+          bytes += chunk.length;
+          done(null, chunk);
+        },
       });
+      const from = store.getStream(`${source.key}/${file.name}`);
+      from.on('error', (err) => through.destroy(err));
+      copied.push(target);
+      await store.put(target, from.pipe(through)).catch(missingCheckpointFile(store, source, file));
+      checkCheckpointFile(source, file, { sha256: hash.digest('hex'), bytes });
+    }
+  } catch (err) {
+    // nothing half-copied stays under the fork's key
+    await Promise.all(copied.map((k) => store.delete(k).catch(() => undefined)));
+    throw err;
+  }
   return staged;
 }
 

@@ -44,19 +44,32 @@ async function matchesManifest(local: string, file: ManifestFile): Promise<boole
   return (await sha256OfStream(createReadStream(local))).sha256 === file.sha256;
 }
 
-/** Downloads one checkpoint file to `local` and checks its size and sha256 against the manifest. */
-async function downloadVerified(store: ObjectStore, ref: CheckpointRef, file: ManifestFile, local: string) {
-  await store.getFile(`${ref.key}/${file.name}`, local).catch((err: unknown) => {
+/** The BadInput failure of a checkpoint file the store does not have (other errors pass through). */
+export function missingCheckpointFile(store: ObjectStore, ref: CheckpointRef, file: ManifestFile) {
+  return (err: unknown): never => {
     if (!(err instanceof StoreNotFoundError)) throw err;
     throw badInput(
       `checkpoint file ${ref.key}/${file.name} is missing: the manifest lists it (${file.bytes} bytes), ${store.describe()} has no such object`,
     );
-  });
-  const got = await sha256OfStream(createReadStream(local));
+  };
+}
+
+/** Throws BadInput when `got` is not the manifest's size and sha256 of `file`. */
+export function checkCheckpointFile(
+  ref: CheckpointRef,
+  file: ManifestFile,
+  got: { sha256: string; bytes: number },
+) {
   if (got.sha256 !== file.sha256 || got.bytes !== file.bytes)
     throw badInput(
       `checkpoint file ${ref.key}/${file.name} is corrupt: ${got.bytes} bytes, sha256 ${got.sha256}; the manifest says ${file.bytes} bytes, sha256 ${file.sha256}`,
     );
+}
+
+/** Downloads one checkpoint file to `local` and checks its size and sha256 against the manifest. */
+async function downloadVerified(store: ObjectStore, ref: CheckpointRef, file: ManifestFile, local: string) {
+  await store.getFile(`${ref.key}/${file.name}`, local).catch(missingCheckpointFile(store, ref, file));
+  checkCheckpointFile(ref, file, await sha256OfStream(createReadStream(local)));
 }
 
 /** Name part of a cache directory being filled (`<sha>.partial-<pid>-<random>`). */
