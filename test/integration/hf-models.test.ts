@@ -278,6 +278,31 @@ for (const family of ['qwen3_moe', 'mixtral'] as const) {
   });
 }
 
+describe("transformers 4's config.json", { skip: tools.skip || pyref.skip }, () => {
+  it('num_experts, rope_theta and torch_dtype (as published Qwen3-MoE checkpoints say) read as the same model', async () => {
+    const dir = join(work, 'qwen3-v5');
+    await pyref.run('hf_models.py', ['make', dir, '--family', 'qwen3_moe']);
+    const v4 = join(work, 'qwen3-v4');
+    cpSync(dir, v4, { recursive: true });
+    const c = JSON.parse(readFileSync(join(v4, 'config.json'), 'utf8')) as Record<string, unknown>;
+    const rope = c.rope_parameters as { rope_theta: number };
+    c.num_experts = c.num_local_experts;
+    c.rope_theta = rope.rope_theta;
+    c.torch_dtype = c.dtype;
+    for (const k of ['num_local_experts', 'rope_parameters', 'dtype']) delete c[k];
+    writeFileSync(join(v4, 'config.json'), JSON.stringify(c));
+    const seqs = join(work, 'v4-sequences.jsonl');
+    writeFileSync(seqs, jsonl([{ tokens: [5, 17, 300, 1999, 42, 7, 7, 8] }]));
+    const score = async (d: string) => native('moe_hf', ['score', '--hf', d, '--sequences', seqs]);
+    assert.equal(await score(v4), await score(dir));
+    assert.equal(
+      maxAbsDiff(logprobs(await score(v4)), logprobs(await pyref.run('hf_models.py', ['score', v4, seqs]))) <=
+        1e-4,
+      true,
+    );
+  });
+});
+
 describe('bf16 weights', { skip: tools.skip || pyref.skip }, () => {
   it('import then export of a bfloat16 Qwen3-MoE is bitwise (BF16 on disk both sides)', async () => {
     const dir = join(work, 'qwen3-bf16');
