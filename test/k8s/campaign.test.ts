@@ -37,6 +37,13 @@ const run = promisify(execFile);
 // In CI a machine that cannot run the node fails the suite instead of skipping it.
 const skip = process.env.CI === 'true' ? undefined : nodeUnsupportedReason();
 
+// The host's choice of OpenBLAS kernels, where it makes one (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE),
+// for the pods whose results are compared bit for bit with local processes': a pod left to detect
+// the CPU itself can pick other kernels, which round differently.
+const hostBlasEnv: Record<string, string> = Object.fromEntries(
+  ['OPENBLAS_CORETYPE', 'OPENBLAS_L2_SIZE'].flatMap((k) => (process.env[k] ? [[k, process.env[k]]] : [])),
+);
+
 describe('campaigns on a real Kubernetes node', { skip }, () => {
   let cluster: KubeCluster;
   let node: KubeNode;
@@ -94,6 +101,7 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
       image,
       imagePullPolicy: 'Never',
       storeVolume: { hostPath: storePath },
+      env: hostBlasEnv,
     }) as const;
 
   async function runCampaign(spec: CampaignSpec, cache: string) {
@@ -196,6 +204,7 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
                     { name: 'TEMPORAL_ADDRESS', value: t.address },
                     { name: 'TEMPORAL_NAMESPACE', value: t.namespace },
                     { name: 'MOERL_TASK_QUEUE_PREFIX', value: prefix },
+                    ...Object.entries(hostBlasEnv).map(([name, value]) => ({ name, value })),
                   ],
                   volumeMounts: [
                     { name: 'store', mountPath: storePath },
