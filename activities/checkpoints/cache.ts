@@ -8,10 +8,10 @@
 // host (one pid namespace) sharing a cache directory never evict each other's. Last use is the
 // entry directory's mtime, so a restarted worker keeps the LRU order.
 import { randomUUID } from 'node:crypto';
-import { readFileSync } from 'node:fs';
 import { readdir, readFile, rename, rm, stat, utimes } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
+import { processStartTime } from '../launch/local-pid.js';
 import { writeFileAtomically } from '../store/local-file.js';
 import type { ObjectStore } from '../store/types.js';
 import type { CheckpointRef } from '../types.js';
@@ -84,20 +84,6 @@ function isAlive(pid: number): boolean {
     return true;
   } catch (err) {
     return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
-
-/**
- * `pid`'s start time (/proc/<pid>/stat's starttime, clock ticks after boot): with the pid it
- * names one process for good. null where there is no /proc or no such process.
- */
-export function processStartTime(pid: number): string | null {
-  try {
-    const text = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; starttime is field 22.
-    return text.slice(text.lastIndexOf(')') + 2).split(' ')[19] ?? null;
-  } catch {
-    return null;
   }
 }
 
