@@ -1,13 +1,12 @@
 // Staging and committing checkpoints in the store, and retention. The commit point is the
 // checkpoint's manifest.json, created only if absent and never rewritten or removed while
 // LATEST can name it, so a commit can be retried from any step and returns the same ref.
-import { createHash } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { Transform } from 'node:stream';
 import { ApplicationFailure } from '@temporalio/common';
 import * as keys from '../layout.js';
 import { StoreNotFoundError } from '../store/errors.js';
+import { hashingStream } from '../store/streams.js';
 import type { ObjectStore } from '../store/types.js';
 import type { CheckpointManifest, CheckpointRef, StagedCheckpoint } from '../types.js';
 import {
@@ -152,20 +151,12 @@ export async function stageCopiedCheckpoint(
     for (const file of manifest.files) {
       // hashed on the way through, so a damaged source fails here, before anything is staged
       const target = `${key}/${file.name}`;
-      const hash = createHash('sha256');
-      let bytes = 0;
-      const through = new Transform({
-        transform(chunk: Buffer, _encoding, done) {
-          hash.update(chunk);
-          bytes += chunk.length;
-          done(null, chunk);
-        },
-      });
+      const through = hashingStream();
       const from = store.getStream(`${source.key}/${file.name}`);
       from.on('error', (err) => through.destroy(err));
       copied.push(target);
       await store.put(target, from.pipe(through)).catch(missingCheckpointFile(store, source, file));
-      checkCheckpointFile(source, file, { sha256: hash.digest('hex'), bytes });
+      checkCheckpointFile(source, file, through.digest());
     }
   } catch (err) {
     // nothing half-copied stays under the fork's key

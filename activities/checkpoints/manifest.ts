@@ -1,6 +1,5 @@
 // manifest.json: parsing and checking it, hashing, and the errors every checkpoint module shares.
 import { createHash } from 'node:crypto';
-import type { Readable } from 'node:stream';
 import { ApplicationFailure } from '@temporalio/common';
 import * as keys from '../layout.js';
 import { badInputErrorType } from '../types.js';
@@ -8,15 +7,7 @@ import type { CheckpointManifest, StagedCheckpoint } from '../types.js';
 
 export const sha256Hex = (data: Buffer | string) => createHash('sha256').update(data).digest('hex');
 
-export async function sha256OfStream(stream: Readable): Promise<{ sha256: string; bytes: number }> {
-  const hash = createHash('sha256');
-  let bytes = 0;
-  for await (const chunk of stream) {
-    hash.update(chunk as Buffer);
-    bytes += (chunk as Buffer).length;
-  }
-  return { sha256: hash.digest('hex'), bytes };
-}
+export { sha256OfStream } from '../store/streams.js';
 
 export const badInput = (message: string) =>
   ApplicationFailure.create({ type: badInputErrorType, nonRetryable: true, message });

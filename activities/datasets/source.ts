@@ -3,14 +3,14 @@
 // from either; Parquet needs random access (footer first, then the row groups), so a store
 // object is first copied to a local file, streamed to disk and hashed (the store has no ranged
 // reads), and kept in the worker's cache under its content hash.
-import { createHash } from 'node:crypto';
 import { createReadStream, createWriteStream } from 'node:fs';
 import { mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { Transform, type Readable } from 'node:stream';
+import type { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { DatasetRef } from '../../workflows/spec-dataset.js';
 import type { ObjectStore } from '../store/index.js';
+import { hashingStream, sha256OfStream } from '../store/streams.js';
 import type { StoreLocation } from '../types.js';
 import { DatasetChangedError } from './errors.js';
 
@@ -34,29 +34,11 @@ export interface DatasetIdentity {
   rows: number;
 }
 
-/** A pass-through stream that hashes and counts what flows through it. */
-export function hashingStream(): Transform & { digest(): { sha256: string; bytes: number } } {
-  const hash = createHash('sha256');
-  let bytes = 0;
-  const t = new Transform({
-    transform(chunk: Buffer, _encoding, done) {
-      hash.update(chunk);
-      bytes += chunk.length;
-      done(null, chunk);
-    },
-  });
-  return Object.assign(t, { digest: () => ({ sha256: hash.digest('hex'), bytes }) });
-}
+export { hashingStream };
 
 /** sha256 and size of the dataset's bytes, streamed. */
 export async function hashDataset(input: DatasetInput): Promise<{ sha256: string; bytes: number }> {
-  const hash = createHash('sha256');
-  let bytes = 0;
-  for await (const chunk of byteStream(input) as AsyncIterable<Buffer>) {
-    hash.update(chunk);
-    bytes += chunk.length;
-  }
-  return { sha256: hash.digest('hex'), bytes };
+  return sha256OfStream(byteStream(input));
 }
 
 /**

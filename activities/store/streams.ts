@@ -1,5 +1,32 @@
-// Stream helpers shared by the backends.
-import { Readable } from 'node:stream';
+// Stream helpers shared by the backends and by what checks bytes on their way (checkpoints,
+// datasets).
+import { createHash } from 'node:crypto';
+import { Readable, Transform } from 'node:stream';
+
+/** sha256 (hex) and size of everything a stream yields. */
+export async function sha256OfStream(stream: Readable): Promise<{ sha256: string; bytes: number }> {
+  const hash = createHash('sha256');
+  let bytes = 0;
+  for await (const chunk of stream) {
+    hash.update(chunk as Buffer);
+    bytes += (chunk as Buffer).length;
+  }
+  return { sha256: hash.digest('hex'), bytes };
+}
+
+/** A pass-through stream that hashes and counts what flows through it. */
+export function hashingStream(): Transform & { digest(): { sha256: string; bytes: number } } {
+  const hash = createHash('sha256');
+  let bytes = 0;
+  const t = new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      hash.update(chunk);
+      bytes += chunk.length;
+      done(null, chunk);
+    },
+  });
+  return Object.assign(t, { digest: () => ({ sha256: hash.digest('hex'), bytes }) });
+}
 
 /**
  * A byte stream over `open()`'s chunks whose errors (opening or mid-way) pass through
