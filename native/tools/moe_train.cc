@@ -141,7 +141,7 @@ void add_init_options(CLI::App* cmd, InitOptions& o) {
 // The HF directory's model, this rank's tensors only (io/hf.h).
 int cmd_init_from_hf(const InitOptions& o) {
   io::HfModel m = io::read_hf_config(o.from_hf, o.max_seq_len_given ? o.cfg.max_seq_len : 0);
-  if (!o.max_seq_len_given) m = io::read_hf_config(o.from_hf, std::min(m.cfg.max_seq_len, 4096));
+  if (!o.max_seq_len_given) m.cfg.max_seq_len = std::min(m.cfg.max_seq_len, 4096);  // KV cache bound
   Rank rank(transport::Config::from_env(), m.cfg.num_experts);
   // parameters only: the rank's peak memory is its dense tensors and experts
   auto ps = std::make_unique<model::ParamStore>(
