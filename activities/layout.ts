@@ -11,6 +11,26 @@ export const checkpointKey = (campaignId: string, iteration: number) =>
   `${checkpointsPrefix(campaignId)}/${pad6(iteration)}`;
 export const manifestName = 'manifest.json';
 
+/**
+ * The files of the Hugging Face model a campaign started from, besides its weights: config.json
+ * (what an export writes back), the tokenizer, chat template and generation config (what
+ * rollouts render prompts with and stop on). Copied in when the campaign prepares its policy.
+ */
+export const modelPrefix = (campaignId: string) => `${campaignPrefix(campaignId)}/model`;
+/** Those files by name, as moe_hf export copies them (native/io/hf.cc, hf_side_files). */
+export const hfModelFiles = [
+  'config.json',
+  'generation_config.json',
+  'tokenizer.json',
+  'tokenizer_config.json',
+  'special_tokens_map.json',
+  'chat_template.jinja',
+  'vocab.json',
+  'merges.txt',
+  'tokenizer.model',
+  'added_tokens.json',
+] as const;
+
 export const rolloutShardPrefix = (campaignId: string, iteration: number, shard: number) =>
   `${campaignPrefix(campaignId)}/rollouts/${pad6(iteration)}/shard-${shard}`;
 export const rolloutChunkKey = (campaignId: string, iteration: number, shard: number, chunk: number) =>
