@@ -7,6 +7,8 @@ import { Context } from '@temporalio/activity';
 import { commitCheckpoint } from './checkpoints.js';
 import { withHeartbeat } from './heartbeat.js';
 import type { ActivityDeps } from './deps.js';
+import { DatasetChangedError, DatasetError } from './datasets/index.js';
+import { prepareInputs } from './inputs.js';
 import { computeRewards } from './reward.js';
 import { BadInputError, RewardModelError, toApplicationFailure } from './rewards/errors.js';
 import { rolloutShard } from './rollout.js';
@@ -35,7 +37,13 @@ export function toFailure(err: unknown): unknown {
       message: err.message,
       cause: err,
     });
-  if (err instanceof BadInputError || err instanceof RewardModelError) return toApplicationFailure(err);
+  if (
+    err instanceof BadInputError ||
+    err instanceof RewardModelError ||
+    err instanceof DatasetError ||
+    err instanceof DatasetChangedError
+  )
+    return toApplicationFailure(err);
   // Any other store failure retrying cannot help (no such bucket, a malformed key, a request the
   // server rejects): without this it would be retried, for rollouts without end.
   if (err instanceof StoreError && !err.retryable)
@@ -76,6 +84,7 @@ async function commit(deps: ActivityDeps, input: CheckpointInput): Promise<Check
 
 export function createActivities(deps: ActivityDeps): CampaignActivities {
   return {
+    prepareInputs: mapped(prepareInputs, deps),
     preparePolicy: mapped(preparePolicy, deps),
     rolloutShard: mapped(rolloutShard, deps),
     computeRewards: mapped(computeRewards, deps),

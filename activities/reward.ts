@@ -6,18 +6,28 @@ import { ApplicationFailure, Context } from '@temporalio/activity';
 import { withHeartbeat } from './heartbeat.js';
 import * as keys from './layout.js';
 import { rewardAuthHeaders } from './rewards/auth.js';
+import { campaignTokenizer } from './models/source.js';
+import { printable } from './printable.js';
+import { datasetInput, iterationRows } from './prompts.js';
+import { datasetReward, RewardTally } from './rewards/dataset-reward.js';
+import { BadInputError, BadRolloutError } from './rewards/errors.js';
+import { RewardFunctions, type RewardChoice, type RewardFunctionsSpec } from './rewards/functions.js';
 import { httpRewardModel, verifierReward } from './rewards/reward-model.js';
 import type { RewardFunction } from './rewards/reward-model.js';
 import { formatRewardsJsonl, rewardStats, scoreRollouts } from './rewards/score.js';
 import type { RewardRow } from './rewards/score.js';
+import type { ParseOptions } from './rewards/rollout-record.js';
+import type { SandboxOptions } from './rewards/user-function.js';
+import type { ObjectStore } from './store/types.js';
 import type { ActivityDeps } from './deps.js';
 import type { CampaignSpec } from '../workflows/spec.js';
-import { badInputErrorType } from './types.js';
+import type { RewardChoiceSpec, RewardsSpec } from '../workflows/spec-rewards.js';
 import type { RewardInput, RewardOutput } from './types.js';
 
 /**
- * The spec's reward: the builtin task's verifier, or an HTTP reward model whose credential is
- * read from this worker's environment (or a file), never from the spec.
+ * The spec's reward for the built-in task or an HTTP reward model (whose credential is read from
+ * this worker's environment or a file, never from the spec); a dataset task's rewards by
+ * data_source are datasetScoring's.
  */
 export function rewardFunction(
   spec: CampaignSpec,
@@ -37,44 +47,123 @@ export function rewardFunction(
       signal,
     });
   if (!('builtin' in spec.task))
-    throw ApplicationFailure.create({
-      type: badInputErrorType,
-      nonRetryable: true,
-      message:
-        'a dataset task has no built-in verifier yet (reward functions chosen by data_source are not built): give the spec an http reward model (reward: { kind: http, url })',
-    });
+    throw new BadInputError('a dataset task is scored by its rewards section or an http reward model');
   return verifierReward(spec.task.builtin);
+}
+
+/** The sandbox of users' reward functions, as this worker's operator set it (never the spec). */
+export function rewardSandboxFromEnv(env: NodeJS.ProcessEnv = process.env): SandboxOptions {
+  const isolation = env.MOERL_REWARD_ISOLATION;
+  if (isolation !== undefined && isolation !== 'namespaces' && isolation !== 'none')
+    throw new Error(`MOERL_REWARD_ISOLATION must be namespaces or none, got "${isolation}"`);
+  return isolation ? { isolation } : {};
+}
+
+/** The spec's rewards section as the reward library takes it (a Python function by module or by file). */
+export function rewardFunctionsSpec(rewards: RewardsSpec): RewardFunctionsSpec {
+  const choice = (c: RewardChoiceSpec): RewardChoice => {
+    if (c.kind !== 'python') return c;
+    const { module, path, file, function: fn, format } = c;
+    const extra = format ? { format } : {};
+    if (module !== undefined) return { kind: 'python', module, ...(path ? { path } : {}), ...extra };
+    return { kind: 'python', file: file ?? '', ...(fn ? { function: fn } : {}), ...extra };
+  };
+  return {
+    ...(rewards.default ? { default: choice(rewards.default) } : {}),
+    ...(rewards.bySource
+      ? { bySource: Object.fromEntries(Object.entries(rewards.bySource).map(([k, v]) => [k, choice(v)])) }
+      : {}),
+  };
+}
+
+interface Scoring {
+  reward: RewardFunction;
+  parse: ParseOptions;
+  tally?: RewardTally;
+  close(): void;
+}
+
+/** How a dataset task's iteration is scored: every row of the iteration, the model's stop ids. */
+async function datasetScoring(deps: ActivityDeps, store: ObjectStore, input: RewardInput): Promise<Scoring> {
+  const { spec } = input;
+  const tokenizer = await campaignTokenizer(store, input.campaignId, deps.cacheDir);
+  const parse = { eosIds: tokenizer.eosTokenIds };
+  if (spec.reward.kind === 'http')
+    return { reward: rewardFunction(spec, Context.current().cancellationSignal), parse, close: () => {} };
+  if (!input.dataset || !spec.rewards)
+    throw new BadInputError(
+      `reward of iteration ${input.iteration}: a dataset task needs its rewards section and the dataset's position from the workflow`,
+    );
+  const rows = await iterationRows(
+    spec,
+    input.dataset,
+    { promptStart: 0, promptCount: spec.promptsPerIteration },
+    datasetInput(spec, 'train', deps.openStore),
+    deps.cacheDir,
+  );
+  const first = (input.iteration - 1) * spec.promptsPerIteration;
+  const rowOf = (promptId: number) => {
+    const row = rows[promptId - first];
+    if (!row)
+      throw new BadRolloutError(
+        `prompt ${promptId} is not one of iteration ${input.iteration}'s (${first} to ${first + rows.length - 1})`,
+        { field: 'prompt_id', prompt_id: promptId },
+      );
+    return row;
+  };
+  const functions = new RewardFunctions(rewardFunctionsSpec(spec.rewards), {
+    sandbox: rewardSandboxFromEnv(),
+  });
+  const tally = new RewardTally();
+  return { reward: datasetReward(functions, rowOf, tally), parse, tally, close: () => functions.close() };
 }
 
 export async function computeRewards(deps: ActivityDeps, input: RewardInput): Promise<RewardOutput> {
   const ctx = Context.current();
   const store = deps.openStore(input.spec.store);
-  const reward = rewardFunction(input.spec, ctx.cancellationSignal);
+  const scoring: Scoring =
+    'dataset' in input.spec.task
+      ? await datasetScoring(deps, store, input)
+      : { reward: rewardFunction(input.spec, ctx.cancellationSignal), parse: {}, close: () => {} };
+  const { reward, tally } = scoring;
   const all: RewardRow[] = [];
   const progress = { shard: 0, chunk: 0 };
-  // A reward model may take longer per batch than the heartbeat timeout: beat on a timer.
-  await withHeartbeat(
-    () => progress,
-    async () => {
-      for (const [shard, chunks] of input.chunksPerShard.entries()) {
-        const rows: RewardRow[] = [];
-        for (let chunk = 0; chunk < chunks; chunk++) {
-          Object.assign(progress, { shard, chunk });
-          const chunkKey = keys.rolloutChunkKey(input.campaignId, input.iteration, shard, chunk);
-          const lines = (await store.get(chunkKey)).toString('utf8').split('\n');
-          rows.push(...(await scoreRollouts(lines, chunkKey, reward)).rows);
+  try {
+    // A reward model may take longer per batch than the heartbeat timeout: beat on a timer.
+    await withHeartbeat(
+      () => progress,
+      async () => {
+        for (const [shard, chunks] of input.chunksPerShard.entries()) {
+          const rows: RewardRow[] = [];
+          for (let chunk = 0; chunk < chunks; chunk++) {
+            Object.assign(progress, { shard, chunk });
+            const chunkKey = keys.rolloutChunkKey(input.campaignId, input.iteration, shard, chunk);
+            const lines = (await store.get(chunkKey)).toString('utf8').split('\n');
+            rows.push(...(await scoreRollouts(lines, chunkKey, reward, scoring.parse)).rows);
+          }
+          const key = keys.rewardKey(input.campaignId, input.iteration, shard);
+          await store.put(key, formatRewardsJsonl(rows), { contentType: 'application/x-ndjson' });
+          all.push(...rows);
         }
-        const key = keys.rewardKey(input.campaignId, input.iteration, shard);
-        await store.put(key, formatRewardsJsonl(rows), { contentType: 'application/x-ndjson' });
-        all.push(...rows);
-      }
-    },
-  );
+      },
+    );
+  } finally {
+    scoring.close();
+  }
+  // Training on an iteration of zeros would teach nothing and hide the broken function.
+  const failing = tally?.allFailing()[0];
+  if (failing)
+    throw ApplicationFailure.create({
+      type: 'RewardFunctionFailing',
+      nonRetryable: true,
+      message: `reward function ${failing.function} failed on all ${failing.samples} samples it scored in iteration ${input.iteration}; the first: ${failing.first.reason}: ${printable(failing.first.message)}`,
+    });
   const stats = rewardStats(all, reward.kind);
   return {
     meanReward: stats.meanReward,
     stdReward: stats.stdReward,
     passRate: stats.passRate,
+    ...(tally && tally.failed > 0 ? { failedSamples: tally.failed, failuresByReason: tally.byReason } : {}),
     attempt: ctx.info.attempt,
   };
 }

@@ -2,14 +2,18 @@
 // by native moe_generate, stored chunk by chunk under deterministic keys. A retry (after a Spot
 // reclaim, a crash, a deploy) resumes from the chunks already in the store — each one checked,
 // not trusted — so at most the chunk that was in flight is generated again.
-import { mkdir, rm } from 'node:fs/promises';
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
 import { acquireCheckpoint } from './checkpoints.js';
 import { heartbeatUntilStopped } from './heartbeat.js';
 import * as keys from './layout.js';
 import { nativeToolPath } from './native.js';
-import { parseRolloutLine } from './rewards/rollout-record.js';
+import { campaignTokenizer } from './models/source.js';
+import type { HfTokenizer } from './models/tokenizer.js';
+import { datasetInput, iterationRows, promptLine } from './prompts.js';
+import { BadInputError } from './rewards/errors.js';
+import { parseRolloutLine, type ParseOptions } from './rewards/rollout-record.js';
 import { rolloutRanksEnv } from './rollout-capacity.js';
 import { runGenerateRanks } from './rollout-ranks.js';
 import type { ActivityDeps } from './deps.js';
@@ -45,6 +49,7 @@ async function storedChunkIsWhole(
   store: ObjectStore,
   input: RolloutShardInput,
   chunk: number,
+  parse: ParseOptions,
 ): Promise<boolean> {
   const key = keys.rolloutChunkKey(input.campaignId, input.iteration, input.shard, chunk);
   if ((await store.head(key)) === null) return false;
@@ -54,12 +59,59 @@ async function storedChunkIsWhole(
   if (lines.length !== prompts * input.spec.groupSize) return false;
   try {
     return lines.every((line, i) => {
-      const r = parseRolloutLine(line, { source: key, line: i + 1 });
+      const r = parseRolloutLine(line, { source: key, line: i + 1 }, parse);
       return r.prompt_id >= first && r.prompt_id < first + prompts && r.iteration === input.iteration;
     });
   } catch {
     return false;
   }
+}
+
+/**
+ * The shard's dataset rows as moe_generate's --prompts file (prompt ids global, as the built-in
+ * tasks'), rendered with the model's chat template, and the flags that make it read them.
+ */
+async function writeDatasetPrompts(
+  deps: ActivityDeps,
+  input: RolloutShardInput,
+  tokenizer: HfTokenizer | null,
+  path: string,
+): Promise<string[]> {
+  if (!input.dataset || !tokenizer)
+    throw new BadInputError(
+      `rollout of iteration ${input.iteration} shard ${input.shard}: a dataset task's shard needs the dataset's identity and position from the workflow`,
+    );
+  const rows = await iterationRows(
+    input.spec,
+    input.dataset,
+    input,
+    datasetInput(input.spec, 'train', deps.openStore),
+    deps.cacheDir,
+  );
+  const first = firstPromptId(input);
+  await writeFile(path, rows.map((row, i) => promptLine(first + i, row, tokenizer) + '\n').join(''));
+  // --first-prompt indexes the file's lines; the ids come from the lines.
+  // prettier-ignore
+  return [
+    '--task', 'dataset',
+    '--prompts', path,
+    '--first-prompt', '0',
+    '--eos-ids', tokenizer.eosTokenIds.join(','),
+  ];
+}
+
+/**
+ * Fills each record's text: moe_generate leaves it empty for a model's own tokenizer, whose
+ * decoding lives on this side. Special tokens (the stop id) are left out, as verl's reward input.
+ */
+async function decodeCompletions(file: string, tokenizer: HfTokenizer): Promise<void> {
+  const lines = (await readFile(file, 'utf8')).split('\n').filter(Boolean);
+  const out = lines.map((line) => {
+    const record = JSON.parse(line) as { tokens: number[]; text: string };
+    record.text = tokenizer.decode(record.tokens, { skipSpecialTokens: true });
+    return JSON.stringify(record);
+  });
+  await writeFile(file, out.map((l) => l + '\n').join(''));
 }
 
 export async function rolloutShard(
@@ -110,7 +162,16 @@ export async function rolloutShard(
   // chunks, fetching the checkpoint, generating one chunk, uploading it): beat on a timer.
   const stopBeats = heartbeatUntilStopped(() => progress);
   try {
-    while (progress.chunksStored < total && (await storedChunkIsWhole(store, input, progress.chunksStored)))
+    // A dataset's prompts are chat messages in the model's own template and tokens; a built-in
+    // task's are made by moe_generate with its own tokenizer.
+    const task = input.spec.task;
+    const tokenizer =
+      'dataset' in task ? await campaignTokenizer(store, input.campaignId, deps.cacheDir) : null;
+    const parse = tokenizer ? { eosIds: tokenizer.eosTokenIds } : {};
+    while (
+      progress.chunksStored < total &&
+      (await storedChunkIsWhole(store, input, progress.chunksStored, parse))
+    )
       progress.chunksStored++;
     const stored = progress.chunksStored;
     // Work lost by earlier attempts: the generator runs without pause, so an attempt that died
@@ -121,14 +182,6 @@ export async function rolloutShard(
     if (previous !== null && stored < total) startedBefore.add(stored);
     for (let k = stored; k < (previous?.chunksStored ?? 0); k++) startedBefore.add(k);
     if (stored < total) {
-      const task = input.spec.task;
-      if (!('builtin' in task))
-        throw ApplicationFailure.create({
-          type: 'NotSupported',
-          nonRetryable: true,
-          message:
-            "dataset tasks cannot run yet: the rollout activity does not feed a shard's dataset rows (activities/datasets: shardPrompts, readDatasetRows) to moe_generate, and moe_generate has no chat template or tokenizer for them; use task.builtin",
-        });
       // A shutdown or a cancel stops the shard from here on, the checkpoint's download (minutes)
       // included: one that came before the listeners is seen as already aborted.
       const stop = new AbortController();
@@ -156,18 +209,20 @@ export async function rolloutShard(
         const policyDir = policy?.dir ?? '';
         await rm(outDir, { recursive: true, force: true });
         await mkdir(outDir, { recursive: true });
+        // prettier-ignore
+        const prompts = 'builtin' in task
+          ? ['--task', task.builtin, '--split', 'train', '--first-prompt', String(firstPromptId(input))]
+          : await writeDatasetPrompts(deps, input, tokenizer, join(outDir, 'prompts.jsonl'));
         if (policy !== null) releaseRanks = await deps.rolloutRanks.acquire(worldSize, stop.signal);
         // prettier-ignore
         if (releaseRanks !== null) await runGenerateRanks(
           nativeToolPath('moe_generate', deps.binDir),
           [
             '--checkpoint', policyDir,
-            '--task', task.builtin,
+            ...prompts,
             '--out-dir', outDir,
-            '--split', 'train',
             '--seed', String(input.spec.seed),
             '--iteration', String(input.iteration),
-            '--first-prompt', String(firstPromptId(input)),
             '--num-prompts', String(input.promptCount),
             '--samples', String(input.spec.groupSize),
             '--chunk-size', String(input.spec.chunkSize),
@@ -191,7 +246,9 @@ export async function rolloutShard(
                 return;
               }
               if (rec.done !== true) return;
-              await store.putFile(chunkKeys[k]!, join(outDir, `chunk-${k}.jsonl`));
+              const file = join(outDir, `chunk-${k}.jsonl`);
+              if (tokenizer) await decodeCompletions(file, tokenizer);
+              await store.putFile(chunkKeys[k]!, file);
               if (startedBefore.has(k)) progress.chunksRedone++;
               tokens += Number(rec.new_tokens ?? 0);
               seconds += Number(rec.seconds ?? 0);

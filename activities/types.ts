@@ -2,6 +2,7 @@
 // and small summaries only (each payload well under 64 KB); bulk data lives in the object store.
 import type { CampaignSpec, Hyperparameters } from '../workflows/spec.js';
 import type { StageName } from '../workflows/types.js';
+import type { DatasetIdentity, DatasetPosition } from './datasets/index.js';
 
 /** Where a campaign's artifacts live: the spec's store section (no credentials, ever). */
 export type StoreLocation = CampaignSpec['store'];
@@ -43,6 +44,23 @@ interface ActivityOutcome {
   attempt: number;
 }
 
+export interface PrepareInputsInput {
+  campaignId: string;
+  spec: CampaignSpec;
+  /** A fork takes the parent campaign's model files. */
+  forkFrom?: CheckpointRef;
+}
+export interface PrepareInputsOutput extends ActivityOutcome {
+  /** The training dataset's identity, when the task is a dataset. */
+  dataset: DatasetIdentity | null;
+}
+
+/** A dataset task's prompts of one iteration: the dataset's identity and where the iteration starts in it. */
+export interface IterationDataset {
+  identity: DatasetIdentity;
+  position: DatasetPosition;
+}
+
 export interface PrepareInput {
   campaignId: string;
   spec: CampaignSpec;
@@ -74,6 +92,8 @@ export interface RolloutShardInput {
   promptStart: number;
   promptCount: number;
   hyperparameters: Hyperparameters;
+  /** Absent for a built-in task. */
+  dataset?: IterationDataset;
 }
 export interface RolloutShardOutput extends ActivityOutcome {
   shard: number;
@@ -97,12 +117,17 @@ export interface RewardInput {
   iteration: number;
   spec: CampaignSpec;
   chunksPerShard: ChunksPerShard;
+  /** Absent for a built-in task. */
+  dataset?: IterationDataset;
 }
 /** One rewards file per shard, at `rewardKey(campaign, iteration, shard)`. */
 export interface RewardOutput extends ActivityOutcome {
   meanReward: number;
   stdReward: number;
   passRate: number;
+  /** Samples whose reward function failed (scored 0), and why; absent when none did. */
+  failedSamples?: number;
+  failuresByReason?: Partial<Record<string, number>>;
 }
 
 export interface UpdateInput {
@@ -142,6 +167,7 @@ export interface CheckpointOutput extends ActivityOutcome {
 
 /** Every activity the campaign workflow schedules, by name. */
 export interface CampaignActivities {
+  prepareInputs(input: PrepareInputsInput): Promise<PrepareInputsOutput>;
   preparePolicy(input: PrepareInput): Promise<PrepareOutput>;
   rolloutShard(input: RolloutShardInput): Promise<RolloutShardOutput>;
   computeRewards(input: RewardInput): Promise<RewardOutput>;
@@ -151,6 +177,7 @@ export interface CampaignActivities {
 
 /** The stage each activity runs: how the history and the metrics name an activity. */
 export const stageOfActivity: Record<keyof CampaignActivities, StageName> = {
+  prepareInputs: 'prepare',
   preparePolicy: 'prepare',
   rolloutShard: 'rollout',
   computeRewards: 'reward',

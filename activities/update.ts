@@ -8,6 +8,7 @@ import { isAbsolute, resolve } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
 import { committedCheckpoint, stageCopiedCheckpoint, stagedCheckpointFromManifest } from './checkpoints.js';
 import { heartbeatUntilStopped } from './heartbeat.js';
+import { hfModelLocation } from './models/source.js';
 import * as keys from './layout.js';
 import type { ActivityDeps } from './deps.js';
 import type { FabricProvider, JobStatus, RankJob, TrainJob } from './launch/types.js';
@@ -15,6 +16,7 @@ import { StoreNotFoundError } from './store/errors.js';
 import type { ObjectStore } from './store/types.js';
 import { badInputErrorType } from './types.js';
 import type { CampaignSpec } from '../workflows/spec.js';
+import { isHfModel } from '../workflows/spec-model.js';
 import type {
   PrepareInput,
   PrepareOutput,
@@ -352,52 +354,66 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
       stop();
     }
   }
-  if (spec.sftWarmStartSteps > 0 && !('builtin' in spec.task))
-    throw ApplicationFailure.create({
-      type: 'NotSupported',
-      nonRetryable: true,
-      message: 'the SFT warm start needs a builtin task',
-    });
   const name = jobName(campaignId, 'p', 0);
   const prefix = keys.jobPrefix(campaignId, name);
   const m = spec.model;
-  const sft = spec.sftWarmStartSteps > 0 && 'builtin' in spec.task;
-  // prettier-ignore
-  const init = [
-    'init',
-    '--out', sft ? '{work}/init' : '{work}/out',
-    '--seed', String(spec.seed),
-    '--dim', String(m.hidden),
-    '--layers', String(m.layers),
-    '--heads', String(m.heads),
-    '--experts', String(m.experts),
-    '--top-k', String(m.topK),
-    '--expert-dim', String(m.expertHidden ?? m.hidden),
-    '--max-seq-len', String(m.contextLength),
-  ];
-  // prettier-ignore
-  const warmStart = sft && 'builtin' in spec.task ? [[
-    'sft',
-    '--checkpoint', '{work}/init',
-    '--out', '{work}/out',
-    '--task', spec.task.builtin,
-    '--steps', String(spec.sftWarmStartSteps),
-    '--seed', String(spec.seed),
-    '--lr', '3e-3',
-    '--warmup-steps', '10',
-    '--metrics', '{work}/metrics/metrics.jsonl',
-  ]] : [];
+  let steps: string[][];
+  let hfModel: RankJob['hfModel'];
+  let what: string;
+  if (isHfModel(m)) {
+    // Each rank fetches and imports only its own tensors (workers/rank.ts).
+    const source = hfModelLocation(m, spec.store);
+    hfModel = { store: absoluteStore(source.location), prefix: source.prefix, dir: 'hf' };
+    what = `import of ${m.huggingFace}`;
+    // prettier-ignore
+    steps = [[
+      'init',
+      '--from-hf', '{work}/hf',
+      '--out', '{work}/out',
+      ...(m.contextLength === undefined ? [] : ['--max-seq-len', String(m.contextLength)]),
+    ]];
+  } else {
+    const sft = spec.sftWarmStartSteps > 0 && 'builtin' in spec.task;
+    what = sft ? 'SFT warm start' : 'policy initialisation';
+    // prettier-ignore
+    const init = [
+      'init',
+      '--out', sft ? '{work}/init' : '{work}/out',
+      '--seed', String(spec.seed),
+      '--dim', String(m.hidden),
+      '--layers', String(m.layers),
+      '--heads', String(m.heads),
+      '--experts', String(m.experts),
+      '--top-k', String(m.topK),
+      '--expert-dim', String(m.expertHidden ?? m.hidden),
+      '--max-seq-len', String(m.contextLength),
+    ];
+    // prettier-ignore
+    const warmStart = sft && 'builtin' in spec.task ? [[
+      'sft',
+      '--checkpoint', '{work}/init',
+      '--out', '{work}/out',
+      '--task', spec.task.builtin,
+      '--steps', String(spec.sftWarmStartSteps),
+      '--seed', String(spec.seed),
+      '--lr', '3e-3',
+      '--warmup-steps', '10',
+      '--metrics', '{work}/metrics/metrics.jsonl',
+    ]] : [];
+    steps = [init, ...warmStart];
+  }
   const jobTimes = await runTrainJob(deps, store, {
     name,
     campaignId,
     iteration: 0,
     spec,
-    what: sft ? 'SFT warm start' : 'policy initialisation',
+    what,
     job: {
       store: absoluteStore(spec.store),
       checkpoints: [],
       inputLists: [],
-      steps: [init, ...warmStart],
+      ...(hfModel ? { hfModel } : {}),
+      steps,
       outputs: trainOutputs(campaignId, 0, prefix),
     },
   });

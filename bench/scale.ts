@@ -70,6 +70,7 @@ const stageNames: Record<string, keyof StageMedians> = {
   commit: 'commitCheckpoint',
 };
 const medians: StageMedians = {
+  prepareInputs: 0,
   preparePolicy: 50,
   rolloutShard: 0,
   computeRewards: 0,

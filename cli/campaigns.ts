@@ -11,6 +11,7 @@ import {
 } from '@temporalio/client';
 import { statusQuery } from '../workflows/messages.js';
 import type { CampaignSpec } from '../workflows/spec.js';
+import { isHfModel } from '../workflows/spec-model.js';
 import type { CampaignInput, CampaignState } from '../workflows/types.js';
 import type { campaign } from '../workflows/campaign.js';
 import { reasonOf } from './command.js';
@@ -128,7 +129,9 @@ export function specSummary(spec: CampaignSpec): SpecSummary {
   return {
     name: spec.name,
     task: 'builtin' in spec.task ? spec.task.builtin : `dataset:${spec.task.dataset.train}`,
-    model: `${m.layers} layers, hidden ${m.hidden}, ${m.heads} heads, ${m.experts} experts top-${m.topK}`,
+    model: isHfModel(m)
+      ? `Hugging Face ${m.huggingFace}`
+      : `${m.layers} layers, hidden ${m.hidden}, ${m.heads} heads, ${m.experts} experts top-${m.topK}`,
     iterations: spec.iterations,
     promptsPerIteration: spec.promptsPerIteration,
     groupSize: spec.groupSize,

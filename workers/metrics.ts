@@ -344,6 +344,7 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
   return {
     registry,
     instrument: (a) => ({
+      prepareInputs: wrap('prepareInputs', a.prepareInputs),
       preparePolicy: wrap('preparePolicy', a.preparePolicy),
       rolloutShard: wrap('rolloutShard', a.rolloutShard),
       computeRewards: wrap('computeRewards', a.computeRewards),

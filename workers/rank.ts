@@ -21,6 +21,7 @@ import { fetchCheckpointForRank } from '../activities/checkpoints.js';
 import { mapLimit } from '../activities/concurrency.js';
 import type { RankJob } from '../activities/launch/types.js';
 import { rankEnv, rankStoppedExitCode } from '../activities/launch/types.js';
+import { fetchModelForRank } from '../activities/models/source.js';
 import { nativeToolPath } from '../activities/native.js';
 import { openStore, StoreKeyError, StoreNotFoundError } from '../activities/store/index.js';
 import type { ObjectStore } from '../activities/store/index.js';
@@ -123,6 +124,10 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
   for (const c of job.checkpoints)
     await fetchCheckpointForRank(store, c.ref, join(work, c.dir), { rank, worldSize });
   for (const list of job.inputLists) await fetchInputList(store, work, list);
+  if (job.hfModel) {
+    const model = { store: openStore(job.hfModel.store), prefix: job.hfModel.prefix };
+    await fetchModelForRank(model, join(work, job.hfModel.dir), rank, worldSize);
+  }
   // The tools write into their output directories; they need not create them.
   for (const output of job.outputs) await mkdir(join(work, output.dir), { recursive: true });
   const moeTrain = nativeToolPath('moe_train');

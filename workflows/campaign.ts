@@ -22,6 +22,7 @@ import type { CampaignActivities, CheckpointRef, StagedCheckpoint } from '../act
 import { pauseSignal, resumeSignal, setHyperparametersUpdate, statusQuery } from './messages.js';
 import { campaignStatusKey, iterationKey, meanRewardKey } from './search-attributes.js';
 import { defaultCommitHeartbeatSeconds, validateHyperparameterChange } from './spec.js';
+import { isHfModel } from './spec-model.js';
 import type { CampaignSpec } from './spec.js';
 import * as st from './state.js';
 import * as summaries from './summaries.js';
@@ -226,6 +227,19 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       ? { kind: 'fork' as const, checkpoint: input.forkFrom }
       : { kind: 'init' as const };
     const iteration = input.forkFrom?.iteration ?? 0;
+    // A Hugging Face model's tokenizer and config, and a dataset checked whole, before its weights.
+    if (isHfModel(spec.model)) {
+      const inputs = await runStage(
+        iteration,
+        'prepare',
+        () =>
+          acts.rollout.prepareInputs.executeWithOptions({ summary: summaries.prepareInputsSummary(spec) }, [
+            { campaignId, spec, ...(input.forkFrom ? { forkFrom: input.forkFrom } : {}) },
+          ]),
+        'inputs',
+      );
+      if (inputs.dataset) state.dataset = inputs.dataset;
+    }
     // A commit that fails for good (a staged file corrupt) means preparing again.
     for (;;) {
       const out = await runStage(iteration, 'prepare', () =>
@@ -273,7 +287,17 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
           () =>
             acts.rollout.rolloutShard.executeWithOptions(
               { summary: summaries.rolloutSummary(spec, iteration, range.shard) },
-              [{ campaignId, iteration, spec, policy, hyperparameters, ...range }],
+              [
+                {
+                  campaignId,
+                  iteration,
+                  spec,
+                  policy,
+                  hyperparameters,
+                  ...range,
+                  ...st.iterationDataset(state, spec, iteration),
+                },
+              ],
             ),
           String(range.shard),
         );
@@ -287,7 +311,13 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     const rewardStarted = new Date();
     const reward = await attemptStage(iteration, 'reward', () =>
       acts.rollout.computeRewards.executeWithOptions({ summary: summaries.rewardSummary(spec, iteration) }, [
-        { campaignId, iteration, spec, chunksPerShard: st.chunksPerShard(shards) },
+        {
+          campaignId,
+          iteration,
+          spec,
+          chunksPerShard: st.chunksPerShard(shards),
+          ...st.iterationDataset(state, spec, iteration),
+        },
       ]),
     );
     if (!reward) return null;

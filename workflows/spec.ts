@@ -4,7 +4,9 @@
 import { z } from 'zod';
 import { datasetSchema } from './spec-dataset.js';
 import { kubernetesLauncherSchema, kubernetesStoreProblems } from './spec-kubernetes.js';
+import { isHfModel, modelSchema } from './spec-model.js';
 import { rendezvousFields } from './spec-rendezvous.js';
+import { rewardsSchema } from './spec-rewards.js';
 
 /** Names of the verifiable tasks the native core generates prompts for (docs/tasks.md). */
 export const builtinTasks = ['add', 'sort', 'reverse'] as const;
@@ -37,31 +39,6 @@ export const defaultHyperparameters: Hyperparameters = {
   minibatches: 4,
   epochs: 2,
 };
-
-const modelSchema = z
-  .strictObject({
-    layers: positiveInt(64),
-    hidden: positiveInt(16384),
-    heads: positiveInt(256),
-    experts: positiveInt(1024),
-    topK: positiveInt(16),
-    expertHidden: positiveInt(65536).optional().describe('width of each expert; default: hidden'),
-    contextLength: positiveInt(65536).default(32).describe('positions the model can attend over'),
-  })
-  .superRefine((m, ctx) => {
-    if (m.hidden % m.heads !== 0)
-      ctx.addIssue({
-        code: 'custom',
-        path: ['hidden'],
-        message: `hidden (${m.hidden}) must be divisible by heads (${m.heads})`,
-      });
-    if (m.topK > m.experts)
-      ctx.addIssue({
-        code: 'custom',
-        path: ['topK'],
-        message: `topK (${m.topK}) must be at most experts (${m.experts})`,
-      });
-  });
 
 const taskSchema = z.union([
   z.strictObject({ builtin: z.enum(builtinTasks) }),
@@ -170,7 +147,10 @@ export const campaignSpecSchema = z
       .describe('moe_generate ranks per rollout shard (expert parallel; must divide model.experts)'),
     reward: rewardSchema
       .default({ kind: 'verifier' })
-      .describe("the task's verifier, or an HTTP reward model"),
+      .describe("the task's verifier (a dataset's: the rewards section), or an HTTP reward model"),
+    rewards: rewardsSchema
+      .optional()
+      .describe("a dataset task's reward per data_source: built-in verifiers or your own functions"),
     sftWarmStartSteps: z.number().int().min(0).max(1_000_000).default(0),
     launcher: launcherSchema.default({ kind: 'local' }),
     store: storeSchema.default({ kind: 'fs', path: '.moerl/store' }),
@@ -187,18 +167,45 @@ export const campaignSpecSchema = z
     orchestration: orchestrationSchema.default(orchestrationSchema.parse({})),
   })
   .superRefine((s, ctx) => {
-    if (s.model.experts % s.epWorldSize !== 0)
-      ctx.addIssue({
-        code: 'custom',
-        path: ['epWorldSize'],
-        message: `model.experts (${s.model.experts}) must be divisible by epWorldSize (${s.epWorldSize})`,
-      });
-    if (s.model.experts % s.rolloutEpWorldSize !== 0)
-      ctx.addIssue({
-        code: 'custom',
-        path: ['rolloutEpWorldSize'],
-        message: `model.experts (${s.model.experts}) must be divisible by rolloutEpWorldSize (${s.rolloutEpWorldSize})`,
-      });
+    const problem = (path: string[], message: string) => ctx.addIssue({ code: 'custom', path, message });
+    if (isHfModel(s.model)) {
+      // The expert count is the config's: the import checks it against epWorldSize.
+      if ('builtin' in s.task)
+        problem(
+          ['task'],
+          'a Hugging Face model trains on a dataset (task.dataset): the built-in tasks have their own tokenizer',
+        );
+      if (s.sftWarmStartSteps > 0)
+        problem(
+          ['sftWarmStartSteps'],
+          'the SFT warm start is for the built-in tasks; a Hugging Face model starts trained',
+        );
+    } else {
+      if (s.model.experts % s.epWorldSize !== 0)
+        problem(
+          ['epWorldSize'],
+          `model.experts (${s.model.experts}) must be divisible by epWorldSize (${s.epWorldSize})`,
+        );
+      if (s.model.experts % s.rolloutEpWorldSize !== 0)
+        problem(
+          ['rolloutEpWorldSize'],
+          `model.experts (${s.model.experts}) must be divisible by rolloutEpWorldSize (${s.rolloutEpWorldSize})`,
+        );
+      if ('dataset' in s.task)
+        problem(
+          ['task', 'dataset'],
+          "a dataset's prompts are chat messages, rendered with a model's own chat template: give model.huggingFace",
+        );
+    }
+    if ('dataset' in s.task && s.reward.kind !== 'http' && s.rewards === undefined)
+      problem(
+        ['rewards'],
+        'a dataset task needs its rewards (default and/or bySource), or an http reward model',
+      );
+    if ('builtin' in s.task && s.rewards !== undefined)
+      problem(['rewards'], 'is for dataset tasks; a built-in task is scored by its own verifier');
+    if (s.reward.kind === 'http' && s.rewards !== undefined)
+      problem(['rewards'], 'goes with reward.kind verifier; an http reward model scores every sample');
     if (s.rolloutShards > s.promptsPerIteration)
       ctx.addIssue({
         code: 'custom',

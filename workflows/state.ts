@@ -1,6 +1,12 @@
 // Pure transitions of the campaign state: no Temporal APIs here, so each rule is unit-testable
 // and the workflow file reads as orchestration only.
-import type { CheckpointOutput, ChunksPerShard, RolloutShardOutput } from '../activities/types.js';
+import { iterationPosition } from '../activities/datasets/sampling.js';
+import type {
+  CheckpointOutput,
+  ChunksPerShard,
+  IterationDataset,
+  RolloutShardOutput,
+} from '../activities/types.js';
 import type { SetHyperparametersInput } from './messages.js';
 import type { CampaignSpec, Hyperparameters } from './spec.js';
 import type {
@@ -112,6 +118,19 @@ export function checkpointCommitted(state: CampaignState, out: CheckpointOutput)
 
 export function iterationFinished(state: CampaignState, summary: IterationSummary): void {
   state.recentIterations = [...state.recentIterations, summary].slice(-recentIterationsKept);
+}
+
+/** A dataset task's prompts of iteration `iteration`: none for a built-in task. */
+export function iterationDataset(
+  state: CampaignState,
+  spec: CampaignSpec,
+  iteration: number,
+): { dataset: IterationDataset } | Record<string, never> {
+  if (!state.dataset) return {};
+  const identity = state.dataset;
+  return {
+    dataset: { identity, position: iterationPosition(iteration, spec.promptsPerIteration, identity.rows) },
+  };
 }
 
 /** Splits the iteration's prompts into contiguous shard ranges, sizes differing by at most one. */

@@ -4,15 +4,23 @@
 // the workflow calls them, unit tests check them.
 import type { CheckpointRef } from '../activities/types.js';
 import type { CampaignSpec } from './spec.js';
+import { isHfModel } from './spec-model.js';
 import type { CampaignState, StageName } from './types.js';
 
 export function prepareSummary(spec: CampaignSpec, iteration: number, forkFrom?: CheckpointRef): string {
   const source = forkFrom
     ? `fork of ${forkFrom.campaignId} at iteration ${forkFrom.iteration}`
-    : spec.sftWarmStartSteps > 0
-      ? `init + SFT ${spec.sftWarmStartSteps} steps`
-      : 'init';
+    : isHfModel(spec.model)
+      ? `import ${spec.model.huggingFace}`
+      : spec.sftWarmStartSteps > 0
+        ? `init + SFT ${spec.sftWarmStartSteps} steps`
+        : 'init';
   return `prepare it ${iteration} (${source}, ${spec.epWorldSize} ranks)`;
+}
+
+export function prepareInputsSummary(spec: CampaignSpec): string {
+  const dataset = 'dataset' in spec.task ? ` and check ${spec.task.dataset.train}` : '';
+  return `prepare inputs (model files${dataset})`;
 }
 
 /** `shard` is the shard's id (0-based, as in store keys and `moerl history`). */

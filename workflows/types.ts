@@ -1,5 +1,6 @@
 // Campaign workflow input and state. The state is one plain JSON-safe object (no Map/Set): it
 // is the query answer and travels whole across continue-as-new.
+import type { DatasetIdentity } from '../activities/datasets/index.js';
 import type { CheckpointRef, RewardOutput, RolloutShardOutput } from '../activities/types.js';
 import type { CampaignSpec, Hyperparameters } from './spec.js';
 
@@ -104,4 +105,9 @@ export interface CampaignState {
   /** Number of workflow runs so far (1 + continue-as-new count). */
   runs: number;
   forkedFrom: { campaignId: string; iteration: number } | null;
+  /**
+   * A dataset task's training file as the campaign started with it (its hash, size and rows): each
+   * iteration's prompts follow from it and the iteration number. Absent: a built-in task.
+   */
+  dataset?: DatasetIdentity;
 }

@@ -9,6 +9,7 @@ export {
   advancePosition,
   drawPrompts,
   epochPermutation,
+  iterationPosition,
   shardPrompts,
   startPosition,
   type DatasetPosition,

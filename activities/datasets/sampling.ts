@@ -1,5 +1,5 @@
 // Deterministic prompt sampling from a dataset: which rows an iteration trains on, from nothing
-// but (seed, epoch) and a position. Every epoch is its own seeded shuffle of the rows
+// but (seed, epoch) and a position. Pure, with no imports: the workflow computes positions here. Every epoch is its own seeded shuffle of the rows
 // (Fisher–Yates on splitmix64, the generator docs/tasks.md specifies); an iteration takes the
 // next prompts in that order and rolls over into the next epoch mid-iteration when the epoch
 // runs out. The workflow holds only the position, so these are pure functions: the same
@@ -49,10 +49,10 @@ export class SplitMix64 {
   }
 }
 
-/** FNV-1a-32 of a string's UTF-8 bytes (docs/tasks.md). */
+/** FNV-1a-32 of a string's UTF-8 bytes (docs/tasks.md). TextEncoder, not Buffer: workflows use this file. */
 export function fnv1a32(text: string): number {
   let h = 2166136261;
-  for (const byte of Buffer.from(text, 'utf8')) h = Math.imul(h ^ byte, 16777619) >>> 0;
+  for (const byte of new TextEncoder().encode(text)) h = Math.imul(h ^ byte, 16777619) >>> 0;
   return h;
 }
 
@@ -116,6 +116,19 @@ export function advancePosition(position: DatasetPosition, count: number, rows: 
 function checkPosition(p: DatasetPosition): void {
   if (!Number.isSafeInteger(p.epoch) || p.epoch < 0 || !Number.isSafeInteger(p.offset) || p.offset < 0)
     throw new RangeError(`a dataset position is two non-negative integers, got ${JSON.stringify(p)}`);
+}
+
+/**
+ * The position iteration `iteration` (1-based) starts at: iterations draw consecutive blocks of
+ * `promptsPerIteration` prompts, so a resume, a continue-as-new or a fork at iteration i starts
+ * exactly where an uninterrupted campaign would.
+ */
+export function iterationPosition(
+  iteration: number,
+  promptsPerIteration: number,
+  rows: number,
+): DatasetPosition {
+  return advancePosition(startPosition, (iteration - 1) * promptsPerIteration, rows);
 }
 
 /**

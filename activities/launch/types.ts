@@ -21,6 +21,11 @@ export interface RankJob {
    * `{work}/<dir>/<n>.<ext>` and the local paths, one a line, are written to `{work}/<listFile>`.
    */
   inputLists: { indexKey: string; dir: string; listFile: string }[];
+  /**
+   * A Hugging Face model folder to import: config.json, the index and only the safetensors
+   * shards holding this rank's tensors are fetched into `{work}/<dir>` under their own names.
+   */
+  hfModel?: { store: StoreLocation; prefix: string; dir: string };
   /** moe_train argument lists run one after the other; `{work}` is the rank's scratch directory. */
   steps: string[][];
   /**

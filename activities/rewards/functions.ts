@@ -83,6 +83,15 @@ export interface BatchScores {
   };
   /** Functions that failed on every sample of the batch they scored: the campaign cannot go on. */
   allFailing: (SampleFailure & { function: string; samples: number })[];
+  /** Samples scored and failed per function, with its first failure: batches add up by function. */
+  byFunction: FunctionTally[];
+}
+
+export interface FunctionTally {
+  function: string;
+  samples: number;
+  failed: number;
+  first?: SampleFailure;
 }
 
 interface Scorer {
@@ -164,11 +173,16 @@ export class RewardFunctions {
   async scoreBatch(samples: readonly Sample[]): Promise<BatchScores> {
     const scorers = samples.map((s) => this.scorerFor(s.dataSource));
     const results = await Promise.all(samples.map((s, i) => (scorers[i] as Scorer).score(s)));
-    const batch: BatchScores = { results, failures: { count: 0, byReason: {} }, allFailing: [] };
-    const perFunction = new Map<string, { samples: number; failed: number; first?: SampleFailure }>();
+    const batch: BatchScores = {
+      results,
+      failures: { count: 0, byReason: {} },
+      allFailing: [],
+      byFunction: [],
+    };
+    const perFunction = new Map<string, FunctionTally>();
     results.forEach((result, i) => {
       const name = (scorers[i] as Scorer).name;
-      const counts = perFunction.get(name) ?? { samples: 0, failed: 0 };
+      const counts = perFunction.get(name) ?? { function: name, samples: 0, failed: 0 };
       perFunction.set(name, counts);
       counts.samples++;
       if (!result.failure) return;
@@ -185,6 +199,7 @@ export class RewardFunctions {
       };
     });
     for (const [name, counts] of perFunction) {
+      batch.byFunction.push(counts);
       if (counts.first && counts.failed === counts.samples) {
         batch.allFailing.push({ function: name, samples: counts.samples, ...counts.first });
       }

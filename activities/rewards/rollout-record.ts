@@ -6,8 +6,13 @@ import { BadRolloutError } from './errors.js';
 export const finishReasons = ['stop', 'length'] as const;
 export type FinishReason = (typeof finishReasons)[number];
 
-/** Token id of <eos>; a sample that finished with "stop" ends with it. */
+/** Token id of <eos> of the built-in tasks' tokenizer; a sample that finished with "stop" ends with it. */
 export const eosTokenId = 1;
+
+export interface ParseOptions {
+  /** The ids a "stop" sample may end with: a Hugging Face model's own (default: the built-in <eos>). */
+  eosIds?: readonly number[];
+}
 
 /** One generated sample; field names are the JSONL keys. */
 export interface RolloutRecord {
@@ -58,7 +63,7 @@ function isFinishReason(value: string): value is FinishReason {
 }
 
 /** Parses one rollout JSONL line; throws BadRolloutError naming source, line and field. */
-export function parseRolloutLine(text: string, at: LineLocation): RolloutRecord {
+export function parseRolloutLine(text: string, at: LineLocation, opts: ParseOptions = {}): RolloutRecord {
   const where = `${at.source} line ${at.line}`;
   // Annotated so that TypeScript narrows after `if (...) fail(...)`.
   const fail: (message: string, field?: string) => never = (message, field) => {
@@ -132,8 +137,10 @@ export function parseRolloutLine(text: string, at: LineLocation): RolloutRecord 
       'logprobs',
     );
   }
-  if (record.finish_reason === 'stop' && record.tokens[record.tokens.length - 1] !== eosTokenId) {
-    fail(`field "tokens" must end with <eos> (id ${eosTokenId}) when finish_reason is "stop"`, 'tokens');
+  const eosIds = opts.eosIds ?? [eosTokenId];
+  if (record.finish_reason === 'stop' && !eosIds.includes(record.tokens[record.tokens.length - 1] ?? -1)) {
+    const ids = eosIds.length === 1 ? `<eos> (id ${eosIds[0]})` : `a stop id (${eosIds.join(', ')})`;
+    fail(`field "tokens" must end with ${ids} when finish_reason is "stop"`, 'tokens');
   }
   return record;
 }

@@ -2,7 +2,7 @@
 // order, summary statistics, and the rewards JSONL that `moe_train grpo --rewards` reads.
 import { BadRolloutError } from './errors.js';
 import type { RewardFunction, RewardKind } from './reward-model.js';
-import { parseRolloutLine, type RolloutRecord } from './rollout-record.js';
+import { parseRolloutLine, type ParseOptions, type RolloutRecord } from './rollout-record.js';
 
 /** One line of a rewards file (docs/native-model.md, "Rewards JSONL"). */
 export interface RewardRow {
@@ -80,7 +80,7 @@ export async function scoreRollouts(
   lines: AsyncIterable<string> | Iterable<string>,
   source: string,
   reward: RewardFunction,
-  options: { perGroup?: boolean } = {},
+  options: { perGroup?: boolean } & ParseOptions = {},
 ): Promise<ScoredRollouts> {
   const records: RolloutRecord[] = [];
   const seen = new Map<string, number>();
@@ -89,7 +89,7 @@ export async function scoreRollouts(
     lineNumber++;
     // Blank lines are skipped (a trailing newline, as the native readers do); line numbers count them.
     if (line.trim() === '') continue;
-    const record = parseRolloutLine(line, { source, line: lineNumber });
+    const record = parseRolloutLine(line, { source, line: lineNumber }, options);
     const key = `${record.prompt_id}/${record.sample_index}`;
     const first = seen.get(key);
     if (first !== undefined) {

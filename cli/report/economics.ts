@@ -59,6 +59,7 @@ type Pool = 'rollout' | 'train' | 'control';
 const poolOf: Record<ActivityRecord['activity'], Pool> = {
   rolloutShard: 'rollout',
   computeRewards: 'rollout',
+  prepareInputs: 'rollout',
   preparePolicy: 'train',
   updatePolicy: 'train',
   commitCheckpoint: 'control',

@@ -8,6 +8,8 @@ import type {
   CheckpointInput,
   CheckpointOutput,
   PrepareInput,
+  PrepareInputsInput,
+  PrepareInputsOutput,
   PrepareOutput,
   RewardInput,
   RewardOutput,
@@ -102,6 +104,10 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
   const rewardFor = opts.rewardFor ?? ((i: number) => Math.min(1, 0.1 + 0.05 * i));
 
   const activities: CampaignActivities = {
+    prepareInputs: (input: PrepareInputsInput): Promise<PrepareInputsOutput> =>
+      record('prepareInputs', { campaignId: input.campaignId, iteration: 0 }, input, () => ({
+        dataset: null,
+      })),
     preparePolicy: (input: PrepareInput): Promise<PrepareOutput> => {
       const iteration = input.source.kind === 'fork' ? input.source.checkpoint.iteration : 0;
       return record('preparePolicy', { campaignId: input.campaignId, iteration }, input, () => ({

@@ -15,6 +15,19 @@ export function validSpecDoc(): Record<string, unknown> {
   };
 }
 
+/**
+ * A valid spec of a campaign on a Hugging Face model and a dataset task (verl's schema), scored
+ * by the math verifier.
+ */
+export function hfSpecDoc(): Record<string, unknown> {
+  return {
+    ...validSpecDoc(),
+    task: datasetTaskDoc(),
+    model: { huggingFace: 'models/qwen3-moe' },
+    rewards: { default: { kind: 'math' } },
+  };
+}
+
 /** A dataset task in verl's schema (the defaults name every column), for `task:` of validSpecDoc. */
 export function datasetTaskDoc(): Record<string, unknown> {
   return { dataset: { train: 'datasets/arith/train.parquet', format: 'parquet' } };

@@ -5,10 +5,10 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { SpecError, campaignSpecJsonSchema, parseCampaignSpec } from '../../workflows/spec.js';
 import { parseDatasetRef } from '../../workflows/spec-dataset.js';
-import { datasetTaskDoc, validSpecDoc } from '../support/spec-docs.js';
+import { hfSpecDoc } from '../support/spec-docs.js';
 
 function withDataset(dataset: unknown): unknown {
-  return { ...validSpecDoc(), task: { dataset } };
+  return { ...hfSpecDoc(), task: { dataset } };
 }
 
 function problems(doc: unknown): string[] {
@@ -23,7 +23,7 @@ function problems(doc: unknown): string[] {
 
 describe('spec: dataset tasks', () => {
   it("defaults to verl's column names", () => {
-    const spec = parseCampaignSpec({ ...validSpecDoc(), task: datasetTaskDoc() });
+    const spec = parseCampaignSpec(hfSpecDoc());
     assert.ok('dataset' in spec.task);
     assert.deepEqual(spec.task.dataset, {
       train: 'datasets/arith/train.parquet',

@@ -17,6 +17,7 @@ function fakeActivities(failure: { current: unknown }): CampaignActivities {
     if (failure.current !== undefined) throw failure.current;
   };
   return {
+    prepareInputs: async () => (maybeFail(), { attempt: 1, dataset: null }),
     preparePolicy: async () => (maybeFail(), { attempt: 1 }) as never,
     rolloutShard: async () => (
       maybeFail(),
