@@ -6,6 +6,7 @@ import { checkCampaignId } from './campaigns.js';
 import { cancelCommand, pauseCommand, resumeCommand } from './commands/control.js';
 import { demoCommand } from './commands/demo.js';
 import { devCommand } from './commands/dev.js';
+import { exportCommand } from './commands/export.js';
 import { forkCommand } from './commands/fork.js';
 import { historyCommand } from './commands/history.js';
 import { listCommand } from './commands/list.js';
@@ -32,6 +33,7 @@ export const commands: Command[] = [
   historyCommand,
   reportCommand,
   forkCommand,
+  exportCommand,
   devCommand,
   demoCommand,
   specCommand,
