@@ -1,0 +1,281 @@
+"""The trainer's inputs, read as `moe_train` reads them (native/tools/moe_train.cc, moe_cli.cc):
+list files, rollout records, rewards, SFT examples; group-normalised advantages; the split of
+a step's sequences into minibatches, ranks and micro-batches. Plain Python, no torch: every
+rank reads the same files and builds the same batch before any rank talks to another, so bad
+input fails every rank alike (exit 2) instead of leaving peers waiting."""
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import BadInput
+
+
+@dataclass
+class Sequence:
+    """One training sequence: the prompt followed by the completion (TrainSequence)."""
+
+    tokens: list[int]
+    prompt_len: int  # the loss is on positions predicting tokens[prompt_len:]
+    old_logprobs: list[float] = field(default_factory=list)  # [completion] behaviour, GRPO
+    advantage: float = 0.0  # GRPO, per sequence (a float32 value)
+    ref_logprobs: list[float] | None = None  # [completion] reference policy, GRPO with KL
+
+    @property
+    def completion_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+def read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"{what}: cannot open {path}: {e.strerror if isinstance(e, OSError) else e}")
+
+
+def read_list_file(path: str, flag: str) -> list[str]:
+    """A text file with one path per line; blank lines are ignored and a trailing CR dropped.
+    Every path must open; a list without paths is bad input."""
+    paths = []
+    for n, line in enumerate(read_text(path, flag).split("\n"), 1):
+        p = line[:-1] if line.endswith("\r") else line
+        if p.strip(" \t") == "":
+            continue
+        try:
+            with open(p, "rb"):
+                pass
+        except OSError as e:
+            raise BadInput(f"{path} line {n}: cannot open {p}: {e.strerror}")
+        paths.append(p)
+    if not paths:
+        raise BadInput(f"{flag} {path} lists no files")
+    return paths
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_lines(path: str):
+    """(what, object) per non-empty line, what = '<path> line <n>'."""
+    text = read_text(path, "input")
+    for n, line in enumerate(text.split("\n"), 1):
+        if line == "":
+            continue
+        what = f"{path} line {n}"
+        try:
+            yield what, json.loads(line, parse_constant=_no_constant)
+        except ValueError as e:
+            raise BadInput(f"{what}: malformed JSON: {e}")
+
+
+def _field(obj, key: str, what: str):
+    if not isinstance(obj, dict):
+        raise BadInput(f"{what}: expected an object, got {type(obj).__name__}")
+    if key not in obj:
+        raise BadInput(f'{what}: missing field "{key}"')
+    return obj[key]
+
+
+def _integer(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadInput(f"{what}: expected an integer, got {json.dumps(v)}")
+    if isinstance(v, float):
+        if not math.isfinite(v) or v != math.trunc(v):
+            raise BadInput(f"{what}: expected an integer, got {json.dumps(v)}")
+        v = int(v)
+    return v
+
+
+def _number(v, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise BadInput(f"{what}: expected a number, got {json.dumps(v)}")
+    return float(v)
+
+
+def integer_field(obj, key: str, what: str) -> int:
+    return _integer(_field(obj, key, what), f'{what} field "{key}"')
+
+
+def number_field(obj, key: str, what: str) -> float:
+    return _number(_field(obj, key, what), f'{what} field "{key}"')
+
+
+def string_field(obj, key: str, what: str) -> str:
+    v = _field(obj, key, what)
+    if not isinstance(v, str):
+        raise BadInput(f'{what} field "{key}": expected a string, got {json.dumps(v)}')
+    return v
+
+
+def token_field(obj, key: str, what: str) -> list[int]:
+    v = _field(obj, key, what)
+    if not isinstance(v, list):
+        raise BadInput(f'{what} field "{key}": expected an array, got {json.dumps(v)}')
+    ids = [_integer(t, f"{what} {key}") for t in v]
+    for t in ids:
+        if t < 0:
+            raise BadInput(f"{what} {key}: token id {t} is negative")
+    return ids
+
+
+def numbers_field(obj, key: str, what: str) -> list[float]:
+    v = _field(obj, key, what)
+    if not isinstance(v, list):
+        raise BadInput(f'{what} field "{key}": expected an array, got {json.dumps(v)}')
+    return [_number(x, f"{what} {key}") for x in v]
+
+
+@dataclass
+class Rollout:
+    prompt_id: int
+    sample_index: int
+    prompt_tokens: list[int]
+    tokens: list[int]
+    logprobs: list[float]  # float32 values, as the native reader keeps them
+
+
+def read_rollouts(path: str) -> list[Rollout]:
+    """The records moe_generate writes (docs/native-model.md, "Rollout JSONL"), with the fields
+    the native reader requires."""
+    out = []
+    for what, j in json_lines(path):
+        r = Rollout(
+            prompt_id=integer_field(j, "prompt_id", what),
+            sample_index=integer_field(j, "sample_index", what),
+            prompt_tokens=token_field(j, "prompt_tokens", what),
+            tokens=token_field(j, "tokens", what),
+            logprobs=[float(np.float32(x)) for x in numbers_field(j, "logprobs", what)],
+        )
+        for key in ("prompt", "text", "finish_reason"):
+            string_field(j, key, what)
+        if len(r.logprobs) != len(r.tokens):
+            raise BadInput(f"{what}: {len(r.logprobs)} logprobs for {len(r.tokens)} tokens")
+        if not r.prompt_tokens:
+            raise BadInput(f'{what} field "prompt_tokens": the prompt is empty')
+        out.append(r)
+    return out
+
+
+def read_rewards(paths: list[str]) -> dict[tuple[int, int], float]:
+    """(prompt id, sample index) -> reward as a float32 value; a later line wins."""
+    rewards = {}
+    for path in paths:
+        for what, j in json_lines(path):
+            key = (integer_field(j, "prompt_id", what), integer_field(j, "sample_index", what))
+            rewards[key] = float(np.float32(number_field(j, "reward", what)))
+    return rewards
+
+
+@dataclass
+class GrpoBatch:
+    sequences: list[Sequence]
+    mean_reward: float
+    groups: int
+    skipped_groups: int
+    samples: int
+
+
+def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float]) -> GrpoBatch:
+    """Samples sorted by (prompt id, sample index); per prompt group the advantage
+    A = (r - mean) / (std + 1e-6) with the population std, accumulated in float64 in sample
+    order (each x / n of the mean in float32, as the native code divides) and kept as float32.
+    A group whose std is below 1e-6 carries no signal and is skipped; a sample with no
+    completion tokens is left out."""
+    rollouts = sorted(rollouts, key=lambda r: (r.prompt_id, r.sample_index))
+    seqs, reward_sum, groups, skipped = [], 0.0, 0, 0
+    i = 0
+    while i < len(rollouts):
+        j = i
+        while j < len(rollouts) and rollouts[j].prompt_id == rollouts[i].prompt_id:
+            j += 1
+        groups += 1
+        r = []
+        for ro in rollouts[i:j]:
+            key = (ro.prompt_id, ro.sample_index)
+            if key not in rewards:
+                raise BadInput(f"no reward for prompt {ro.prompt_id} sample {ro.sample_index}")
+            r.append(rewards[key])
+            reward_sum += rewards[key]
+        mean = 0.0
+        for x in r:  # x / n in float32, as the native `float / size_t`
+            mean += float(np.float32(x) / np.float32(len(r)))
+        var = 0.0
+        for x in r:
+            var += (x - mean) * (x - mean) / len(r)
+        sd = math.sqrt(var)
+        if sd < 1e-6:
+            skipped += 1
+        else:
+            for k, ro in enumerate(rollouts[i:j]):
+                if not ro.tokens:
+                    continue
+                seqs.append(
+                    Sequence(
+                        tokens=ro.prompt_tokens + ro.tokens,
+                        prompt_len=len(ro.prompt_tokens),
+                        old_logprobs=ro.logprobs,
+                        advantage=float(np.float32((r[k] - mean) / (sd + 1e-6))),
+                    )
+                )
+        i = j
+    mean_reward = reward_sum / len(rollouts) if rollouts else 0.0
+    return GrpoBatch(seqs, mean_reward, groups, skipped, len(rollouts))
+
+
+def read_sft_examples(path: str) -> list[Sequence]:
+    """JSONL lines {"prompt_tokens":[ids],"tokens":[ids]}: the completion is learned as given
+    (end it with the model's eos id if the model should learn to stop)."""
+    out = []
+    for what, j in json_lines(path):
+        prompt = token_field(j, "prompt_tokens", what)
+        completion = token_field(j, "tokens", what)
+        if not prompt:
+            raise BadInput(f'{what} field "prompt_tokens": the prompt is empty')
+        if not completion:
+            raise BadInput(f'{what} field "tokens": the completion is empty')
+        out.append(Sequence(tokens=prompt + completion, prompt_len=len(prompt)))
+    if not out:
+        raise BadInput(f"{path} holds no examples")
+    return out
+
+
+def sft_step_batch(examples: list[Sequence], step: int, batch_size: int, first: int) -> list[Sequence]:
+    """Batch `step` takes lines (first + step * batch_size + i) mod lines, as moe_train sft
+    --data cycles its file."""
+    n = len(examples)
+    return [examples[(first + step * batch_size + i) % n] for i in range(batch_size)]
+
+
+def check_tokens(seqs: list[Sequence], vocab_size: int, max_len: int, what: str) -> None:
+    for i, s in enumerate(seqs):
+        if len(s.tokens) > max_len:
+            raise BadInput(f"{what}: sequence {i} has {len(s.tokens)} tokens, more than the model's "
+                           f"max_position_embeddings {max_len}")
+        for t in s.tokens:
+            if t >= vocab_size:
+                raise BadInput(f"{what}: sequence {i}: token id {t} outside the vocabulary of {vocab_size}")
+
+
+def minibatches(seqs: list[Sequence], count: int) -> list[list[Sequence]]:
+    """Minibatch m holds sequences i with i % count == m."""
+    out = [[] for _ in range(count)]
+    for i, s in enumerate(seqs):
+        out[i % count].append(s)
+    return out
+
+
+def micro_batches(n: int, rank: int, world_size: int, micro_batch: int) -> list[list[int]]:
+    """This rank's share of a step's n sequences (i % world_size == rank) in micro-batches of at
+    most micro_batch; every rank gets the same number of micro-batches (some possibly empty),
+    since each one's balance loss is a collective."""
+    mine = list(range(rank, n, world_size))
+    max_share = (n + world_size - 1) // world_size
+    count = max(1, (max_share + micro_batch - 1) // micro_batch)
+    out = [[] for _ in range(count)]
+    for j, i in enumerate(mine):
+        out[j // micro_batch].append(i)
+    return out

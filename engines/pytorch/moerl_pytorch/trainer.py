@@ -1,0 +1,187 @@
+"""One optimizer step over a global minibatch, data parallel (native/rl/trainer.cc:
+compute_gradients, train_step, fill_ref_logprobs): every rank holds the same minibatch and takes
+sequences i with i % R == rank in micro-batches; token losses are normalised by the step's
+global completion tokens, the router z-loss by its global tokens, the balance loss is one per
+micro-batch of all ranks (its sums allreduced) averaged over micro-batches; gradients are summed
+over ranks; then AdamW. Every rank runs the same number of forwards, an empty share a one-token
+dummy that adds nothing, since FSDP2's gathers and the balance sums are collectives."""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .batch import Sequence, micro_batches
+from .hf import num_experts
+from .losses import LossConfig, balance_loss, grpo_token_terms, router_stats, sft_token_terms
+from .optim import AdamW
+from .ranks import Group
+
+
+@dataclass
+class Packed:
+    """A micro-batch right-padded to its longest sequence, and its completion positions."""
+
+    input_ids: torch.Tensor  # [B,T]
+    mask: torch.Tensor  # [B,T] 1 on real tokens
+    rows_b: torch.Tensor  # [N] sequence of each completion position
+    rows_t: torch.Tensor  # [N] position whose logits predict ...
+    targets: torch.Tensor  # [N] ... this token
+    old_logprobs: torch.Tensor  # [N] float64 (GRPO)
+    ref_logprobs: torch.Tensor | None  # [N] float64 (GRPO with KL)
+    advantages: torch.Tensor  # [N] float64 (GRPO)
+    dummy: bool  # an empty share's placeholder: nothing in it counts
+
+
+def pack(seqs: list[Sequence], device: torch.device, with_ref: bool) -> Packed:
+    dummy = not seqs
+    if dummy:
+        seqs = [Sequence(tokens=[0], prompt_len=1, ref_logprobs=[])]
+    B, T = len(seqs), max(len(s.tokens) for s in seqs)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    rows_b, rows_t, targets, old, ref, adv = [], [], [], [], [], []
+    for b, s in enumerate(seqs):
+        ids[b, : len(s.tokens)] = torch.tensor(s.tokens)
+        mask[b, : len(s.tokens)] = 1
+        n = s.completion_len
+        rows_b += [b] * n
+        rows_t += range(s.prompt_len - 1, len(s.tokens) - 1)
+        targets += s.tokens[s.prompt_len:]
+        old += s.old_logprobs
+        adv += [s.advantage] * n
+        if with_ref:
+            ref += s.ref_logprobs
+    f64 = dict(dtype=torch.float64, device=device)
+    return Packed(
+        input_ids=ids.to(device), mask=mask.to(device),
+        rows_b=torch.tensor(rows_b, dtype=torch.long, device=device),
+        rows_t=torch.tensor(rows_t, dtype=torch.long, device=device),
+        targets=torch.tensor(targets, dtype=torch.long, device=device),
+        old_logprobs=torch.tensor(old, **f64), ref_logprobs=torch.tensor(ref, **f64) if with_ref else None,
+        advantages=torch.tensor(adv, **f64), dummy=dummy)
+
+
+def forward(model, p: Packed):
+    """(logits [B,T,V] float32, router logits per MoE layer [B*T,E])."""
+    out = model(input_ids=p.input_ids, attention_mask=p.mask, output_router_logits=True, use_cache=False)
+    return out.logits, out.router_logits
+
+
+@dataclass
+class StepMetrics:
+    loss: float = 0.0
+    policy_loss: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    clip_frac: float = 0.0
+    aux_loss: float = 0.0
+    z_loss: float = 0.0
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    tokens: float = 0.0
+    sequences: float = 0.0
+    seconds: float = 0.0
+    expert_load: list | None = None  # [E] fraction of (token, slot) picks per expert, all layers
+    expert_load_layers: list | None = None  # [L][E] the same per layer (dense layers: zeros)
+
+
+# metric sums, one float64 vector allreduced at the end of the step
+LOSS, POLICY, KL, ENTROPY, CLIP, AUX, Z, NUM = range(8)
+
+
+def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: list[Sequence],
+                      lc: LossConfig, group: Group, progress=None) -> StepMetrics:
+    """Gradients of the step's loss in p.grad (summed over ranks) and the step's metrics but
+    grad_norm and lr."""
+    t0 = time.perf_counter()
+    device = group.device
+    n_tok = float(sum(s.completion_len for s in batch))
+    n_valid = float(sum(len(s.tokens) for s in batch))
+    L_moe = len(moe_layer_ids)
+    top_k = model.config.num_experts_per_tok
+    mbs = micro_batches(len(batch), group.rank, group.world_size, lc.micro_batch)
+    aux_weight = lc.aux_coef / len(mbs)
+    z_weight = lc.z_coef / (n_valid * L_moe)
+    grpo = lc.objective == "grpo"
+    with_ref = grpo and lc.kl_coef != 0.0
+    E = num_experts(model.config)
+    sums = torch.zeros(NUM + num_layers * E, dtype=torch.float64)
+    for p in model.parameters():
+        p.grad = None
+    for k, ids in enumerate(mbs):
+        pk = pack([batch[i] for i in ids], device, with_ref)
+        logits, router_logits = forward(model, pk)
+        rows = logits[pk.rows_b, pk.rows_t]
+        if grpo:
+            tok_loss, policy, kl, entropy, clipped = grpo_token_terms(
+                rows, pk.targets, pk.old_logprobs, pk.ref_logprobs, pk.advantages, lc)
+            sums[POLICY] += float(policy.detach().sum())
+            sums[KL] += float(kl.detach().sum())
+            sums[CLIP] += float(clipped.sum())
+        else:
+            tok_loss, entropy = sft_token_terms(rows, pk.targets)
+        sums[LOSS] += float(tok_loss.detach().sum())
+        sums[ENTROPY] += float(entropy.detach().sum())
+        valid = pk.mask.reshape(-1).bool() if not pk.dummy else torch.zeros_like(pk.mask.reshape(-1)).bool()
+        rs = router_stats(router_logits, valid, top_k)
+        reduced = group.all_reduce_sum(torch.cat([
+            rs.picks.sum(dim=0).cpu(), rs.prob_sum.detach().cpu(), torch.tensor([rs.valid], dtype=torch.float64)]))
+        aux, aux_term = balance_loss(reduced[:E].to(device), reduced[E:2 * E].to(device), float(reduced[2 * E]),
+                                     rs.prob_sum)
+        if group.rank == 0:  # the same value on every rank: counted once
+            sums[AUX] += aux
+        sums[Z] += float(rs.z_sum.detach())
+        for j, layer in enumerate(moe_layer_ids):
+            sums[NUM + layer * E: NUM + (layer + 1) * E] += rs.picks[j].cpu()
+        loss = tok_loss.sum() / n_tok + aux_weight * aux_term + z_weight * rs.z_sum
+        if pk.dummy:
+            loss = loss + 0.0 * logits.sum()
+        loss.backward()
+        if progress:
+            progress(k + 1, len(mbs))
+    group.all_reduce_sum(sums)
+    m = StepMetrics(tokens=n_tok, sequences=float(len(batch)))
+    m.aux_loss = float(sums[AUX]) / len(mbs)
+    m.z_loss = float(sums[Z]) / (n_valid * L_moe)
+    m.policy_loss = float(sums[POLICY]) / n_tok
+    m.kl = float(sums[KL]) / n_tok
+    m.entropy = float(sums[ENTROPY]) / n_tok
+    m.clip_frac = float(sums[CLIP]) / n_tok
+    m.loss = float(sums[LOSS]) / n_tok + lc.aux_coef * m.aux_loss + lc.z_coef * m.z_loss
+    load = sums[NUM:].reshape(num_layers, E)
+    m.expert_load = (load.sum(0) / max(1.0, float(load.sum()))).tolist()
+    m.expert_load_layers = [(row / max(1.0, float(row.sum()))).tolist() for row in load]
+    m.seconds = time.perf_counter() - t0
+    return m
+
+
+def train_step(model, moe_layer_ids, num_layers, optimizer: AdamW, batch, lc, group: Group,
+               progress=None) -> StepMetrics:
+    """compute_gradients, then one AdamW step."""
+    t0 = time.perf_counter()
+    m = compute_gradients(model, moe_layer_ids, num_layers, batch, lc, group, progress)
+    sq = group.all_reduce_sum(torch.tensor([optimizer.grad_sq_sum()], dtype=torch.float64))
+    m.grad_norm, m.lr = optimizer.apply(float(sq[0]))
+    m.seconds = time.perf_counter() - t0
+    return m
+
+
+@torch.no_grad()
+def fill_ref_logprobs(model, batch: list[Sequence], lc: LossConfig, group: Group, progress=None) -> None:
+    """Per-token log-probs of each completion under `model` (the reference policy) at the
+    sampling temperature, float32 values, for this rank's share of the minibatch: exactly the
+    share train_step gives it."""
+    mbs = micro_batches(len(batch), group.rank, group.world_size, lc.micro_batch)
+    for k, ids in enumerate(mbs):
+        seqs = [batch[i] for i in ids]
+        pk = pack(seqs, group.device, False)
+        logits, _ = forward(model, pk)
+        lp = torch.log_softmax(logits[pk.rows_b, pk.rows_t].double() / lc.temperature, dim=-1)
+        lp = lp.gather(1, pk.targets[:, None])[:, 0].float().cpu().tolist()
+        start = 0
+        for s in seqs:
+            s.ref_logprobs = lp[start: start + s.completion_len]
+            start += s.completion_len
+        if progress:
+            progress(k + 1, len(mbs))
