@@ -37,13 +37,14 @@ export function toFailure(err: unknown): unknown {
       message: err.message,
       cause: err,
     });
-  if (
-    err instanceof BadInputError ||
-    err instanceof RewardModelError ||
-    err instanceof DatasetError ||
-    err instanceof DatasetChangedError
-  )
-    return toApplicationFailure(err);
+  if (err instanceof BadInputError || err instanceof RewardModelError) return toApplicationFailure(err);
+  if (err instanceof DatasetError || err instanceof DatasetChangedError)
+    return ApplicationFailure.create({
+      type: err.type,
+      nonRetryable: true,
+      message: err.message,
+      cause: err,
+    });
   // Any other store failure retrying cannot help (no such bucket, a malformed key, a request the
   // server rejects): without this it would be retried, for rollouts without end.
   if (err instanceof StoreError && !err.retryable)

@@ -1,0 +1,251 @@
+// Campaigns on a Hugging Face model and a dataset of the user's own, end to end on the real data
+// plane: a tiny Qwen3-MoE folder made by transformers (test/reference/hf_models.py) in the store,
+// verl-schema Parquet prompts, rewards by data_source (a Python function of the user's in the
+// sandbox, and a built-in verifier), EP 2 trainer ranks each importing only their own tensors,
+// continue-as-new after every iteration and an epoch that rolls over mid-iteration. Checked: the
+// prompts are the dataset's rows in the order (seed, epoch) draws them, rendered with the model's
+// chat template; completions are decoded; rewards are the functions' own; a Spot interruption of
+// the rollout worker changes not one byte of the rollouts; bad folders and datasets pause the
+// campaign naming the file.
+import assert from 'node:assert/strict';
+import { cp, mkdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { workerActivityDeps } from '../../activities/deps.js';
+import { createActivities } from '../../activities/index.js';
+import { drawPrompts, iterationPosition } from '../../activities/datasets/index.js';
+import * as keys from '../../activities/layout.js';
+import { loadTokenizer } from '../../activities/models/tokenizer.js';
+import { openStore } from '../../activities/store/index.js';
+import type { CampaignSpec, CampaignSpecInput } from '../../workflows/spec.js';
+import type { CampaignState } from '../../workflows/types.js';
+import {
+  artifacts,
+  exited,
+  rolloutChunksStored,
+  spawnRolloutWorker,
+  startCampaign,
+  testSpec,
+  uniqueTaskQueues,
+  waitFor,
+  waitForState,
+  withWorkers,
+} from '../support/campaign-harness.js';
+import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
+import { nativeTools } from '../support/native-tools.js';
+import { pythonReference } from '../support/python-reference.js';
+import { startTestEnvironment } from '../support/temporal.js';
+import type { TestEnvironment } from '../support/temporal.js';
+
+const pyref = pythonReference();
+const native = nativeTools(['moe_train', 'moe_generate']);
+const rows = 10;
+
+// The user's reward function, verl's signature: a score any reader can recompute from the text.
+const userFunction = `
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": (len(solution_str) % 4) / 4 + (0.5 if data_source == "arith" else 0.0)}
+`;
+const expectedUserScore = (text: string) => ([...text].length % 4) / 4; // Python counts code points
+
+describe('campaigns on a Hugging Face model and a dataset', { skip: pyref.skip || native.skip }, () => {
+  let t: TestEnvironment;
+  let dir: string;
+  let store: ReturnType<typeof openStore>;
+  const activities = () => createActivities(workerActivityDeps(new AbortController().signal, process.env));
+
+  before(async () => {
+    t = await startTestEnvironment();
+    dir = mkdtempSync(join(tmpdir(), 'moerl-hf-campaign-'));
+    store = openStore({ kind: 'fs', path: join(dir, 'store') });
+    const model = join(dir, 'qwen3');
+    await pyref.run('hf_models.py', ['make', model, '--family', 'qwen3_moe']);
+    await cp(model, join(dir, 'store', 'models', 'tiny-qwen3'), { recursive: true });
+    await mkdir(join(dir, 'store', 'datasets'), { recursive: true });
+    writeVerlParquet(
+      join(dir, 'store', 'datasets', 'train.parquet'),
+      Array.from({ length: rows }, (_, i) => arithmeticRow(i)),
+      4,
+    );
+    await writeFile(join(dir, 'score.py'), userFunction);
+  });
+  after(async () => {
+    await t?.teardown();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  const spec = (name: string, overrides: Partial<CampaignSpecInput> = {}): CampaignSpec =>
+    testSpec({
+      name,
+      task: { dataset: { train: 'datasets/train.parquet', format: 'parquet' } },
+      model: { huggingFace: 'models/tiny-qwen3/' },
+      rewards: {
+        default: { kind: 'python', file: join(dir, 'score.py') },
+        bySource: { 'arith/hard': { kind: 'match' } },
+      },
+      iterations: 2,
+      // 2 iterations × 8 prompts of 10 rows: iteration 2 rolls over into epoch 1.
+      promptsPerIteration: 8,
+      groupSize: 2,
+      rolloutShards: 2,
+      chunkSize: 1,
+      epWorldSize: 2,
+      store: { kind: 'fs', path: join(dir, 'store') },
+      hyperparameters: { maxNewTokens: 24, minibatches: 1, epochs: 1 },
+      ...overrides,
+      orchestration: { continueAsNewEvery: 1, rolloutHeartbeatSeconds: 3, ...overrides.orchestration },
+    });
+
+  let reference: string;
+
+  test('trains EP 2 from the folder: rows drawn by (seed, epoch), the chat template, decoded text, rewards by data_source', async () => {
+    const s = spec('hf-ref');
+    const { id, state } = await withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+      const handle = await startCampaign(t.client, s, queues);
+      await handle.result();
+      return { id: handle.workflowId, state: await handle.query<CampaignState>('status') };
+    });
+    reference = id;
+    assert.equal(state.status, 'completed');
+    assert.equal(state.committedIteration, 2);
+    assert.ok(state.runs >= 2, `continued as new (runs ${state.runs})`);
+    assert.equal(state.dataset?.rows, rows);
+    assert.match(state.dataset?.sha256 ?? '', /^[0-9a-f]{64}$/);
+
+    // The model's files beside its weights, copied once; the checkpoint is one of 2 EP ranks.
+    for (const name of ['config.json', 'tokenizer.json', 'tokenizer_config.json', 'generation_config.json'])
+      assert.ok(await store.head(`${keys.modelPrefix(id)}/${name}`), `${name} in the campaign's model/`);
+    const manifest = JSON.parse(
+      (await store.get(`${keys.checkpointKey(id, 2)}/manifest.json`)).toString('utf8'),
+    ) as { world_size: number };
+    assert.equal(manifest.world_size, 2);
+
+    const tokenizer = await loadTokenizer(join(dir, 'qwen3'));
+    const found = await artifacts(store, id);
+    for (const iteration of [1, 2]) {
+      const drawn = drawPrompts(
+        { seed: s.seed, rows },
+        iterationPosition(iteration, s.promptsPerIteration, rows),
+        s.promptsPerIteration,
+      ).prompts;
+      if (iteration === 2) assert.deepEqual(new Set(drawn.map((p) => p.epoch)), new Set([0, 1]));
+      const records = [...found]
+        .filter(([k]) => k.startsWith(`rollouts/${String(iteration).padStart(6, '0')}/`))
+        .flatMap(([, text]) => text.split('\n').filter(Boolean))
+        .map(
+          (l) =>
+            JSON.parse(l) as {
+              prompt_id: number;
+              prompt: string;
+              prompt_tokens: number[];
+              tokens: number[];
+              text: string;
+            },
+        );
+      assert.equal(records.length, s.promptsPerIteration * s.groupSize);
+      const rewards = new Map<string, number>();
+      for (const [k, text] of found)
+        if (k.startsWith(`rewards/${String(iteration).padStart(6, '0')}/`))
+          for (const l of text.split('\n').filter(Boolean)) {
+            const r = JSON.parse(l) as { prompt_id: number; sample_index: number; reward: number };
+            rewards.set(`${r.prompt_id}/${r.sample_index}`, r.reward);
+          }
+      for (const r of records) {
+        const index = r.prompt_id - (iteration - 1) * s.promptsPerIteration;
+        const row = arithmeticRow(drawn[index]!.row);
+        const rendered = tokenizer.renderChat(row.prompt, { addGenerationPrompt: true });
+        assert.equal(r.prompt, rendered.text, `prompt ${r.prompt_id} is its row's, in the chat template`);
+        assert.deepEqual(r.prompt_tokens, rendered.ids);
+        assert.equal(r.text, tokenizer.decode(r.tokens, { skipSpecialTokens: true }));
+        const reward = [...rewards].find(([k]) => k.startsWith(`${r.prompt_id}/`));
+        assert.ok(reward, `prompt ${r.prompt_id} has rewards`);
+      }
+      for (const r of records) {
+        const row = arithmeticRow(drawn[r.prompt_id - (iteration - 1) * s.promptsPerIteration]!.row);
+        const got = [...rewards].filter(([k]) => k.startsWith(`${r.prompt_id}/`)).map(([, v]) => v);
+        const want =
+          row.data_source === 'arith'
+            ? expectedUserScore(r.text) + 0.5
+            : r.text.trim() === row.reward_model.ground_truth
+              ? 1
+              : 0;
+        assert.ok(
+          got.includes(want),
+          `prompt ${r.prompt_id} (${row.data_source}): ${want} in ${got.join(', ')}`,
+        );
+      }
+    }
+  });
+
+  test('a Spot interruption of the rollout worker mid-rollout changes not one byte', async () => {
+    const s = spec('hf-spot');
+    const queues = uniqueTaskQueues();
+    const env = { ...process.env, MOERL_ROLLOUT_RANKS: '2' };
+    let name = 0;
+    const start = () => spawnRolloutWorker({ address: t.address, queues, dir, name: `hf-${name++}`, env });
+    const id = await withWorkers(
+      t.nativeConnection,
+      t.namespace,
+      activities(),
+      async () => {
+        let worker = start();
+        try {
+          const handle = await startCampaign(t.client, s, queues);
+          await waitFor(
+            'iteration 1 rollout under way',
+            async () => ((await rolloutChunksStored(store, handle.workflowId, 1)) >= 1 ? true : undefined),
+            120_000,
+            10,
+          );
+          process.kill(-worker.pid!, 'SIGKILL');
+          await exited(worker);
+          worker = start();
+          await handle.result();
+          return handle.workflowId;
+        } finally {
+          if (worker.exitCode === null) process.kill(-worker.pid!, 'SIGKILL');
+          await exited(worker);
+        }
+      },
+      queues,
+      ['control', 'train'],
+    );
+    const [want, got] = [await artifacts(store, reference), await artifacts(store, id)];
+    assert.equal(got.size, want.size);
+    for (const [key, text] of want) assert.equal(got.get(key), text, `${key} as the uninterrupted run's`);
+  });
+
+  test('a folder without its tokenizer, and a dataset row without a prompt, pause the campaign naming them', async () => {
+    await cp(join(dir, 'store', 'models', 'tiny-qwen3'), join(dir, 'store', 'models', 'no-tokenizer'), {
+      recursive: true,
+    });
+    await rm(join(dir, 'store', 'models', 'no-tokenizer', 'tokenizer.json'));
+    writeVerlParquet(join(dir, 'store', 'datasets', 'bad.parquet'), [
+      arithmeticRow(0),
+      { ...arithmeticRow(1), prompt: undefined as never },
+    ]);
+    await withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+      const cases: [CampaignSpec, RegExp][] = [
+        [
+          spec('hf-bad-model', { model: { huggingFace: 'models/no-tokenizer' } }),
+          /no-tokenizer.*has no tokenizer\.json/,
+        ],
+        [
+          spec('hf-bad-rows', { task: { dataset: { train: 'datasets/bad.parquet', format: 'parquet' } } }),
+          /bad\.parquet[\s\S]*row 1: prompt/,
+        ],
+      ];
+      for (const [s, reason] of cases) {
+        const handle = await startCampaign(t.client, s, queues);
+        const state = await waitForState(handle, `${s.name} paused`, (st) => st.status === 'paused', 60_000);
+        assert.equal(state.lastFailure?.stage, 'prepare');
+        assert.equal(state.lastFailure?.type, 'BadInput');
+        assert.match(state.lastFailure?.message ?? '', reason);
+        assert.equal(state.committedIteration, -1, 'nothing committed');
+        await handle.cancel();
+      }
+    });
+  });
+});
