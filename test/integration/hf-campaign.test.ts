@@ -16,7 +16,9 @@ import { after, before, describe, test } from 'node:test';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import { drawPrompts, iterationPosition } from '../../activities/datasets/index.js';
+import { committedCheckpoint } from '../../activities/checkpoints.js';
 import * as keys from '../../activities/layout.js';
+import { exportCheckpoint } from '../../activities/models/export.js';
 import { loadTokenizer } from '../../activities/models/tokenizer.js';
 import { openStore } from '../../activities/store/index.js';
 import type { CampaignSpec, CampaignSpecInput } from '../../workflows/spec.js';
@@ -177,6 +179,56 @@ describe('campaigns on a Hugging Face model and a dataset', { skip: pyref.skip |
         );
       }
     }
+  });
+
+  test("its checkpoint exports for transformers, which scores iteration 2's samples as the rollout engine did", async () => {
+    // Iteration 2 sampled from checkpoint 1: exported, transformers must give its tokens the
+    // log-probs moe_generate recorded (temperature 1, top-p 1: the policy's own distribution).
+    const out = join(dir, 'export-1');
+    await exportCheckpoint({
+      store,
+      campaignId: reference,
+      iteration: 1,
+      target: { kind: 'dir', path: out },
+    });
+    const records = [...(await artifacts(store, reference))]
+      .filter(([k]) => k.startsWith('rollouts/000002/'))
+      .flatMap(([, text]) => text.split('\n').filter(Boolean))
+      .map((l) => JSON.parse(l) as { prompt_tokens: number[]; tokens: number[]; logprobs: number[] })
+      .slice(0, 4);
+    const sequences = join(dir, 'sequences.jsonl');
+    await writeFile(
+      sequences,
+      records.map((r) => JSON.stringify({ tokens: [...r.prompt_tokens, ...r.tokens] }) + '\n').join(''),
+    );
+    const theirs = (await pyref.run('hf_models.py', ['score', out, sequences]))
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => (JSON.parse(l) as { logprobs: number[] }).logprobs);
+    let worst = 0;
+    records.forEach((r, i) => {
+      const completion = theirs[i]!.slice(-r.tokens.length);
+      r.logprobs.forEach((lp, t) => (worst = Math.max(worst, Math.abs(lp - completion[t]!))));
+    });
+    assert.ok(worst <= 1e-4, `max |rollout log-prob - transformers'| = ${worst}`);
+  });
+
+  test("a fork from checkpoint 1 continues the parent's dataset position: its iteration 2 is the parent's, byte for byte", async () => {
+    const parent = await committedCheckpoint(store, reference, 1);
+    assert.ok(parent);
+    const id = await withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+      const handle = await startCampaign(t.client, spec('hf-fork'), queues, { forkFrom: parent.ref });
+      await handle.result();
+      return handle.workflowId;
+    });
+    const [want, got] = [await artifacts(store, reference), await artifacts(store, id)];
+    const iteration2 = [...want].filter(([k]) => k.includes('/000002/'));
+    assert.ok(iteration2.length > 0);
+    for (const [key, text] of iteration2) assert.equal(got.get(key), text, `${key} as the parent's`);
+    assert.equal(
+      (await store.get(`${keys.modelPrefix(id)}/tokenizer.json`)).toString(),
+      (await store.get(`${keys.modelPrefix(reference)}/tokenizer.json`)).toString(),
+    );
   });
 
   test('a Spot interruption of the rollout worker mid-rollout changes not one byte', async () => {
