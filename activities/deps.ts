@@ -8,6 +8,7 @@ import type { CampaignSpec } from '../workflows/spec.js';
 import { rankDeadlines } from '../workflows/spec-rendezvous.js';
 import { CheckpointCache, cacheLimitsFromEnv } from './checkpoints.js';
 import { KubernetesLauncher, kubeConfigFromEnvironment } from './launch/kubernetes.js';
+import { trainerPolicyFromEnv } from './launch/kubernetes/manifests.js';
 import { LocalLauncher } from './launch/local.js';
 import type { Launcher } from './launch/types.js';
 import { nativeBinDir } from './native.js';
@@ -43,8 +44,9 @@ export function newWorkerId(): string {
  * Dependencies for a worker process: stores opened from the spec with this process's
  * credentials, the cache under MOERL_CACHE_DIR (default: the user's cache directory), native
  * tools from MOERL_NATIVE_BIN (default: this checkout's build), local ranks, Kubernetes ranks
- * with the worker's kubeconfig (see kubeConfigFromEnvironment), and MOERL_ROLLOUT_RANKS rollout
- * rank slots (default: the CPUs the process may use).
+ * with the worker's kubeconfig (see kubeConfigFromEnvironment) within what MOERL_TRAINER_*
+ * allows (trainerPolicyFromEnv), and MOERL_ROLLOUT_RANKS rollout rank slots (default: the CPUs
+ * the process may use).
  */
 export function workerActivityDeps(
   shutdown: AbortSignal,
@@ -84,7 +86,10 @@ export function workerActivityDeps(
       let found = kubernetes.get(key);
       if (!found) {
         kubeConfig ??= kubeConfigFromEnvironment(env);
-        found = new KubernetesLauncher(kubeConfig, launcher, { signal: shutdown });
+        found = new KubernetesLauncher(kubeConfig, launcher, {
+          signal: shutdown,
+          policy: trainerPolicyFromEnv(env),
+        });
         kubernetes.set(key, found);
       }
       return found;

@@ -31,6 +31,7 @@ import {
 } from './kubernetes/failures.js';
 import type { PendingProblem } from './kubernetes/failures.js';
 import { jobLabel, jobManifest, launchProblem, rankContainerName } from './kubernetes/manifests.js';
+import type { TrainerPolicy } from './kubernetes/manifests.js';
 import { QueueClock, isQueued } from './kubernetes/queue.js';
 import { ListWatch } from './kubernetes/watch.js';
 import type { JobFailure, JobStatus, Launcher, TrainJob, TrainJobSpec } from './types.js';
@@ -74,6 +75,8 @@ export interface KubernetesLauncherOptions {
    * alive); the Jobs keep running for the retry, on another worker, to adopt.
    */
   signal?: AbortSignal;
+  /** What the operator lets specs choose for trainer pods (MOERL_TRAINER_*); absent: no check here. */
+  policy?: TrainerPolicy;
 }
 
 export class KubernetesLauncher implements Launcher {
@@ -88,7 +91,7 @@ export class KubernetesLauncher implements Launcher {
   }
 
   async launch(spec: TrainJobSpec, signal?: AbortSignal): Promise<TrainJob> {
-    const problem = launchProblem(spec, this.settings);
+    const problem = launchProblem(spec, this.settings, this.opts.policy);
     if (problem)
       throw ApplicationFailure.create({
         type: badInputErrorType,

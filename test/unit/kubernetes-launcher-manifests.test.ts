@@ -171,14 +171,14 @@ describe('kubernetes launcher manifests', () => {
     assert.equal(pod.serviceAccountName, 'moerl-trainer');
   });
 
-  it('runs unprivileged; IPC_LOCK only with EFA', () => {
+  it('runs unprivileged, with EFA too: no capability added', () => {
     assert.equal(pod.securityContext?.runAsNonRoot, true);
     // The Dockerfile's USER 65532:65532.
     assert.equal(pod.securityContext?.runAsUser, 65532);
     assert.equal(pod.securityContext?.runAsGroup, 65532);
     assert.deepEqual(pod.securityContext?.seccompProfile, { type: 'RuntimeDefault' });
     assert.equal(container.securityContext?.allowPrivilegeEscalation, false);
-    assert.deepEqual(container.securityContext?.capabilities, { drop: ['ALL'], add: ['IPC_LOCK'] });
+    assert.deepEqual(container.securityContext?.capabilities, { drop: ['ALL'] });
     const tcp = jobManifest(spec, { ...settings, efaPerRank: 0 }).spec?.template.spec?.containers[0];
     assert.deepEqual(tcp?.securityContext?.capabilities, { drop: ['ALL'] });
   });

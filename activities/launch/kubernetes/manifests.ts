@@ -56,11 +56,85 @@ export function labelValue(value: string): string {
 }
 
 /**
+ * What the operator lets a campaign spec choose for trainer pods: the train worker's
+ * MOERL_TRAINER_* settings, from the same ConfigMap (k8s/base: moerl-trainer-policy) that is the
+ * parameter of the API server's admission policy (k8s/base/admission/trainer_jobs_policy.yaml).
+ * The launcher refuses a spec outside them before it creates anything; the API server would
+ * refuse its Job anyway. Empty store fields allow no such volume.
+ */
+export interface TrainerPolicy {
+  /** launcher.image must be `<imageRepository>:<tag>` or `<imageRepository>@<digest>`. */
+  imageRepository: string;
+  /** launcher.serviceAccount must be this one. */
+  serviceAccount: string;
+  /** The one directory launcher.storeVolume.hostPath may name; empty: none. */
+  storeHostPath: string;
+  /** The one claim launcher.storeVolume.claimName may name; empty: none. */
+  storeClaim: string;
+}
+
+/** The worker settings holding a TrainerPolicy, by field. */
+export const trainerPolicyEnv = {
+  imageRepository: 'MOERL_TRAINER_IMAGE_REPOSITORY',
+  serviceAccount: 'MOERL_TRAINER_SERVICE_ACCOUNT',
+  storeHostPath: 'MOERL_TRAINER_STORE_HOST_PATH',
+  storeClaim: 'MOERL_TRAINER_STORE_CLAIM',
+} as const satisfies Record<keyof TrainerPolicy, string>;
+
+/**
+ * The policy a worker's environment sets, or undefined when it sets none of the variables (a
+ * worker outside the manifests of k8s/: no check of its own). One variable set and the others
+ * not allows nothing for the others.
+ */
+export function trainerPolicyFromEnv(env: NodeJS.ProcessEnv): TrainerPolicy | undefined {
+  const names = Object.values(trainerPolicyEnv);
+  if (!names.some((name) => env[name] !== undefined)) return undefined;
+  const value = (name: string) => (env[name] ?? '').trim();
+  return {
+    imageRepository: value(trainerPolicyEnv.imageRepository),
+    serviceAccount: value(trainerPolicyEnv.serviceAccount),
+    storeHostPath: value(trainerPolicyEnv.storeHostPath),
+    storeClaim: value(trainerPolicyEnv.storeClaim),
+  };
+}
+
+/** Pod annotations that would loosen a container's confinement; no spec sets them. */
+const confinementAnnotationPrefixes = [
+  'container.apparmor.security.beta.kubernetes.io/',
+  'seccomp.security.alpha.kubernetes.io/',
+];
+
+/** What in `launcher` the operator's policy does not allow, naming the setting; or undefined. */
+function policyProblem(launcher: KubernetesLauncherSpec, policy: TrainerPolicy): string | undefined {
+  const setting = (field: keyof TrainerPolicy) => `${trainerPolicyEnv[field]}=${policy[field]}`;
+  const repository = policy.imageRepository;
+  if (
+    !repository ||
+    !(launcher.image.startsWith(`${repository}:`) || launcher.image.startsWith(`${repository}@`))
+  )
+    return `launcher.image ${launcher.image} is not an image of the repository this worker's operator allows (${setting('imageRepository')})`;
+  if (!policy.serviceAccount || launcher.serviceAccount !== policy.serviceAccount)
+    return `launcher.serviceAccount ${launcher.serviceAccount ?? '(absent: the namespace default)'} is not the trainer ServiceAccount this worker's operator allows (${setting('serviceAccount')})`;
+  const volume = launcher.storeVolume;
+  if (volume && 'hostPath' in volume && (!policy.storeHostPath || volume.hostPath !== policy.storeHostPath))
+    return `launcher.storeVolume.hostPath ${volume.hostPath} is not the store directory this worker's operator allows (${setting('storeHostPath')})`;
+  if (volume && 'claimName' in volume && (!policy.storeClaim || volume.claimName !== policy.storeClaim))
+    return `launcher.storeVolume.claimName ${volume.claimName} is not the store claim this worker's operator allows (${setting('storeClaim')})`;
+  return undefined;
+}
+
+/**
  * What makes `spec` impossible to run with `launcher`, or undefined. The job name names the Job
  * and its pods' hostnames `<name>-<rank>`, which must be DNS-1123 labels of at most 63
- * characters; an fs store must come with the volume that holds it.
+ * characters; an fs store must come with the volume that holds it; annotations never loosen
+ * AppArmor or seccomp; and with the operator's `policy`, image, ServiceAccount and store volume
+ * must be ones it allows.
  */
-export function launchProblem(spec: TrainJobSpec, launcher: KubernetesLauncherSpec): string | undefined {
+export function launchProblem(
+  spec: TrainJobSpec,
+  launcher: KubernetesLauncherSpec,
+  policy?: TrainerPolicy,
+): string | undefined {
   const longest = `${spec.name}-${spec.worldSize - 1}`;
   if (!dns1123Label.test(spec.name))
     return `job name ${JSON.stringify(spec.name)} must be a DNS-1123 label: lowercase letters, digits and "-", alphanumeric at both ends`;
@@ -68,7 +142,12 @@ export function launchProblem(spec: TrainJobSpec, launcher: KubernetesLauncherSp
     return `job name ${JSON.stringify(spec.name)} is too long for ${spec.worldSize} ranks: pod hostname ${longest} would pass 63 characters`;
   if (spec.job.store.kind === 'fs' && !launcher.storeVolume)
     return `launcher.storeVolume is required with an fs store (${spec.job.store.path}): trainer pods mount the shared filesystem holding it`;
-  return undefined;
+  const confining = Object.keys(launcher.annotations ?? {}).find((key) =>
+    confinementAnnotationPrefixes.some((prefix) => key.startsWith(prefix)),
+  );
+  if (confining)
+    return `launcher.annotations.${confining}: trainer pods keep their AppArmor and seccomp profiles (RuntimeDefault); annotations under ${confinementAnnotationPrefixes.join(' or ')} are not allowed`;
+  return policy ? policyProblem(launcher, policy) : undefined;
 }
 
 /** The headless Service's name: the job's, unless that starts with a digit (a Service name must not). */
@@ -196,10 +275,11 @@ export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec
     volumeMounts: mounts,
     securityContext: {
       allowPrivilegeEscalation: false,
-      // EFA registers (pins) the ranks' buffers with the device, which needs locked memory
-      // beyond RLIMIT_MEMLOCK: IPC_LOCK allows that. Only pods with EFA devices get it (it
-      // takes the namespace out of the restricted Pod Security level).
-      capabilities: { drop: ['ALL'], ...(launcher.efaPerRank > 0 ? { add: ['IPC_LOCK'] } : {}) },
+      // No capability, with EFA either: an added one (IPC_LOCK for registering buffers) never
+      // reaches a non-root process (Kubernetes sets no ambient capabilities), and both the
+      // restricted and the baseline Pod Security levels refuse it. The ranks' locked memory is
+      // the node's container runtime's RLIMIT_MEMLOCK.
+      capabilities: { drop: ['ALL'] },
     },
   };
   return {
