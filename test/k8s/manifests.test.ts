@@ -8,9 +8,15 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { before, describe, it } from 'node:test';
 import { cacheLimitsFromEnv } from '../../activities/checkpoints.js';
+import {
+  launchProblem,
+  trainerPolicyFromEnv,
+  type TrainerPolicy,
+} from '../../activities/launch/kubernetes/manifests.js';
 import { loadSpecFile } from '../../cli/spec-file.js';
 import { repoRoot } from '../../cli/temporal-tools.js';
 import { parseWorkerArgs } from '../../workers/main.js';
+import { emptyTrainJob } from '../support/train-job-spec.js';
 import {
   find,
   kustomizations,
@@ -63,6 +69,8 @@ describe('rendered kustomizations match their golden files', () => {
 });
 
 const roles = ['control', 'rollout', 'train'] as const;
+/** Kinds without a namespace: the namespace itself and the admission policies (admission/). */
+const clusterScoped = ['Namespace', 'ValidatingAdmissionPolicy', 'ValidatingAdmissionPolicyBinding'];
 
 /** A CPU quantity ("4", "500m") in CPUs. */
 function cpus(quantity: string | undefined): number {
@@ -73,6 +81,16 @@ function cpus(quantity: string | undefined): number {
 
 function deploymentFor(objects: K8sObject[], role: string): Deployment {
   return find(objects, 'Deployment', `moerl-${role}`) as Deployment;
+}
+
+/** The operator's settings for trainer pods (the moerl-trainer-policy ConfigMap) as the train worker reads them. */
+function trainerPolicy(objects: K8sObject[]): TrainerPolicy {
+  const map = find(objects, 'ConfigMap', 'moerl-trainer-policy') as K8sObject & {
+    data: Record<string, string>;
+  };
+  const policy = trainerPolicyFromEnv(map.data);
+  assert.ok(policy, 'moerl-trainer-policy sets MOERL_TRAINER_*');
+  return policy;
 }
 
 function configData(objects: K8sObject[]): { name: string; data: Record<string, string> } {
@@ -93,7 +111,8 @@ describe('every kustomization', () => {
           assert.equal(labels['app.kubernetes.io/part-of'], 'moerl', what);
           if (!['Namespace', 'ConfigMap'].includes(o.kind))
             assert.ok(labels['app.kubernetes.io/component'], `${what} has a component`);
-          if (o.kind !== 'Namespace') assert.equal(o.metadata.namespace, 'moerl', `${what} namespace`);
+          if (clusterScoped.includes(o.kind)) assert.equal(o.metadata.namespace, undefined, what);
+          else assert.equal(o.metadata.namespace, 'moerl', `${what} namespace`);
         }
       });
 
@@ -229,6 +248,52 @@ describe('every kustomization', () => {
         assert.ok(!objects.some((o) => o.kind === 'ClusterRole'), 'no cluster-wide permissions');
         assert.ok(find(objects, 'ServiceAccount', 'moerl-trainer'), 'trainer pods have their own account');
       });
+
+      it("bounds the train worker's trainer Jobs by the operator's settings, which the worker reads too", () => {
+        const { objects } = rendered[name];
+        const policy = trainerPolicy(objects);
+        // The admission policies judge the train worker's own requests: its account, as RBAC names it.
+        const binding = find(objects, 'RoleBinding', 'moerl-train') as K8sObject & {
+          subjects: { kind: string; name: string; namespace: string }[];
+        };
+        const [subject] = binding.subjects;
+        const user = `system:serviceaccount:${subject?.namespace}:${subject?.name}`;
+        for (const vap of ['moerl-trainer-jobs', 'moerl-trainer-token-secrets']) {
+          const o = find(objects, 'ValidatingAdmissionPolicy', vap) as K8sObject & {
+            spec: { failurePolicy: string; matchConditions: { expression: string }[] };
+          };
+          assert.equal(o.spec.failurePolicy, 'Fail', vap);
+          assert.deepEqual(
+            o.spec.matchConditions.map((c) => c.expression),
+            [`request.userInfo.username == '${user}'`],
+            vap,
+          );
+          const b = find(objects, 'ValidatingAdmissionPolicyBinding', vap) as K8sObject & {
+            spec: { policyName: string; validationActions: string[] };
+          };
+          assert.equal(b.spec.policyName, vap);
+          assert.deepEqual(b.spec.validationActions, ['Deny']);
+        }
+        // One image for workers and trainer ranks: the policy allows the workers' repository.
+        const image = deploymentFor(objects, 'train').spec.template.spec.containers[0]?.image ?? '';
+        assert.equal(policy.imageRepository, image.slice(0, image.lastIndexOf(':')), 'image repository');
+        find(objects, 'ServiceAccount', policy.serviceAccount);
+        const train = deploymentFor(objects, 'train').spec.template.spec.containers[0]!;
+        assert.ok(
+          train.envFrom?.some((e) => e.configMapRef?.name === 'moerl-trainer-policy'),
+          'the train worker reads the same settings',
+        );
+      });
+
+      it('enforces a Pod Security level on the namespace', () => {
+        const labels = find(rendered[name].objects, 'Namespace', 'moerl').metadata.labels ?? {};
+        // The local test cluster's workers use the node's network: its trainer Jobs are bounded
+        // by the admission policies alone.
+        assert.equal(
+          labels['pod-security.kubernetes.io/enforce'],
+          name === 'local' ? 'privileged' : 'restricted',
+        );
+      });
     });
   }
 });
@@ -331,6 +396,9 @@ describe('eks overlay, eksctl cluster config and examples/eks.yaml agree', () =>
     assert.equal(spec.launcher.namespace, trainer.metadata.namespace);
     const image = deploymentFor(objects, 'train').spec.template.spec.containers[0]?.image;
     assert.equal(spec.launcher.image, image, 'one image for workers and trainer ranks');
+    // What the operator's settings allow (the train worker's check; the admission policy's is the same).
+    const job = emptyTrainJob('eks-u1-0a1b2c3d', 2, { campaignId: spec.name, iteration: 1, attempt: 1 });
+    assert.equal(launchProblem(job, spec.launcher, trainerPolicy(objects)), undefined);
   });
 });
 
