@@ -536,7 +536,11 @@ describe('Pod Security: restricted, enforced (the eks overlay and the base)', ()
     const ipcLock = escapes.find(([what]) => what.startsWith('IPC_LOCK'))![1];
     const cases: [string, V1Pod, RegExp][] = [
       ['IPC_LOCK', trainerPod(escapedJob(ipcLock)), /capabilities .*"IPC_LOCK"/],
-      ['a hostPath store', trainerPod(launcherJob()), /restricted volume types \(volume "store" uses restricted volume type "hostPath"\)/],
+      [
+        'a hostPath store',
+        trainerPod(launcherJob()),
+        /restricted volume types \(volume "store" uses restricted volume type "hostPath"\)/,
+      ],
       ['hostNetwork', trainerPod(escapedJob((p) => (p.hostNetwork = true))), /host namespaces/],
     ];
     for (const [what, pod, reason] of cases) {
