@@ -98,7 +98,11 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
     ...['--minibatches', '2', '--lr', '0.002'],
   ];
 
+  // the engine's unit tests run beside the set-up (each is mostly one Python start-up)
+  let unitTests: Promise<EngineRun>;
+
   before(async () => {
+    unitTests = engine.unitTests();
     await engine.pyref.run('hf_models.py', ['make', at('hf'), '--family', 'qwen3_moe']);
     await native('moe_train', ['init', '--from-hf', at('hf'), '--out', at('ckpt0'), '--max-seq-len', '128']);
     // 6 prompts of token ids, 5 samples each at temperature 0.9, two chunks
@@ -138,7 +142,7 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
   });
 
   it("the engine's unit tests pass (inputs, loss terms, AdamW, rank contract, pins)", async () => {
-    const r = await engine.unitTests();
+    const r = await unitTests;
     assert.equal(r.code, 0, r.stderr.slice(-4000));
   });
 
