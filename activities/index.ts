@@ -8,6 +8,7 @@ import { commitCheckpoint } from './checkpoints.js';
 import { withHeartbeat } from './heartbeat.js';
 import type { ActivityDeps } from './deps.js';
 import { DatasetChangedError, DatasetError } from './datasets/index.js';
+import { exportPolicy } from './export.js';
 import { prepareInputs } from './inputs.js';
 import { computeRewards } from './reward.js';
 import { BadInputError, RewardModelError, toApplicationFailure } from './rewards/errors.js';
@@ -91,5 +92,6 @@ export function createActivities(deps: ActivityDeps): CampaignActivities {
     computeRewards: mapped(computeRewards, deps),
     updatePolicy: mapped(updatePolicy, deps),
     commitCheckpoint: mapped(commit, deps),
+    exportPolicy: mapped(exportPolicy, deps),
   };
 }

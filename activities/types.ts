@@ -165,6 +165,19 @@ export interface CheckpointOutput extends ActivityOutcome {
   removed: string[];
 }
 
+export interface ExportInput {
+  campaignId: string;
+  spec: CampaignSpec;
+  /** A committed checkpoint's iteration. */
+  iteration: number;
+}
+export interface ExportOutput extends ActivityOutcome {
+  iteration: number;
+  /** Where the model folder went (the store's description, no credentials). */
+  out: string;
+  files: number;
+}
+
 /** Every activity the campaign workflow schedules, by name. */
 export interface CampaignActivities {
   prepareInputs(input: PrepareInputsInput): Promise<PrepareInputsOutput>;
@@ -173,6 +186,7 @@ export interface CampaignActivities {
   computeRewards(input: RewardInput): Promise<RewardOutput>;
   updatePolicy(input: UpdateInput): Promise<UpdateOutput>;
   commitCheckpoint(input: CheckpointInput): Promise<CheckpointOutput>;
+  exportPolicy(input: ExportInput): Promise<ExportOutput>;
 }
 
 /** The stage each activity runs: how the history and the metrics name an activity. */
@@ -183,6 +197,7 @@ export const stageOfActivity: Record<keyof CampaignActivities, StageName> = {
   computeRewards: 'reward',
   updatePolicy: 'update',
   commitCheckpoint: 'checkpoint',
+  exportPolicy: 'checkpoint',
 };
 
 /** Error type names the workflow treats as non-retryable: the input is wrong, retrying cannot help. */

@@ -76,6 +76,7 @@ const medians: StageMedians = {
   computeRewards: 0,
   updatePolicy: 0,
   commitCheckpoint: 0,
+  exportPolicy: 0,
 };
 for (const part of String(values['stage-ms']).split(',')) {
   const [stage, ms] = part.split('=');

@@ -350,6 +350,7 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
       computeRewards: wrap('computeRewards', a.computeRewards),
       updatePolicy: wrap('updatePolicy', a.updatePolicy),
       commitCheckpoint: wrap('commitCheckpoint', a.commitCheckpoint),
+      exportPolicy: wrap('exportPolicy', a.exportPolicy),
     }),
   };
 }

@@ -18,7 +18,7 @@ type QueueRole = Exclude<Role, 'all'>;
 const activitiesByRole: Record<QueueRole, (keyof CampaignActivities)[]> = {
   control: ['commitCheckpoint'],
   rollout: ['prepareInputs', 'rolloutShard', 'computeRewards'],
-  train: ['preparePolicy', 'updatePolicy'],
+  train: ['preparePolicy', 'updatePolicy', 'exportPolicy'],
 };
 
 export const workflowsPath = fileURLToPath(new URL('../workflows/index.js', import.meta.url));

@@ -358,6 +358,17 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     const protect = [phase.policy.iteration, ...(aheadPolicy === null ? [] : [aheadPolicy])];
     const committed = await commit(update.staged, phase.reward.meanReward, protect);
     if (!committed) return false;
+    // Before the next commit, so retention cannot remove the checkpoint under the export.
+    if (spec.export && (iteration % spec.export.everyIterations === 0 || iteration === spec.iterations))
+      await runStage(
+        iteration,
+        'checkpoint',
+        () =>
+          acts.train.exportPolicy.executeWithOptions({ summary: summaries.exportSummary(spec, iteration) }, [
+            { campaignId, spec, iteration },
+          ]),
+        'export',
+      );
     const sum = (f: (s: RolloutPhaseResult['shards'][number]) => number) =>
       phase.shards.reduce((acc, s) => acc + f(s), 0);
     st.iterationFinished(state, {

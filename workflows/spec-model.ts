@@ -58,6 +58,23 @@ export const hfModelSchema = z.strictObject({
 });
 
 export const modelSchema = z.union([nativeModelSchema, hfModelSchema]);
+
+/** Every committed checkpoint of a Hugging Face campaign exported as a model folder vLLM or SGLang can serve. */
+export const exportSchema = z.strictObject({
+  to: z
+    .string()
+    .superRefine((ref, ctx) => {
+      const parsed = parseModelRef(ref);
+      if (typeof parsed === 'string') ctx.addIssue({ code: 'custom', message: parsed });
+    })
+    .describe(
+      "where exports go: a key prefix of the campaign's store or s3://bucket/prefix; checkpoint i at <to>/<i, 6 digits>/",
+    ),
+  everyIterations: positiveInt(1_000_000)
+    .default(1)
+    .describe('export the checkpoint of every N-th iteration, and the last'),
+});
+export type ExportSpec = z.output<typeof exportSchema>;
 export type ModelSpec = z.output<typeof modelSchema>;
 export type NativeModelSpec = z.output<typeof nativeModelSchema>;
 export type HfModelSpec = z.output<typeof hfModelSchema>;

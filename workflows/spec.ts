@@ -4,7 +4,7 @@
 import { z } from 'zod';
 import { datasetSchema } from './spec-dataset.js';
 import { kubernetesLauncherSchema, kubernetesStoreProblems } from './spec-kubernetes.js';
-import { isHfModel, modelSchema } from './spec-model.js';
+import { exportSchema, isHfModel, modelSchema } from './spec-model.js';
 import { rendezvousFields } from './spec-rendezvous.js';
 import { rewardsSchema } from './spec-rewards.js';
 
@@ -152,6 +152,11 @@ export const campaignSpecSchema = z
       .optional()
       .describe("a dataset task's reward per data_source: built-in verifiers or your own functions"),
     sftWarmStartSteps: z.number().int().min(0).max(1_000_000).default(0),
+    export: exportSchema
+      .optional()
+      .describe(
+        "a Hugging Face model's committed checkpoints exported as model folders while the campaign runs",
+      ),
     launcher: launcherSchema.default({ kind: 'local' }),
     store: storeSchema.default({ kind: 'fs', path: '.moerl/store' }),
     hyperparameters: hyperparametersSchema.partial().default({}),
@@ -181,6 +186,8 @@ export const campaignSpecSchema = z
           'the SFT warm start is for the built-in tasks; a Hugging Face model starts trained',
         );
     } else {
+      if (s.export !== undefined)
+        problem(['export'], "exports a Hugging Face model's checkpoints: give model.huggingFace");
       if (s.model.experts % s.epWorldSize !== 0)
         problem(
           ['epWorldSize'],

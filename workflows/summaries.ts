@@ -18,6 +18,10 @@ export function prepareSummary(spec: CampaignSpec, iteration: number, forkFrom?:
   return `prepare it ${iteration} (${source}, ${spec.epWorldSize} ranks)`;
 }
 
+export function exportSummary(spec: CampaignSpec, iteration: number): string {
+  return `export it ${iteration} to ${spec.export?.to ?? '?'}`;
+}
+
 export function prepareInputsSummary(spec: CampaignSpec): string {
   const dataset = 'dataset' in spec.task ? ` and check ${spec.task.dataset.train}` : '';
   return `prepare inputs (model files${dataset})`;

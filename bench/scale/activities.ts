@@ -90,6 +90,7 @@ export function createFastActivities(opts: FastActivityOptions): {
 
   const activities: CampaignActivities = {
     prepareInputs: (input) => base.prepareInputs(input),
+    exportPolicy: (input) => base.exportPolicy(input),
     preparePolicy: async (input) => {
       await wait('preparePolicy', input.spec, 0);
       return base.preparePolicy(input);

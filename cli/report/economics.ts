@@ -62,6 +62,7 @@ const poolOf: Record<ActivityRecord['activity'], Pool> = {
   prepareInputs: 'rollout',
   preparePolicy: 'train',
   updatePolicy: 'train',
+  exportPolicy: 'train',
   commitCheckpoint: 'control',
 };
 

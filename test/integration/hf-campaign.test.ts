@@ -103,7 +103,7 @@ describe('campaigns on a Hugging Face model and a dataset', { skip: pyref.skip |
   let reference: string;
 
   test('trains EP 2 from the folder: rows drawn by (seed, epoch), the chat template, decoded text, rewards by data_source', async () => {
-    const s = spec('hf-ref');
+    const s = spec('hf-ref', { export: { to: 'exports/hf-ref' } });
     const { id, state } = await withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
       const handle = await startCampaign(t.client, s, queues);
       await handle.result();
@@ -123,6 +123,15 @@ describe('campaigns on a Hugging Face model and a dataset', { skip: pyref.skip |
       (await store.get(`${keys.checkpointKey(id, 2)}/manifest.json`)).toString('utf8'),
     ) as { world_size: number };
     assert.equal(manifest.world_size, 2);
+
+    // The spec's export: every committed checkpoint as a model folder, config.json last.
+    for (const iteration of [1, 2]) {
+      const folder = `exports/hf-ref/${String(iteration).padStart(6, '0')}`;
+      const names: string[] = [];
+      for await (const o of store.list(`${folder}/`)) names.push(o.key.slice(folder.length + 1));
+      for (const name of ['config.json', 'model.safetensors', 'tokenizer.json', 'generation_config.json'])
+        assert.ok(names.includes(name), `${folder}/${name} in ${names.join(', ')}`);
+    }
 
     const tokenizer = await loadTokenizer(join(dir, 'qwen3'));
     const found = await artifacts(store, id);

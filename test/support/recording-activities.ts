@@ -7,6 +7,8 @@ import type {
   CampaignActivities,
   CheckpointInput,
   CheckpointOutput,
+  ExportInput,
+  ExportOutput,
   PrepareInput,
   PrepareInputsInput,
   PrepareInputsOutput,
@@ -151,6 +153,8 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
           removed: [],
         }),
       ),
+    exportPolicy: (input: ExportInput): Promise<ExportOutput> =>
+      record('exportPolicy', input, input, () => ({ iteration: input.iteration, out: 'recorded', files: 0 })),
   };
   return { activities, calls };
 }

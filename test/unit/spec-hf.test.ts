@@ -86,6 +86,22 @@ describe('spec: Hugging Face models', () => {
   });
 });
 
+describe('spec: exports of every committed checkpoint', () => {
+  it('takes a folder, every iteration by default, and refuses it for a native model', () => {
+    const spec = parseCampaignSpec({ ...hfSpecDoc(), export: { to: 's3://serving/policies/' } });
+    assert.deepEqual(spec.export, { to: 's3://serving/policies/', everyIterations: 1 });
+    assert.match(
+      problems({ ...hfSpecDoc(), export: { to: '../up', everyIterations: 0 } }).join('\n'),
+      /export\.to[\s\S]*export\.everyIterations/,
+    );
+    const native = problems({ ...validSpecDoc(), export: { to: 'exports' } });
+    assert.ok(
+      native.some((p) => p.startsWith('export:') && /huggingFace/.test(p)),
+      native.join('\n'),
+    );
+  });
+});
+
 describe('spec: rewards by data_source', () => {
   const withRewards = (rewards: unknown) => ({ ...hfSpecDoc(), rewards });
 

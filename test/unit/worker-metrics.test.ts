@@ -27,6 +27,7 @@ function fakeActivities(failure: { current: unknown }): CampaignActivities {
     updatePolicy: async () =>
       (maybeFail(), { attempt: 1, metrics: { ep_seconds: 0.5, ep_bytes: 1024 } }) as never,
     commitCheckpoint: async () => (maybeFail(), {}) as never,
+    exportPolicy: async () => (maybeFail(), {}) as never,
   };
 }
 
