@@ -68,6 +68,8 @@ export interface IterationHistory {
   hyperparameterChanges: HyperparameterChange[];
   /** From the reward activity; null until it completed. */
   passRate: number | null;
+  /** Samples whose reward function failed (scored 0), by reason; null when none did. */
+  rewardFailures: { samples: number; byReason: Partial<Record<string, number>> } | null;
   /** Summed over the rollout shards' completed activities; null until every shard completed. */
   samples: number | null;
   tokens: number | null;
@@ -326,10 +328,16 @@ export function iterationsFrom(
         checkpoint: (commit?.result as CheckpointOutput | undefined)?.checkpoint.key ?? null,
         hyperparameterChanges: changes.filter((c) => c.iteration === iteration),
         passRate: (reward?.result as RewardOutput | undefined)?.passRate ?? null,
+        rewardFailures: rewardFailures(reward?.result as RewardOutput | undefined),
         ...rollout,
         trainMetrics: (update?.result as UpdateOutput | undefined)?.metrics ?? null,
       };
     });
+}
+
+function rewardFailures(reward: RewardOutput | undefined): IterationHistory['rewardFailures'] {
+  if (!reward?.failedSamples) return null;
+  return { samples: reward.failedSamples, byReason: reward.failuresByReason ?? {} };
 }
 
 /**

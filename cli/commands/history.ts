@@ -40,6 +40,14 @@ export function historyText(history: CampaignHistory): string {
     ),
   );
   if (failures.length) out.push('failures:', ...failures);
+  const rewardFailures = history.iterations.flatMap((it) =>
+    it.rewardFailures
+      ? [
+          `  iteration ${it.iteration}: ${it.rewardFailures.samples} samples scored 0 (${keyValues(it.rewardFailures.byReason)})`,
+        ]
+      : [],
+  );
+  if (rewardFailures.length) out.push('reward function failures:', ...rewardFailures);
   if (history.hyperparameterChanges.length)
     out.push(
       'hyperparameter changes:',

@@ -278,6 +278,34 @@ describe('campaigns on a Hugging Face model and a dataset', { skip: pyref.skip |
     for (const [key, text] of want) assert.equal(got.get(key), text, `${key} as the uninterrupted run's`);
   });
 
+  test('a reward function that fails on every sample pauses the campaign with its first error', async () => {
+    await writeFile(
+      join(dir, 'broken.py'),
+      'def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    raise ValueError("no answer key here")\n',
+    );
+    const s = spec('hf-broken-reward', {
+      iterations: 1,
+      rewards: { default: { kind: 'python', file: join(dir, 'broken.py') } },
+    });
+    await withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+      const handle = await startCampaign(t.client, s, queues);
+      const state = await waitForState(
+        handle,
+        'paused at the reward',
+        (st) => st.status === 'paused',
+        120_000,
+      );
+      assert.equal(state.lastFailure?.stage, 'reward');
+      assert.equal(state.lastFailure?.type, 'RewardFunctionFailing');
+      assert.match(
+        state.lastFailure?.message ?? '',
+        /broken\.py:compute_score failed on all 16 samples[\s\S]*exception: ValueError: no answer key here/,
+      );
+      assert.equal(state.committedIteration, 0, 'no update on rewards of zeros');
+      await handle.cancel();
+    });
+  });
+
   test('a folder without its tokenizer, and a dataset row without a prompt, pause the campaign naming them', async () => {
     await cp(join(dir, 'store', 'models', 'tiny-qwen3'), join(dir, 'store', 'models', 'no-tokenizer'), {
       recursive: true,

@@ -105,6 +105,7 @@ describe('terminal output holds no control characters from reasons and failure m
           checkpoint: null,
           hyperparameterChanges: [],
           passRate: null,
+          rewardFailures: { samples: 3, byReason: { timeout: 2, exception: 1 } },
           samples: null,
           tokens: null,
           rolloutTokensPerSecond: null,
@@ -117,6 +118,11 @@ describe('terminal output holds no control characters from reasons and failure m
       ],
       pauses: [],
     };
-    assertPrintable(historyText(history), 'history');
+    const text = historyText(history);
+    assertPrintable(text, 'history');
+    assert.match(
+      text,
+      /reward function failures:\n {2}iteration 1: 3 samples scored 0 \(timeout=2 exception=1\)/,
+    );
   });
 });
