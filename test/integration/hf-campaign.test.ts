@@ -278,6 +278,48 @@ describe('campaigns on a Hugging Face model and a dataset', { skip: pyref.skip |
     for (const [key, text] of want) assert.equal(got.get(key), text, `${key} as the uninterrupted run's`);
   });
 
+  test('a dataset file changed under the campaign pauses it at the next rollout, naming both hashes', async () => {
+    const file = join(dir, 'store', 'datasets', 'changing.parquet');
+    writeVerlParquet(
+      file,
+      Array.from({ length: rows }, (_, i) => arithmeticRow(i)),
+    );
+    const s = spec('hf-changed', {
+      task: { dataset: { train: 'datasets/changing.parquet', format: 'parquet' } },
+    });
+    await withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+      const handle = await startCampaign(t.client, s, queues);
+      // Paused once its inputs are checked: the rollout of iteration 1 has not read a row yet.
+      const started = await waitForState(
+        handle,
+        'the dataset checked',
+        (st) => st.dataset !== undefined,
+        60_000,
+      );
+      await handle.signal('pause', { reason: 'swap the file' });
+      await waitForState(handle, 'paused', (st) => st.status === 'paused', 60_000);
+      writeVerlParquet(
+        file,
+        Array.from({ length: rows }, (_, i) => arithmeticRow(i + 1)),
+      );
+      await handle.signal('resume', {});
+      const state = await waitForState(
+        handle,
+        'paused by the change',
+        (st) => st.status === 'paused' && st.lastFailure !== null,
+        120_000,
+      );
+      assert.equal(state.lastFailure?.stage, 'rollout');
+      assert.match(state.lastFailure?.message ?? '', /changed under the campaign/);
+      assert.ok(
+        state.lastFailure?.message.includes(started.dataset!.sha256),
+        'names the hash it started with',
+      );
+      assert.ok(state.committedIteration <= 0, 'no iteration trained on the new file');
+      await handle.cancel();
+    });
+  });
+
   test('a reward function that fails on every sample pauses the campaign with its first error', async () => {
     await writeFile(
       join(dir, 'broken.py'),
