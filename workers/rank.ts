@@ -10,7 +10,9 @@
 //   and, read by the native core only: MOERL_JOB_TOKEN  MOERL_STARTUP_TIMEOUT_S  MOERL_TIMEOUT_S
 //   MOERL_BIND_ADDRESS (docs/native-ep.md, "Rank env contract")
 //
-// Exit 0 = done; 2 = bad input (the job must not be retried); anything else = retryable.
+// Exit 0 = done; 2 = bad input (the job must not be retried); 75 = another rank was lost (the
+// job restarts as a gang, not counted against this rank); 143 = stopped; anything else = this
+// rank's own retryable failure.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { mkdir, readdir, rm, stat, writeFile } from 'node:fs/promises';
@@ -20,7 +22,7 @@ import { fileURLToPath } from 'node:url';
 import { fetchCheckpointForRank } from '../activities/checkpoints.js';
 import { mapLimit } from '../activities/concurrency.js';
 import type { RankJob } from '../activities/launch/types.js';
-import { rankEnv, rankStoppedExitCode } from '../activities/launch/types.js';
+import { rankEnv, rankPeerLostExitCode, rankStoppedExitCode } from '../activities/launch/types.js';
 import { fetchModelForRank } from '../activities/models/source.js';
 import { nativeToolPath } from '../activities/native.js';
 import { openStore, StoreKeyError, StoreNotFoundError } from '../activities/store/index.js';
@@ -141,7 +143,7 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
       console.error(
         `rank ${rank}: moe_train ${step[0]} ${code === null ? 'was killed' : `exited with code ${code}`}`,
       );
-      return code === 2 ? 2 : 1;
+      return code === 2 || code === rankPeerLostExitCode ? code : 1;
     }
   }
   for (const output of job.outputs) await uploadOutputs(store, work, output);

@@ -24,6 +24,7 @@ import {
 import {
   currentPods,
   failedJobFailure,
+  gangRestarts,
   jobCondition,
   pendingFailure,
   pendingProblem,
@@ -229,6 +230,7 @@ class KubernetesJob implements TrainJob {
       state: job && isQueued(job) ? 'queued' : 'running',
       ranks: rankStatuses(job, this.ownPods(), this.spec.worldSize),
       failure: null,
+      restarts: gangRestarts(this.ownPods()),
       ...this.clock.times(),
     };
   }

@@ -86,6 +86,12 @@ export interface JobStatus {
    */
   queueWaitSeconds?: number;
   runSeconds?: number;
+  /**
+   * Gang restarts so far: every rank of the job started again in a new rendezvous after one or
+   * more ranks were lost, counted once however many ranks were lost. Absent: a launcher that
+   * does not restart a job in place (the local launcher fails it, and the activity retries).
+   */
+  restarts?: number;
 }
 
 export interface TrainJob {
@@ -127,3 +133,11 @@ export const rankEnv = {
  * signal: a stop is not the rank's failure (Kubernetes: the podFailurePolicy ignores it).
  */
 export const rankStoppedExitCode = 143;
+
+/**
+ * The exit code of a rank that stopped because another rank of its job was lost (it died,
+ * failed, or a replacement broke the rendezvous): the native tools' kPeerLostExitCode
+ * (native/tools/moe_cli.h). Not the rank's own failure: every rank of the job restarts together
+ * in a new rendezvous (Kubernetes: the podFailurePolicy ignores it, so it uses up no backoffLimit).
+ */
+export const rankPeerLostExitCode = 75;

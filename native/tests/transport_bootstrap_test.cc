@@ -2,7 +2,9 @@
 // address only; a port scan, garbage, a silent connection, a forged hello and a rank with
 // another job's token, all during the rendezvous, change nothing for the job's own ranks; a
 // rank that starts long after the others is no failure while the start-up deadline runs
-// (the per-exchange deadline is for later). Ranks are Bootstrap objects on threads of this
+// (the per-exchange deadline is for later); a rank lost during the rendezvous gives its place
+// to its replacement, and a second live claim of a rank ends the attempt as a peer failure
+// (the gang restarts), never as bad input. Ranks are Bootstrap objects on threads of this
 // process, over 127.0.0.1 (no libfabric needed).
 #include <arpa/inet.h>   // inet_pton
 #include <fcntl.h>       // O_* for ep_spawn.h
@@ -11,6 +13,7 @@
 #include <sys/time.h>    // timeval for SO_RCVTIMEO
 #include <unistd.h>      // close
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -73,11 +76,14 @@ int dial_when_listening(int port) {
   }
 }
 
-// One rank's rendezvous on a thread: its allgather result, or the error it threw.
+// One rank's rendezvous on a thread: its allgather result, or the error it threw (and its
+// kind, which a tool turns into the exit code: PeerFailure 75, BadInput 2, others 1).
 struct RankRun {
   std::vector<std::vector<uint8_t>> blobs;
   std::string error;
+  moerl::ErrorKind kind = moerl::ErrorKind::Internal;
   double joined_after = -1;  // seconds from start to a finished bootstrap
+  std::atomic<bool> admitted{false};  // rank 0 welcomed it (set before the allgather)
   std::thread thread;
 
   ~RankRun() {
@@ -88,12 +94,20 @@ struct RankRun {
       const double t0 = now_s();
       try {
         out = std::make_unique<Bootstrap>(config);
+        admitted = true;
         blobs = out->allgather({uint8_t(0xA0 + config.rank)});
         joined_after = now_s() - t0;
+      } catch (const moerl::Error& e) {
+        error = e.what();
+        kind = e.kind();
       } catch (const std::exception& e) {
         error = e.what();
       }
     });
+  }
+  void wait_admitted() const {
+    for (const double until = now_s() + 10; !admitted && now_s() < until;)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 };
 
@@ -240,6 +254,61 @@ TEST(TransportBootstrap, ASlowStartIsNoFailure) {
   EXPECT_EQ(rank0.error, "");
   EXPECT_EQ(rank1.error, "");
   EXPECT_EQ(rank0.blobs, rank1.blobs);
+}
+
+Config rank_of_three(int rank, int port) {
+  Config c = rank_config(rank, port, "job-token");
+  c.world_size = 3;
+  return c;
+}
+
+TEST(TransportBootstrap, ARankLostDuringTheRendezvousGivesItsPlaceToItsReplacement) {
+  // Rank 1 is admitted, then its process goes (a pod force-deleted) before rank 2 arrives;
+  // its replacement claims rank 1. Nothing was exchanged yet: the replacement takes the place
+  // and nobody restarts. Before, rank 0 failed the job as bad input ("two processes claim").
+  const int port = free_loopback_port();
+  std::unique_ptr<Bootstrap> b0, lost, b1, b2;
+  RankRun rank0, rank1, rank2;
+  rank0.start(rank_of_three(0, port), b0);
+  std::thread([&] { lost = std::make_unique<Bootstrap>(rank_of_three(1, port)); }).join();
+  lost.reset();  // the kernel closes a dead process's socket
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  rank1.start(rank_of_three(1, port), b1);
+  rank1.wait_admitted();
+  rank2.start(rank_of_three(2, port), b2);
+  for (RankRun* r : {&rank0, &rank1, &rank2}) r->thread.join();
+  ASSERT_EQ(rank0.error, "");
+  ASSERT_EQ(rank1.error, "");
+  ASSERT_EQ(rank2.error, "");
+  const std::vector<std::vector<uint8_t>> expected = {{0xA0}, {0xA1}, {0xA2}};
+  EXPECT_EQ(rank0.blobs, expected);
+  EXPECT_EQ(rank1.blobs, expected);
+  EXPECT_EQ(rank2.blobs, expected);
+}
+
+TEST(TransportBootstrap, ASecondLiveClaimEndsTheRendezvousAsAPeerFailureNotBadInput) {
+  // A replacement claims rank 1 while the rank it replaces is still connected (its process
+  // not gone yet). Rank 0 cannot tell which one is current: the attempt ends with
+  // PeerFailure (exit 75: the gang restarts) on rank 0 and on every admitted rank, never
+  // BadInput (exit 2, which fails the job and pauses the campaign for a transient fault). The
+  // replacement was never admitted: it keeps dialling for the next rendezvous, until its own
+  // deadline here.
+  const int port = free_loopback_port();
+  std::unique_ptr<Bootstrap> b0, old1, new1;
+  RankRun rank0, old_rank1, new_rank1;
+  rank0.start(rank_of_three(0, port), b0);
+  old_rank1.start(rank_of_three(1, port), old1);
+  old_rank1.wait_admitted();
+  ASSERT_TRUE(old_rank1.admitted);
+  Config replacement = rank_of_three(1, port);
+  replacement.startup_timeout_s = 2.0;
+  new_rank1.start(replacement, new1);
+  for (RankRun* r : {&rank0, &old_rank1, &new_rank1}) r->thread.join();
+  EXPECT_EQ(rank0.kind, moerl::ErrorKind::PeerFailure) << rank0.error;
+  EXPECT_NE(rank0.error.find("two processes claim MOERL_RANK=1"), std::string::npos) << rank0.error;
+  EXPECT_EQ(old_rank1.kind, moerl::ErrorKind::PeerFailure) << old_rank1.error;
+  EXPECT_FALSE(new_rank1.admitted);
+  EXPECT_EQ(new_rank1.kind, moerl::ErrorKind::Timeout) << new_rank1.error;
 }
 
 TEST(TransportBootstrap, StartupDeadlineStillEnds) {

@@ -25,7 +25,8 @@ int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& b
     return body();
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
-    return e.kind() == ErrorKind::BadInput ? 2 : 1;
+    if (e.kind() == ErrorKind::BadInput) return 2;
+    return e.kind() == ErrorKind::PeerFailure ? kPeerLostExitCode : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return 1;

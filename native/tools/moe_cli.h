@@ -16,9 +16,16 @@
 
 namespace moerl::tools {
 
+// The exit code of a rank that stops because another rank of its job was lost (a
+// moerl::Error of kind PeerFailure: a peer died, failed, or a replacement broke the
+// rendezvous). Not this rank's fault: the launcher restarts the whole job without counting
+// it (Kubernetes: the podFailurePolicy ignores it). EX_TEMPFAIL of sysexits.h.
+constexpr int kPeerLostExitCode = 75;
+
 // Parses argv into app (whose options are bound to variables), then runs body. Exit codes:
 // 0 done or --help; 2 bad input: an unknown flag, a missing or malformed value (CLI11's
-// message names the flag) or a moerl::Error of kind BadInput; 1 anything else (retryable).
+// message names the flag) or a moerl::Error of kind BadInput; kPeerLostExitCode (75) a peer
+// was lost (PeerFailure); 1 anything else (retryable: this rank's own failure).
 int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
 // This process's rank of a job (the rank contract's env) and its door to the EP core.

@@ -157,6 +157,13 @@ void split_host_port(const std::string& hp, std::string& host, std::string& port
   port = hp.substr(colon + 1);
 }
 
+// True once the other end of a connected socket has closed or reset it, even while bytes it
+// sent are still unread (an admitted rank sends its allgather blob at once).
+bool hung_up(int fd) {
+  pollfd pfd{fd, POLLRDHUP, 0};
+  return ::poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 // Both ends of a connected socket; false once it has been reset (rank 0 went away meanwhile).
 bool socket_ends(int fd, sockaddr_in& mine, sockaddr_in& theirs) {
   socklen_t len = sizeof(mine);
@@ -296,6 +303,11 @@ void Bootstrap::admit_peers(const std::string& host, const std::string& port) {
     open.erase(open.begin() + long(i));
     ++refused;
   };
+  const auto release = [&](size_t r) {
+    ::close(peer_fds_[r]);
+    peer_fds_[r] = -1;
+    --connected;
+  };
   while (connected < world) {
     const double now = now_s();
     for (size_t i = open.size(); i-- > 0;)
@@ -319,6 +331,9 @@ void Bootstrap::admit_peers(const std::string& host, const std::string& port) {
       fds.push_back({h.fd, POLLIN, 0});
       wake = std::min(wake, h.until);
     }
+    // Admitted ranks wake rank 0 only by hanging up (what they send is read by allgather).
+    for (const int fd : peer_fds_)
+      if (fd >= 0) fds.push_back({fd, POLLRDHUP, 0});
     ::poll(fds.data(), fds.size(), remaining_ms(wake));
     // Hellos: read no more than one hello from each; a wrong magic or MAC drops it.
     for (size_t i = open.size(); i-- > 0;) {
@@ -346,10 +361,18 @@ void Bootstrap::admit_peers(const std::string& host, const std::string& port) {
       // The peer proved the token: it is this job's, and a mismatch is the job's own mistake.
       MOERL_CHECK_INPUT(h.hello.world_size == world, "rank ", h.hello.rank,
                         " says MOERL_WORLD_SIZE=", h.hello.world_size, " but rank 0 has ", world);
-      MOERL_CHECK_INPUT(h.hello.rank > 0 && h.hello.rank < world &&
-                            peer_fds_[size_t(h.hello.rank)] < 0,
-                        "two processes claim MOERL_RANK=", h.hello.rank,
-                        " (or it is out of range)");
+      MOERL_CHECK_INPUT(h.hello.rank > 0 && h.hello.rank < world, "a rank claims MOERL_RANK=",
+                        h.hello.rank, ", outside 1..", world - 1);
+      const size_t r = size_t(h.hello.rank);
+      if (peer_fds_[r] >= 0 && hung_up(peer_fds_[r])) release(r);  // a replacement: see above
+      if (peer_fds_[r] >= 0) {
+        // A second live claim: a replacement arrived while the rank it replaces still holds its
+        // place (its process is going away, unseen yet). Nobody is to blame and nobody can
+        // tell which is current: this attempt ends, every rank restarts and meets again.
+        MOERL_FAIL(PeerFailure, "rank 0: two processes claim MOERL_RANK=", h.hello.rank,
+                   " during one rendezvous (a replacement arrived while the rank it replaces "
+                   "was still connected): this rendezvous ends and every rank restarts");
+      }
       const Mac mac = job_mac(config_.job_token, "welcome", h.hello.nonce, h.hello.rank, world,
                               h.challenge.nonce);
       Welcome welcome{};
@@ -359,10 +382,14 @@ void Bootstrap::admit_peers(const std::string& host, const std::string& port) {
         drop(i);
         continue;
       }
-      peer_fds_[size_t(h.hello.rank)] = h.fd;
+      peer_fds_[r] = h.fd;
       open.erase(open.begin() + long(i));
       ++connected;
     }
+    // Admitted ranks that hung up before the rendezvous ended give their place back: nothing
+    // has been exchanged yet, so a replacement may take it without restarting anyone.
+    for (size_t r = 1; r < size_t(world); ++r)
+      if (peer_fds_[r] >= 0 && hung_up(peer_fds_[r])) release(r);
     // New connections: each gets its challenge at once; too many open, the oldest gives way.
     for (;;) {
       const int fd = ::accept(listen_fd_, nullptr, nullptr);

@@ -11,6 +11,13 @@
 // Handshakes run side by side with bounded reads and a per-connection time limit, so a
 // stranger that connects and says nothing cannot hold up the ranks behind it.
 //
+// A rank claimed twice is a replacement (a pod recreated after its predecessor was lost),
+// never bad input: if the admitted one has hung up, the replacement takes its place (nothing
+// has been exchanged yet); if it is still connected, the rendezvous attempt ends with
+// Error(PeerFailure) on rank 0 and every admitted rank (tools: exit 75), and the whole job
+// restarts and meets again. An attempt is one rank 0 process: a rank of an earlier attempt
+// fails with its rank 0 and can only take part in the next one by starting over.
+//
 // Its connections (rank 0 to every rank) then stay open for the communicator's life as a
 // failure detector: the kernel closes a dead process's sockets, so rank 0 learns at once
 // which rank died and tells the others, and everyone names the dead rank itself instead of

@@ -198,7 +198,7 @@ describe('KubernetesLauncher (real control plane, kwok fake nodes)', () => {
       assert.equal(stored.spec?.backoffLimit, 2);
       assert.deepEqual(
         stored.spec?.podFailurePolicy?.rules.map((r) => r.action),
-        ['Ignore', 'FailJob', 'Ignore'],
+        ['Ignore', 'FailJob', 'Ignore', 'Ignore'],
       );
       assert.equal(stored.metadata?.labels?.['moerl.dev/campaign']?.startsWith('Launcher-Test-'), true);
       assert.equal(stored.metadata?.labels?.['app.kubernetes.io/managed-by'], 'moerl');

@@ -11,8 +11,10 @@ import {
   completedIndexes,
   currentPods,
   failedJobFailure,
+  gangRestarts,
   pendingFailure,
   pendingProblem,
+  podAccount,
   rankStatuses,
 } from '../../activities/launch/kubernetes/failures.js';
 
@@ -155,6 +157,20 @@ describe('kubernetes launcher: why a Job failed', () => {
     );
   });
 
+  it('a gang restart: the lost rank is the cause, never a peer that exited 75 because it was lost', () => {
+    // The peers noticed the loss and exited 75 before the lost rank's own exit was reported.
+    const pods = [
+      pod(0, 'Failed', { state: exited(75, 'Error', '2026-01-01T00:01:00Z') }),
+      pod(2, 'Failed', { state: exited(75, 'Error', '2026-01-01T00:01:01Z') }),
+      pod(1, 'Failed', { state: exited(1, 'Error', '2026-01-01T00:01:02Z') }),
+    ];
+    const { failure, pod: blamed } = failedJobFailure(failedJob('BackoffLimitExceeded', 'limit'), pods);
+    assert.equal(blamed?.metadata?.name, `${job}-1-aaaaa`);
+    assert.equal(failure.rank, 1);
+    assert.equal(failure.exitCode, 1);
+    assert.equal(failure.permanent, false);
+  });
+
   it('a disrupted pod is not the cause', () => {
     const evicted = pod(0, 'Failed', {
       state: exited(143, 'Error', '2026-01-01T00:01:00Z'),
@@ -278,5 +294,39 @@ describe('kubernetes launcher: API errors', () => {
       assert.match(failure.message, /^Kubernetes API: cannot create jobs\/x in namespace trainers/);
     }
     assert.match(kubernetesFailure(refused, call).message, /ECONNREFUSED/);
+  });
+});
+
+describe('kubernetes launcher: gang restarts', () => {
+  it('counts each gang restart once, however many ranks were lost', () => {
+    assert.equal(gangRestarts([]), 0);
+    assert.equal(gangRestarts([pod(0, 'Running'), pod(1, 'Running')]), 0);
+    // One restart after ranks 1 and 2 were lost together: every rank has one failed pod.
+    const first = [
+      pod(0, 'Failed', { state: exited(75) }),
+      pod(1, 'Failed', { state: exited(137) }),
+      pod(2, 'Failed', { state: exited(1) }),
+      pod(3, 'Failed', { state: exited(75) }),
+    ];
+    const second = [0, 1, 2, 3].map((r) => pod(r, 'Running', { suffix: 'bbbbb' }));
+    assert.equal(gangRestarts([...first, ...second]), 1);
+    // A force-deleted pod is gone once the Job has counted it; its peers' pods still tell.
+    assert.equal(gangRestarts([...first.filter((p) => p !== first[1]), ...second]), 1);
+    // A second restart: rank 3 lost, the others exited 75 once more.
+    const third = [0, 1, 2].map((r) => pod(r, 'Failed', { suffix: 'ccccc', state: exited(75) }));
+    assert.equal(
+      gangRestarts([...first, ...third, pod(3, 'Failed', { suffix: 'ccccc', state: exited(1) })]),
+      2,
+    );
+  });
+
+  it('says a rank that exited 75 restarted with its gang, and never blames it for a failed Job', () => {
+    const peer = pod(4, 'Failed', { state: exited(75) });
+    assert.equal(
+      podAccount(peer),
+      "rank 4 (pod grpo-u1-abcd-4-aaaaa) exited with code 75 (a peer was lost): restarted with the job's other ranks",
+    );
+    const { failure } = failedJobFailure(failedJob('BackoffLimitExceeded', 'limit'), [peer]);
+    assert.equal(failure.rank, null);
   });
 });

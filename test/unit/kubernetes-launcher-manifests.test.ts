@@ -69,6 +69,10 @@ describe('kubernetes launcher manifests', () => {
     assert.equal(job.spec?.completions, 4);
     assert.equal(job.spec?.parallelism, 4);
     assert.equal(job.spec?.backoffLimit, 5);
+    // Per rank as well, so a replacement waits by its own rank's failures (a gang restart of
+    // EP 8 fails eight pods); any rank out of retries fails the Job.
+    assert.equal(job.spec?.backoffLimitPerIndex, 5);
+    assert.equal(job.spec?.maxFailedIndexes, 0);
     assert.equal(job.spec?.activeDeadlineSeconds, 7200);
     assert.equal(job.spec?.ttlSecondsAfterFinished, 600);
     assert.equal(job.spec?.podReplacementPolicy, 'Failed');
@@ -79,11 +83,12 @@ describe('kubernetes launcher manifests', () => {
     assert.equal(container.imagePullPolicy, 'Always');
   });
 
-  it('ignores disruptions, fails the Job at once on exit 2, and ignores a rank stopped by SIGTERM (143)', () => {
+  it('ignores disruptions, fails the Job at once on exit 2, ignores a rank stopped by SIGTERM (143) or by a lost peer (75)', () => {
     assert.deepEqual(job.spec?.podFailurePolicy?.rules, [
       { action: 'Ignore', onPodConditions: [{ type: 'DisruptionTarget', status: 'True' }] },
       { action: 'FailJob', onExitCodes: { containerName: 'rank', operator: 'In', values: [2] } },
       { action: 'Ignore', onExitCodes: { containerName: 'rank', operator: 'In', values: [143] } },
+      { action: 'Ignore', onExitCodes: { containerName: 'rank', operator: 'In', values: [75] } },
     ]);
   });
 

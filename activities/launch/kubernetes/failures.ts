@@ -5,6 +5,7 @@
 import { constants } from 'node:os';
 import type { V1ContainerStateTerminated, V1Job, V1JobCondition, V1Pod } from '@kubernetes/client-node';
 import type { JobFailure, RankStatus } from '../types.js';
+import { rankPeerLostExitCode, rankStoppedExitCode } from '../types.js';
 import { completionIndexKey, rankContainerName } from './manifests.js';
 
 type Time = Date | string | undefined;
@@ -152,17 +153,41 @@ export function podAccount(pod: V1Pod): string {
     return `${who(pod)} was OOMKilled: raise launcher.memory${limit ? ` (now ${limit})` : ''}`;
   }
   if (t?.exitCode === 2) return `${who(pod)} exited with code 2 (bad input): not retried`;
+  if (t?.exitCode === rankPeerLostExitCode)
+    return `${who(pod)} exited with code ${rankPeerLostExitCode} (a peer was lost): restarted with the job's other ranks`;
   if (t) return `${who(pod)} exited with code ${t.exitCode}${t.reason ? ` (${t.reason})` : ''}`;
   const reason = [pod.status?.reason, pod.status?.message].filter(Boolean).join(': ');
   return `${who(pod)} failed${reason ? `: ${reason}` : ''}`;
 }
 
-/** The failed pods the Job counts, in the order they failed. */
+/** Exit codes the podFailurePolicy ignores: a stopped rank and one whose peer was lost. */
+const ignoredExitCodes = new Set([rankStoppedExitCode, rankPeerLostExitCode]);
+
+/** The failed pods the Job counts (not those its podFailurePolicy ignores), in the order they failed. */
 function countedFailures(pods: Iterable<V1Pod>): V1Pod[] {
   const finished = (p: V1Pod) => timeMs(termination(p)?.finishedAt) || timeMs(p.metadata?.creationTimestamp);
   return [...pods]
-    .filter((p) => p.status?.phase === 'Failed' && !isDisrupted(p))
+    .filter(
+      (p) =>
+        p.status?.phase === 'Failed' &&
+        !isDisrupted(p) &&
+        !ignoredExitCodes.has(termination(p)?.exitCode ?? -1),
+    )
     .sort((a, b) => finished(a) - finished(b));
+}
+
+/**
+ * Gang restarts of a job so far: the most failed pods of any one rank. A gang restart replaces
+ * every rank's pod once (the lost rank's, and its peers' that exited 75), so it counts once
+ * however many ranks were lost at a time.
+ */
+export function gangRestarts(pods: Iterable<V1Pod>): number {
+  const failed = new Map<number, number>();
+  for (const pod of pods) {
+    const rank = podRank(pod);
+    if (rank !== null && pod.status?.phase === 'Failed') failed.set(rank, (failed.get(rank) ?? 0) + 1);
+  }
+  return Math.max(0, ...failed.values());
 }
 
 /**

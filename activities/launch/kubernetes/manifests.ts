@@ -16,7 +16,7 @@ import { kueueQueueLabel } from '../../../workflows/spec-kubernetes.js';
 import type { KubernetesLauncher as KubernetesLauncherSpec } from '../../../workflows/spec-kubernetes.js';
 import { rankDeadlines } from '../../../workflows/spec-rendezvous.js';
 import { deadlineEnv, rendezvousEnv } from '../rendezvous.js';
-import { rankEnv, rankStoppedExitCode } from '../types.js';
+import { rankEnv, rankPeerLostExitCode, rankStoppedExitCode } from '../types.js';
 import type { TrainJobSpec } from '../types.js';
 
 /** The rank program in the trainer image, relative to its WORKDIR (/app in the Dockerfile). */
@@ -292,6 +292,13 @@ export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec
       completions: spec.worldSize,
       parallelism: spec.worldSize,
       backoffLimit: launcher.backoffLimit,
+      // Per rank too, for the delay before a replacement: the Job controller then waits by that
+      // rank's own failures (10 s, doubling), not by every pod failed since the last success.
+      // After a gang restart of EP 8 (eight failed pods, seven of them ignored) the Job-wide
+      // delay would be 10 s × 2^7, capped at 10 minutes. maxFailedIndexes 0: a rank out of
+      // retries fails the Job at once, as backoffLimit does.
+      backoffLimitPerIndex: launcher.backoffLimit,
+      maxFailedIndexes: 0,
       // A replacement starts only once the pod it replaces has stopped: two pods of one rank
       // must never run at once.
       podReplacementPolicy: 'Failed',
@@ -308,6 +315,13 @@ export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec
           {
             action: 'Ignore',
             onExitCodes: { containerName: rankContainerName, operator: 'In', values: [rankStoppedExitCode] },
+          },
+          // A rank whose peer was lost exits 75: the job is a gang, every rank restarts and meets
+          // again in a new rendezvous; only the lost rank's own exit counts (once), never its
+          // peers', so one lost pod cannot use up backoffLimit at any world size.
+          {
+            action: 'Ignore',
+            onExitCodes: { containerName: rankContainerName, operator: 'In', values: [rankPeerLostExitCode] },
           },
         ],
       },
