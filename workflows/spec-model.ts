@@ -40,16 +40,20 @@ export function parseModelRef(ref: string): DatasetRef | string {
   return typeof parsed === 'string' ? parsed.replace('must name a file', 'must name a folder') : parsed;
 }
 
-export const hfModelSchema = z.strictObject({
-  huggingFace: z
+/** A folder of the campaign's store or of an S3 bucket (parseModelRef). */
+const folderRef = (what: string) =>
+  z
     .string()
     .superRefine((ref, ctx) => {
       const parsed = parseModelRef(ref);
       if (typeof parsed === 'string') ctx.addIssue({ code: 'custom', message: parsed });
     })
-    .describe(
-      "a Hugging Face model folder (config.json, safetensors with or without model.safetensors.index.json, tokenizer.json, tokenizer_config.json): a key prefix of the campaign's store (models/qwen3-moe) or s3://bucket/prefix",
-    ),
+    .describe(what);
+
+export const hfModelSchema = z.strictObject({
+  huggingFace: folderRef(
+    "a Hugging Face model folder (config.json, safetensors with or without model.safetensors.index.json, tokenizer.json, tokenizer_config.json): a key prefix of the campaign's store (models/qwen3-moe) or s3://bucket/prefix",
+  ),
   contextLength: positiveInt(1 << 20)
     .optional()
     .describe(
@@ -61,15 +65,9 @@ export const modelSchema = z.union([nativeModelSchema, hfModelSchema]);
 
 /** Every committed checkpoint of a Hugging Face campaign exported as a model folder vLLM or SGLang can serve. */
 export const exportSchema = z.strictObject({
-  to: z
-    .string()
-    .superRefine((ref, ctx) => {
-      const parsed = parseModelRef(ref);
-      if (typeof parsed === 'string') ctx.addIssue({ code: 'custom', message: parsed });
-    })
-    .describe(
-      "where exports go: a key prefix of the campaign's store or s3://bucket/prefix; checkpoint i at <to>/<i, 6 digits>/",
-    ),
+  to: folderRef(
+    "where exports go: a key prefix of the campaign's store or s3://bucket/prefix; checkpoint i at <to>/<i, 6 digits>/",
+  ),
   everyIterations: positiveInt(1_000_000)
     .default(1)
     .describe('export the checkpoint of every N-th iteration, and the last'),

@@ -1,5 +1,19 @@
 // A valid campaign spec document for spec tests; each malformed case changes one thing (or a
-// few) in a fresh copy.
+// few) in a fresh copy, and specProblems lists what the validator says of it.
+import assert from 'node:assert/strict';
+import { SpecError, parseCampaignSpec } from '../../workflows/spec.js';
+
+/** Every problem the spec validator reports of `doc`; fails the test when it accepts the spec. */
+export function specProblems(doc: unknown): string[] {
+  try {
+    parseCampaignSpec(doc);
+  } catch (err) {
+    assert.ok(err instanceof SpecError, `expected SpecError, got ${String(err)}`);
+    return err.problems;
+  }
+  assert.fail('the spec was accepted');
+}
+
 export function validSpecDoc(): Record<string, unknown> {
   return {
     name: 'unit',

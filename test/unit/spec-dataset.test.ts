@@ -3,23 +3,15 @@
 // section reported at once with its field and value, and the section in the JSON Schema.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { SpecError, campaignSpecJsonSchema, parseCampaignSpec } from '../../workflows/spec.js';
+import { campaignSpecJsonSchema, parseCampaignSpec } from '../../workflows/spec.js';
 import { parseDatasetRef } from '../../workflows/spec-dataset.js';
-import { hfSpecDoc } from '../support/spec-docs.js';
+import { hfSpecDoc, specProblems } from '../support/spec-docs.js';
 
 function withDataset(dataset: unknown): unknown {
   return { ...hfSpecDoc(), task: { dataset } };
 }
 
-function problems(doc: unknown): string[] {
-  try {
-    parseCampaignSpec(doc);
-  } catch (err) {
-    assert.ok(err instanceof SpecError, String(err));
-    return err.problems;
-  }
-  assert.fail('the spec was accepted');
-}
+const problems = specProblems;
 
 describe('spec: dataset tasks', () => {
   it("defaults to verl's column names", () => {
