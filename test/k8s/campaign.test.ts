@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmodSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { cp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -29,8 +30,10 @@ import {
   waitFor as poll,
   withWorkers,
 } from '../support/campaign-harness.js';
+import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
 import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
 import { nodeUnsupportedReason, startKubeNode, type KubeNode } from '../support/kube-node.js';
+import { pythonReference } from '../support/python-reference.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
 
 const run = promisify(execFile);
@@ -162,6 +165,49 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
       );
     }
   });
+
+  const pyref = pythonReference();
+  it(
+    'a Hugging Face model: 2 EP rank pods each import their own tensors and commit what local ranks commit',
+    { skip: pyref.skip },
+    async () => {
+      // The tiny Qwen3-MoE of the HF tests and verl-schema prompts, in the store the pods mount.
+      const model = join(dir, 'qwen3');
+      await pyref.run('hf_models.py', ['make', model, '--family', 'qwen3_moe']);
+      await cp(model, join(storePath, 'models', 'qwen3'), { recursive: true });
+      // safetensors writes its file owner-only; the pods read the store as another user.
+      await run('chmod', ['-R', 'a+rX', join(storePath, 'models')]);
+      mkdirSync(join(storePath, 'datasets'), { recursive: true, mode: 0o777 });
+      writeVerlParquet(
+        join(storePath, 'datasets', 'arith.parquet'),
+        Array.from({ length: 12 }, (_, i) => arithmeticRow(i)),
+      );
+      const spec = (name: string, launcher: CampaignSpecInput['launcher']) =>
+        tinyRealSpec(name, dir, {
+          task: { dataset: { train: 'datasets/arith.parquet', format: 'parquet' } },
+          model: { huggingFace: 'models/qwen3' },
+          rewards: { default: { kind: 'match' } },
+          iterations: 2,
+          promptsPerIteration: 8,
+          groupSize: 2,
+          chunkSize: 2,
+          launcher,
+          hyperparameters: { maxNewTokens: 12, minibatches: 1, epochs: 1 },
+          orchestration: { rolloutHeartbeatSeconds: 10, updateHeartbeatSeconds: 30 },
+        });
+      const onNode = await runCampaign(spec('hf-on-node', kubernetesLauncher()), 'hf-node');
+      assert.equal(onNode.result.committedIteration, 2);
+      const local = await runCampaign(spec('hf-local', { kind: 'local' }), 'hf-local');
+      assert.equal(local.result.committedIteration, 2);
+      const store = openStore(spec('x', { kind: 'local' }).store);
+      for (let it = 0; it <= 2; it++)
+        assert.deepEqual(
+          await checkpointHashes(store, onNode.id, it),
+          await checkpointHashes(store, local.id, it),
+          `checkpoint ${it}: the same bytes from pods and from local ranks`,
+        );
+    },
+  );
 
   it('a rollout worker pod deleted mid-rollout redoes at most one chunk per interrupted shard', async () => {
     // 16 chunks per shard: the rollout lasts long enough to be interrupted.
