@@ -68,13 +68,15 @@ export interface PrepareInput {
   source: { kind: 'init' } | { kind: 'fork'; checkpoint: CheckpointRef };
 }
 /**
- * Where a training job's time went: waiting for a cluster queue to admit it (Kueue,
+ * Where a training job's time went, and how often its ranks restarted as a gang: waiting for a cluster queue to admit it (Kueue,
  * `launcher.queueName`) and running once admitted. Absent when the job did not run in this
  * attempt (its checkpoint was already committed) or its launcher has no queues (local).
  */
 export interface TrainJobTimes {
   queueWaitSeconds?: number;
   runSeconds?: number;
+  /** Times every rank of the job started again together after one was lost (a gang restart). */
+  gangRestarts?: number;
 }
 
 export interface PrepareOutput extends ActivityOutcome, TrainJobTimes {

@@ -92,6 +92,7 @@ async function runTrainJob(
       state: s.state,
       adopted: launched.adopted,
       ranks: s.ranks.map((r) => r.state),
+      ...(s.restarts ? { restarts: s.restarts } : {}),
       ...times(s),
     };
   });
@@ -188,6 +189,7 @@ function maxRunSeconds(spec: CampaignSpec): number {
 
 function times(status: JobStatus): TrainJobTimes {
   return {
+    ...(status.restarts ? { gangRestarts: status.restarts } : {}),
     ...(status.queueWaitSeconds !== undefined ? { queueWaitSeconds: status.queueWaitSeconds } : {}),
     ...(status.runSeconds !== undefined ? { runSeconds: status.runSeconds } : {}),
   };
