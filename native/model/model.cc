@@ -77,7 +77,8 @@ double batch_balance_loss(const ModelConfig& cfg, ExpertComm& comm, std::vector<
 }  // namespace
 
 void model_forward(ParamStore& ps, ExpertComm& comm, const int32_t* tokens,
-                   const int32_t* lengths, int B, int T, Activations& a) {
+                   const int32_t* lengths, int B, int T, Activations& a,
+                   const std::vector<int32_t>* logit_rows) {
   const ModelConfig& cfg = ps.layout.cfg;
   const int C = cfg.dim, V = cfg.vocab_size, H = cfg.num_heads, N = B * T;
   const int Hkv = kv_heads(cfg), D = head_dim(cfg), W = qkv_width(cfg), Q = q_width(cfg);
@@ -144,8 +145,22 @@ void model_forward(ParamStore& ps, ExpertComm& comm, const int32_t* tokens,
   a.lnf.resize((size_t)N * C);
   a.lnf_rstd.resize(N);
   rmsnorm_forward(a.lnf.data(), a.lnf_rstd.data(), a.resid_final.data(), w.lnf, N, C, cfg.norm_eps);
-  a.logits.resize((size_t)N * V);
-  matmul_forward(a.logits.data(), a.lnf.data(), w.lm_head, N, C, V);
+  a.all_logit_rows = logit_rows == nullptr;
+  const float* head_in = a.lnf.data();
+  int M = N;
+  if (!a.all_logit_rows) {
+    a.logit_rows = *logit_rows;
+    M = (int)a.logit_rows.size();
+    a.lnf_rows.resize((size_t)M * C);
+    for (int j = 0; j < M; j++) {
+      const int r = a.logit_rows[j];
+      MOERL_CHECK(r >= 0 && r < N, "logit row ", r, " outside the batch's ", N, " rows");
+      std::copy_n(a.lnf.data() + (size_t)r * C, C, a.lnf_rows.data() + (size_t)j * C);
+    }
+    head_in = a.lnf_rows.data();
+  }
+  a.logits.resize((size_t)M * V);
+  matmul_forward(a.logits.data(), head_in, w.lm_head, M, C, V);
 }
 
 void model_backward(ParamStore& ps, ExpertComm& comm, const float* dlogits, float aux_weight,
@@ -158,7 +173,18 @@ void model_backward(ParamStore& ps, ExpertComm& comm, const float* dlogits, floa
   SeqInfo seq{B, T, a.lengths.data()};
 
   std::vector<float> dlnf((size_t)N * C, 0.0f), dx((size_t)N * C, 0.0f);
-  matmul_backward(dlnf.data(), dw.lm_head, dlogits, a.lnf.data(), w.lm_head, N, C, V);
+  if (a.all_logit_rows) {
+    matmul_backward(dlnf.data(), dw.lm_head, dlogits, a.lnf.data(), w.lm_head, N, C, V);
+  } else {
+    const int M = (int)a.logit_rows.size();
+    std::vector<float> dlnf_rows((size_t)M * C, 0.0f);
+    matmul_backward(dlnf_rows.data(), dw.lm_head, dlogits, a.lnf_rows.data(), w.lm_head, M, C, V);
+    for (int j = 0; j < M; j++) {
+      float* d = dlnf.data() + (size_t)a.logit_rows[j] * C;
+      const float* g = dlnf_rows.data() + (size_t)j * C;
+      for (int c = 0; c < C; c++) d[c] += g[c];
+    }
+  }
   rmsnorm_backward(dx.data(), dw.lnf, dlnf.data(), a.resid_final.data(), w.lnf,
                    a.lnf_rstd.data(), N, C);
   std::vector<float> dmid((size_t)N * C), dln((size_t)N * C), datt((size_t)N * Q),

@@ -34,17 +34,26 @@ struct Activations {
   std::vector<LayerActs> layers;
   std::vector<float> resid_final;      // [N,C]
   std::vector<float> lnf, lnf_rstd;    // [N,C] [N]
-  std::vector<float> logits;           // [N,V]
+  bool all_logit_rows = true;          // logits of every row, or of logit_rows only:
+  std::vector<int32_t> logit_rows;     //   [M] rows of [N]
+  std::vector<float> lnf_rows;         //   [M,C] their lnf rows, the LM head's input
+  std::vector<float> logits;           // [M,V] (M = N for all rows)
   double aux_sum = 0.0, z_sum = 0.0;   // summed over MoE layers (BalanceLoss::Batch: aux_sum
                                        //   is the batch loss of all ranks, the same on each)
   std::vector<int64_t> expert_load;    // [E] summed over layers
 };
 
-// tokens [B,T] right-padded, lengths [B] valid tokens per sequence. Fills a.logits [B*T,V].
+// tokens [B,T] right-padded, lengths [B] valid tokens per sequence. Fills a.logits [M,V] for
+// the M rows of [B*T] that logit_rows names (the positions a loss or the sampler reads: the LM
+// head is the largest GEMM, and a prompt's positions need none), or for all B*T rows when it is
+// null.
 void model_forward(ParamStore& ps, ExpertComm& comm, const int32_t* tokens,
-                   const int32_t* lengths, int B, int T, Activations& a);
+                   const int32_t* lengths, int B, int T, Activations& a,
+                   const std::vector<int32_t>* logit_rows = nullptr);
 
-// Adds gradients of  sum(dlogits . logits) + aux_weight * aux_sum + z_weight * z_sum  into ps.dw.
+// Adds gradients of  sum(dlogits . logits) + aux_weight * aux_sum + z_weight * z_sum  into ps.dw;
+// dlogits [M,V] has the rows of a.logits and may be a.logits itself (a loss that turned each
+// row of logits into its gradient in place).
 void model_backward(ParamStore& ps, ExpertComm& comm, const float* dlogits, float aux_weight,
                     float z_weight, Activations& a);
 

@@ -8,6 +8,8 @@
 #include <cmath>      // std::exp, std::sqrt, std::log, std::pow, std::cos, std::sin
 #include <vector>
 
+#include "model/kernels.h"
+
 namespace moerl::model {
 
 // ----------------------------------------------------------------------------
@@ -15,6 +17,10 @@ namespace moerl::model {
 
 void matmul_forward(float* out, const float* inp, const float* weight, int N, int IC, int OC) {
   if (N == 0) return;
+  if (N <= kSmallMatmulRows) {
+    kernels().matmul_small(out, inp, weight, N, IC, OC);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, weight, IC, 0.0f,
               out, OC);
 }
@@ -261,23 +267,33 @@ void softmax_rows(float* x, int N, int V) {
   }
 }
 
+SoftmaxStats softmax_stats(const float* logits, int V, float inv_tau, bool with_entropy) {
+  return kernels().softmax_stats(logits, V, inv_tau, with_entropy);
+}
+
+void softmax_probs(double* p, const float* logits, int V, float inv_tau, const SoftmaxStats& st) {
+  kernels().softmax_probs(p, logits, V, inv_tau, st);
+}
+
+void logsoftmax_backward(float* dlogits, const float* logits, int V, float inv_tau,
+                         const SoftmaxStats& st, int target, double d_logp, double d_entropy,
+                         double scale) {
+  kernels().logsoftmax_backward(dlogits, logits, V, inv_tau, st, target, d_logp, d_entropy, scale);
+}
+
 double crossentropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets,
                                      const float* weights, int N, int V) {
   double loss = 0.0;
+  std::vector<float> g(dlogits != nullptr ? V : 0);
   for (int i = 0; i < N; i++) {
     if (weights[i] == 0.0f) continue;
     const float* r = logits + (size_t)i * V;
-    float maxv = r[0];
-    for (int v = 1; v < V; v++) maxv = std::max(maxv, r[v]);
-    double sum = 0.0;
-    for (int v = 0; v < V; v++) sum += std::exp((double)(r[v] - maxv));
-    double lse = maxv + std::log(sum);
-    loss += weights[i] * (lse - r[targets[i]]);
-    if (dlogits != nullptr) {
-      float* d = dlogits + (size_t)i * V;
-      for (int v = 0; v < V; v++) d[v] += weights[i] * (float)std::exp(r[v] - lse);
-      d[targets[i]] -= weights[i];
-    }
+    const SoftmaxStats st = softmax_stats(r, V, 1.0f, false);
+    loss -= weights[i] * st.logprob(r, targets[i], 1.0f);
+    if (dlogits == nullptr) continue;
+    logsoftmax_backward(g.data(), r, V, 1.0f, st, targets[i], -1.0, 0.0, weights[i]);
+    float* d = dlogits + (size_t)i * V;
+    for (int v = 0; v < V; v++) d[v] += g[v];
   }
   return loss;
 }

@@ -8,7 +8,11 @@
 
 namespace moerl::model {
 
-// out [N,OC] = inp [N,IC] @ weight[OC,IC]^T  (OpenBLAS sgemm)
+// out [N,OC] = inp [N,IC] @ weight[OC,IC]^T: OpenBLAS sgemm, or for N <= kSmallMatmulRows the
+// few-row kernel (kernels.h), which streams a weight from memory once instead of packing it
+// first: a decode step's experts see ~8 rows each (1.4x faster than sgemm there, measured), and
+// a row's result then does not depend on the others.
+constexpr int kSmallMatmulRows = 32;
 void matmul_forward(float* out, const float* inp, const float* weight, int N, int IC, int OC);
 // dinp [N,IC] += dout @ weight;  dweight [OC,IC] += dout^T @ inp. Either output may be null.
 void matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp,
@@ -54,6 +58,30 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 
 // Row-wise softmax in place over [N,V]; returns nothing, rows are independent.
 void softmax_rows(float* x, int N, int V);
+
+// Log-softmax of one row of logits [V] at a temperature, z = logits * inv_tau, as trainer,
+// sampler and scoring share it: in fp64 from the fp32 logits (exp within 5 ulp, vec.h), the
+// sums over 8 fixed lanes, so the bits do not depend on the vector width (kernels.h). A NaN
+// among the logits makes log_sum NaN.
+struct SoftmaxStats {
+  float max_logit = 0.0f;  // max_v logits_v
+  double log_sum = 0.0;    // log sum_v exp(d_v), d_v = (logits_v - max_logit) * inv_tau
+  double entropy = 0.0;    // -sum_v p_v log p_v, when asked for
+  // log p_v of one token, d_v in fp64 (exact but for one rounding): the log-prob of an
+  // unlikely token keeps its digits
+  double logprob(const float* logits, int v, float inv_tau) const {
+    return ((double)logits[v] - max_logit) * inv_tau - log_sum;
+  }
+};
+SoftmaxStats softmax_stats(const float* logits, int V, float inv_tau, bool with_entropy);
+// p [V] = softmax(logits * inv_tau) from the row's stats.
+void softmax_probs(double* p, const float* logits, int V, float inv_tau, const SoftmaxStats& st);
+// dlogits [V] = scale * d(d_logp * log p_target + d_entropy * H) / d logits, written (not
+// added); dlogits may be logits itself (the LM head's output row turned into its gradient).
+// d_entropy != 0 needs stats with the entropy.
+void logsoftmax_backward(float* dlogits, const float* logits, int V, float inv_tau,
+                         const SoftmaxStats& st, int target, double d_logp, double d_entropy,
+                         double scale);
 
 // Cross-entropy on logits [N,V] with per-row weights (0 = ignore): returns sum_i w_i * CE_i and,
 // if dlogits is non-null, adds w_i * (softmax - onehot) into dlogits.

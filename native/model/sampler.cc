@@ -33,11 +33,11 @@ struct KvCache {
 };
 
 // One decode step: rows [n] feed token tokens[i] at position pos[i] of the sequence in cache
-// slot seq[i].
-// Writes logits [n,V].
+// slot seq[i]. Writes logits [m,V] of the m rows listed in logit_rows (those that pick a token
+// next; a row still feeding its prompt needs none).
 void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vector<int32_t>& seq,
                  const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos,
-                 std::vector<float>& logits) {
+                 const std::vector<int32_t>& logit_rows, std::vector<float>& logits) {
   const ModelConfig& cfg = ps.layout.cfg;
   const int n = (int)seq.size(), C = cfg.dim, H = cfg.num_heads, V = cfg.vocab_size;
   const int Hkv = kv_heads(cfg), D = head_dim(cfg), W = qkv_width(cfg), Q = q_width(cfg),
@@ -100,28 +100,29 @@ void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vect
       moe.forward(proj.data(), h.data(), n, cfg, lw);
     for (size_t j = 0; j < x.size(); j++) x[j] += proj[j];
   }
-  rmsnorm_forward(h.data(), rstd.data(), x.data(), w.lnf, n, C, cfg.norm_eps);
-  logits.resize((size_t)n * V);
-  matmul_forward(logits.data(), h.data(), w.lm_head, n, C, V);
+  const int m = (int)logit_rows.size();
+  for (int j = 0; j < m; j++)  // gather the rows in place: logit_rows ascend, so j <= row
+    std::copy_n(x.data() + (size_t)logit_rows[j] * C, C, x.data() + (size_t)j * C);
+  rmsnorm_forward(h.data(), rstd.data(), x.data(), w.lnf, m, C, cfg.norm_eps);
+  logits.resize((size_t)m * V);
+  matmul_forward(logits.data(), h.data(), w.lm_head, m, C, V);
 }
 
-// Picks the next token from one row of logits; returns it and its log-prob.
+// Picks the next token from one row of logits; returns it and its log-prob. p and order are
+// scratch (sampling only).
 int32_t choose_token(const float* logits, int V, const SampleParams& sp, uint64_t& rng,
-                     float* logprob) {
+                     float* logprob, std::vector<double>& p, std::vector<int>& order) {
   const bool greedy = sp.temperature <= 0.0f;
   const float inv_t = greedy ? 1.0f : 1.0f / sp.temperature;
-  std::vector<double> p(V);
-  double maxv = -INFINITY;
-  for (int v = 0; v < V; v++) maxv = std::max(maxv, (double)logits[v] * inv_t);
-  double sum = 0.0;
-  for (int v = 0; v < V; v++) sum += (p[v] = std::exp(logits[v] * inv_t - maxv));
-  for (int v = 0; v < V; v++) p[v] /= sum;
+  const SoftmaxStats st = softmax_stats(logits, V, inv_t, false);
   int32_t chosen = 0;
   if (greedy) {
-    for (int v = 1; v < V; v++)
-      if (p[v] > p[chosen]) chosen = v;
+    // the first id holding the largest logit: the largest probability, ties to the lower id
+    while (chosen + 1 < V && !(logits[chosen] == st.max_logit)) chosen++;
   } else {
-    std::vector<int> order(V);
+    p.resize(V);
+    softmax_probs(p.data(), logits, V, inv_t, st);
+    order.resize(V);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
     int keep = sp.top_k > 0 ? std::min(sp.top_k, V) : V;
@@ -145,7 +146,7 @@ int32_t choose_token(const float* logits, int V, const SampleParams& sp, uint64_
       }
     }
   }
-  *logprob = (float)std::log(p[chosen]);
+  *logprob = (float)st.logprob(logits, chosen, inv_t);
   return chosen;
 }
 
@@ -201,8 +202,10 @@ void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
   std::vector<int> fed(S, 0);       // tokens of seqs[s] already in the cache
   std::vector<int> slot_seq(B, -1);  // the sequence in each cache slot, -1 = idle
   int next = 0;                      // the first request not started yet
-  std::vector<int32_t> row_seq, row_slot, row_tok, row_pos;
+  std::vector<int32_t> row_seq, row_slot, row_tok, row_pos, logit_rows;
   std::vector<float> logits;
+  std::vector<double> p;
+  std::vector<int> order;
   Activations acts;
   int furthest = 0;        // new tokens of the furthest sample
   int64_t new_tokens = 0;  // new tokens of all samples
@@ -211,12 +214,15 @@ void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
     row_slot.clear();
     row_tok.clear();
     row_pos.clear();
+    logit_rows.clear();
     // rows in slot order; an idle slot takes the next request (a fresh sequence overwrites
     // the slot's rows from position 0 and attends only to positions it has written)
     for (int b = 0; b < B; b++) {
       if (slot_seq[b] < 0 && next < S) slot_seq[b] = next++;
       const int s = slot_seq[b];
       if (s < 0) continue;
+      // a row whose token completes its sequence's prefix picks the next token
+      if (fed[s] + 1 == (int)seqs[s].size()) logit_rows.push_back((int32_t)row_seq.size());
       row_seq.push_back(s);
       row_slot.push_back(b);
       row_tok.push_back(seqs[s][fed[s]]);
@@ -226,28 +232,26 @@ void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
     if (!moe.any(!row_seq.empty())) break;
     const int n = (int)row_seq.size();
     if (sp.use_kv_cache) {
-      decode_step(ps, moe, cache, row_slot, row_tok, row_pos, logits);
+      decode_step(ps, moe, cache, row_slot, row_tok, row_pos, logit_rows, logits);
     } else {
       // recompute: full forward over every active sequence's whole prefix
       int T = 0;
       for (int i = 0; i < n; i++) T = std::max(T, row_pos[i] + 1);
-      std::vector<int32_t> tokens((size_t)n * T, 0), lengths(n);
+      std::vector<int32_t> tokens((size_t)n * T, 0), lengths(n), rows;
       for (int i = 0; i < n; i++) {
         lengths[i] = row_pos[i] + 1;
         std::copy_n(seqs[row_seq[i]].begin(), lengths[i], tokens.begin() + (size_t)i * T);
       }
-      model_forward(ps, *comm, tokens.data(), lengths.data(), n, T, acts);
-      logits.resize((size_t)n * V);
-      for (int i = 0; i < n; i++)
-        std::copy_n(acts.logits.data() + ((size_t)i * T + row_pos[i]) * V, V,
-                    logits.data() + (size_t)i * V);
+      for (int i : logit_rows) rows.push_back(i * T + row_pos[i]);
+      model_forward(ps, *comm, tokens.data(), lengths.data(), n, T, acts, &rows);
+      logits.swap(acts.logits);
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0, j = 0; i < n; i++) {
       int s = row_seq[i];
       fed[s]++;
       if (fed[s] < (int)seqs[s].size()) continue;  // still feeding the prompt
       float lp;
-      int32_t tok = choose_token(logits.data() + (size_t)i * V, V, sp, rng[s], &lp);
+      int32_t tok = choose_token(logits.data() + (size_t)j++ * V, V, sp, rng[s], &lp, p, order);
       SampleResult& r = results[s];
       r.tokens.push_back(tok);
       r.logprobs.push_back(lp);

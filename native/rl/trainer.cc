@@ -4,12 +4,13 @@
 
 #include <algorithm>  // std::max, std::min
 #include <chrono>     // steady_clock
-#include <cmath>      // std::exp, std::log
+#include <cmath>      // std::exp
 #include <sstream>    // std::ostringstream
 
 #include "common/check.h"
 #include "io/json.h"
 #include "model/model.h"
+#include "model/ops.h"  // softmax_stats, logsoftmax_backward
 
 namespace moerl::rl {
 namespace {
@@ -50,21 +51,17 @@ Packed pack(const std::vector<TrainSequence>& batch, const std::vector<int>& ids
   return p;
 }
 
-// log-softmax of z = logits / tau at row `r`; fills p (probs) and returns log p[target].
-double row_logprob(const float* logits, int V, float tau, int target, std::vector<double>& p,
-                   double* entropy) {
-  double m = -INFINITY;
-  for (int v = 0; v < V; v++) m = std::max(m, (double)logits[v] / tau);
-  double s = 0.0;
-  for (int v = 0; v < V; v++) s += (p[v] = std::exp(logits[v] / tau - m));
-  double lse = m + std::log(s);
-  double h = 0.0;
-  for (int v = 0; v < V; v++) {
-    p[v] /= s;
-    if (p[v] > 0.0) h -= p[v] * std::log(p[v]);
+// The rows of a packed micro-batch whose logits a loss reads: positions prompt_len - 1 ..
+// len - 2 of each sequence (each predicts the next token), sequence by sequence.
+std::vector<int32_t> loss_rows(const std::vector<TrainSequence>& batch, const std::vector<int>& ids,
+                               int T) {
+  std::vector<int32_t> rows;
+  for (size_t b = 0; b < ids.size(); b++) {
+    const TrainSequence& s = batch[ids[b]];
+    for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++)
+      rows.push_back((int32_t)(b * T + t));
   }
-  if (entropy) *entropy = h;
-  return logits[target] / tau - lse;
+  return rows;
 }
 
 void check_sequence(const TrainSequence& s, Objective obj, int i) {
@@ -80,11 +77,12 @@ void check_sequence(const TrainSequence& s, Objective obj, int i) {
 
 GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logprob,
                           float ref_logprob, float advantage, const LossConfig& lc, double scale,
-                          float* dlogits, std::vector<double>& p) {
+                          float* dlogits) {
   GrpoTokenTerms t;
-  const float tau = lc.temperature;
-  double h;
-  double lp = row_logprob(logits, V, tau, target, p, &h);
+  const float inv_tau = 1.0f / lc.temperature;
+  const model::SoftmaxStats st = model::softmax_stats(logits, V, inv_tau, true);
+  const double lp = st.logprob(logits, target, inv_tau);
+  t.logprob = lp;
   double A = advantage;
   double ratio = std::exp(lp - old_logprob);
   double clipped = std::min(std::max(ratio, 1.0 - lc.clip_eps), 1.0 + lc.clip_eps);
@@ -96,16 +94,11 @@ GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logp
     t.kl = std::exp(d) - d - 1.0;
     g_lp += lc.kl_coef * (1.0 - std::exp(d));
   }
-  t.entropy = h;
-  t.loss = t.policy + lc.kl_coef * t.kl - lc.entropy_coef * h;
-  if (dlogits != nullptr) {
-    // d/dz of g_lp * logp[target] - entropy_coef * H, then through z = logits / tau
-    for (int v = 0; v < V; v++) {
-      double lpv = p[v] > 0.0 ? std::log(p[v]) : 0.0;
-      double dz = g_lp * ((v == target) - p[v]) + lc.entropy_coef * p[v] * (lpv + h);
-      dlogits[v] += (float)(dz * scale / tau);
-    }
-  }
+  t.entropy = st.entropy;
+  t.loss = t.policy + lc.kl_coef * t.kl - lc.entropy_coef * st.entropy;
+  if (dlogits != nullptr)
+    model::logsoftmax_backward(dlogits, logits, V, inv_tau, st, target, g_lp, -lc.entropy_coef,
+                               scale);
   return t;
 }
 
@@ -144,35 +137,32 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
 
   ps.zero_grad();
   model::Activations a;
-  std::vector<double> p(V);
   for (size_t mb = 0; mb < mbs.size(); mb++) {
     const std::vector<int>& ids = mbs[mb];
     Packed pk = pack(batch, ids, cfg.max_seq_len);
-    model::model_forward(ps, comm, pk.tokens.data(), pk.lengths.data(), pk.B, pk.T, a);
-    std::vector<float> dlogits(a.logits.size(), 0.0f);
+    const std::vector<int32_t> rows = loss_rows(batch, ids, pk.T);
+    model::model_forward(ps, comm, pk.tokens.data(), pk.lengths.data(), pk.B, pk.T, a, &rows);
+    // each row of a.logits becomes its gradient in place: model_backward reads it as dlogits
+    float* lg = a.logits.data();
     for (int b = 0; b < pk.B; b++) {
       const TrainSequence& s = batch[ids[b]];
       acc[kFlops] += (float)(3.0 * model::forward_flops(cfg, 1, (int)s.tokens.size()));
       MOERL_CHECK(lc.objective == Objective::Sft || lc.kl_coef == 0.0f ||
                       s.ref_logprobs.size() == s.old_logprobs.size(),
                   "sequence ", ids[b], " has no reference log-probs (fill_ref_logprobs first)");
-      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++) {
-        const float* lg = a.logits.data() + ((size_t)b * pk.T + t) * V;
-        float* dl = dlogits.data() + ((size_t)b * pk.T + t) * V;
+      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++, lg += V) {
         const int target = s.tokens[t + 1];
         const int j = t + 1 - s.prompt_len;
         if (lc.objective == Objective::Sft) {
-          double h;
-          double lp = row_logprob(lg, V, 1.0f, target, p, &h);
-          acc[kLoss] += (float)(-lp);
-          acc[kEntropy] += (float)h;
-          for (int v = 0; v < V; v++) dl[v] = (float)(p[v] / n_tok);
-          dl[target] -= (float)(1.0 / n_tok);
+          const model::SoftmaxStats st = model::softmax_stats(lg, V, 1.0f, true);
+          acc[kLoss] += (float)(-st.logprob(lg, target, 1.0f));
+          acc[kEntropy] += (float)st.entropy;
+          model::logsoftmax_backward(lg, lg, V, 1.0f, st, target, -1.0, 0.0, 1.0 / n_tok);
           continue;
         }
         const float ref_lp = lc.kl_coef != 0.0f ? s.ref_logprobs[j] : 0.0f;
         GrpoTokenTerms tt = grpo_token(lg, V, target, s.old_logprobs[j], ref_lp, s.advantage, lc,
-                                       1.0 / n_tok, dl, p);
+                                       1.0 / n_tok, lg);
         acc[kPolicy] += (float)tt.policy;
         acc[kKl] += (float)tt.kl;
         acc[kEntropy] += (float)tt.entropy;
@@ -187,7 +177,7 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
     for (int l = 0; l < L; l++)
       for (int e = 0; e < E; e++)
         acc[kNum + E + (size_t)l * E + e] += (float)a.layers[l].moe.expert_load[e];
-    model::model_backward(ps, comm, dlogits.data(), aux_weight, z_weight, a);
+    model::model_backward(ps, comm, a.logits.data(), aux_weight, z_weight, a);
     if (progress) progress((int)mb + 1, (int)mbs.size());
   }
   comm.allreduce_sum(ps.grad_dense.data(), ps.grad_dense.size());
@@ -238,21 +228,23 @@ void fill_ref_logprobs(model::ParamStore& ps, model::ExpertComm& comm,
                        const MicroBatchProgress& progress) {
   const model::ModelConfig& cfg = ps.layout.cfg;
   const int V = cfg.vocab_size;
+  const float inv_tau = 1.0f / lc.temperature;
   model::Activations a;
-  std::vector<double> p(V);
   const std::vector<std::vector<int>> mbs =
       micro_batches((int)batch.size(), comm.rank(), comm.world_size(), lc.micro_batch);
   for (size_t mb = 0; mb < mbs.size(); mb++) {
     const std::vector<int>& ids = mbs[mb];
     Packed pk = pack(batch, ids, cfg.max_seq_len);
-    model::model_forward(ps, comm, pk.tokens.data(), pk.lengths.data(), pk.B, pk.T, a);
+    const std::vector<int32_t> rows = loss_rows(batch, ids, pk.T);
+    model::model_forward(ps, comm, pk.tokens.data(), pk.lengths.data(), pk.B, pk.T, a, &rows);
+    const float* lg = a.logits.data();
     for (int b = 0; b < pk.B; b++) {
       TrainSequence& s = batch[ids[b]];
       s.ref_logprobs.clear();
-      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++)
-        s.ref_logprobs.push_back((float)row_logprob(
-            a.logits.data() + ((size_t)b * pk.T + t) * V, V, lc.temperature, s.tokens[t + 1], p,
-            nullptr));
+      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++, lg += V) {
+        const model::SoftmaxStats st = model::softmax_stats(lg, V, inv_tau, false);
+        s.ref_logprobs.push_back((float)st.logprob(lg, s.tokens[t + 1], inv_tau));
+      }
     }
     if (progress) progress((int)mb + 1, (int)mbs.size());
   }

@@ -46,15 +46,17 @@ struct StepMetrics {
   std::string to_json(int64_t step) const;
 };
 
-// One completion token of the GRPO loss: returns its terms and, if dlogits is non-null,
-// adds scale * d(loss)/d(logits) into dlogits [V]. p is scratch of size V.
+// One completion token of the GRPO loss on its row of logits [V]: returns its terms and, if
+// dlogits is non-null, writes scale * d(loss)/d(logits) into dlogits [V], which may be logits
+// itself (the row becomes its gradient).
 struct GrpoTokenTerms {
   double loss = 0, policy = 0, kl = 0, entropy = 0;
+  double logprob = 0;  // log p(target) under softmax(logits / temperature)
   bool clipped = false;
 };
 GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logprob,
                           float ref_logprob, float advantage, const LossConfig& lc, double scale,
-                          float* dlogits, std::vector<double>& p);
+                          float* dlogits);
 
 // Called after each of this rank's micro-batches (done of total; every rank runs the same
 // number), so a tool can report progress inside a long step. Must not throw.

@@ -1,6 +1,7 @@
 # Tests of the MoE policy, the RL losses, checkpoints, sampler and tasks.
 add_executable(model_tests
   ${CMAKE_CURRENT_LIST_DIR}/model_ops_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/kernels_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/model_golden_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/sampler_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/tasks_test.cc)

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <random>
 #include <vector>
@@ -112,6 +113,57 @@ TEST(Ops, CrossEntropyBackwardMatchesFiniteDifferences) {
   EXPECT_LT(fd_check(logits, dlogits, loss, 1e-3f), 5e-3);
 }
 
+// softmax_stats / softmax_probs / logsoftmax_backward against the same quantities computed with
+// std::exp and std::log: vocabularies below, at and past the 8 and 16 lanes, temperatures, a
+// -inf logit (no NaN from 0 * -inf), a NaN logit (NaN out, never a quiet number).
+TEST(Ops, SoftmaxKernelsMatchFp64) {
+  double worst_lp = 0.0, worst_h = 0.0, worst_g = 0.0, worst_p = 0.0;
+  for (int V : {1, 7, 16, 37, 1000}) {
+    for (float tau : {1.0f, 0.7f}) {
+      auto logits = randn(V, 40 + V, 3.0f);
+      if (V > 7) logits[5] = -INFINITY;
+      const float inv_tau = 1.0f / tau;
+      std::vector<double> z(V), p(V);
+      double m = -INFINITY;
+      for (int v = 0; v < V; v++) m = std::max(m, z[v] = (double)logits[v] * inv_tau);
+      double sum = 0.0;
+      for (int v = 0; v < V; v++) sum += std::exp(z[v] - m);
+      double H = 0.0;
+      for (int v = 0; v < V; v++) {
+        p[v] = std::exp(z[v] - m) / sum;
+        if (p[v] > 0.0) H -= p[v] * std::log(p[v]);
+      }
+      const SoftmaxStats st = softmax_stats(logits.data(), V, inv_tau, true);
+      worst_h = std::max(worst_h, std::fabs(st.entropy - H));
+      std::vector<double> probs(V);
+      softmax_probs(probs.data(), logits.data(), V, inv_tau, st);
+      const int target = V / 2;
+      const double d_logp = 0.8, d_entropy = -0.3, scale = 0.5;
+      std::vector<float> g(V);
+      logsoftmax_backward(g.data(), logits.data(), V, inv_tau, st, target, d_logp, d_entropy, scale);
+      for (int v = 0; v < V; v++) {
+        const double lp = z[v] - m - std::log(sum);
+        if (p[v] > 0.0)
+          worst_lp = std::max(worst_lp, std::fabs(st.logprob(logits.data(), v, inv_tau) - lp));
+        worst_p = std::max(worst_p, std::fabs(probs[v] - p[v]));
+        const double ref = scale * inv_tau *
+                           (d_logp * ((v == target) - p[v]) -
+                            d_entropy * (p[v] > 0.0 ? p[v] * (lp + H) : 0.0));
+        worst_g = std::max(worst_g, std::fabs(g[v] - ref));
+      }
+    }
+  }
+  std::printf("softmax kernels vs fp64: log-prob %.2e, entropy %.2e, prob %.2e, gradient %.2e\n",
+              worst_lp, worst_h, worst_p, worst_g);
+  EXPECT_LT(worst_lp, 1e-13);
+  EXPECT_LT(worst_h, 1e-13);
+  EXPECT_LT(worst_p, 1e-14);
+  EXPECT_LT(worst_g, 1e-7);  // fp32 gradients: their rounding
+  auto logits = randn(40, 3);
+  logits[20] = NAN;
+  EXPECT_TRUE(std::isnan(softmax_stats(logits.data(), 40, 1.0f, true).log_sum));
+}
+
 ModelConfig tiny_config() {
   ModelConfig c;
   c.vocab_size = 11;
@@ -165,6 +217,65 @@ TEST(Model, WholeModelGradientMatchesFiniteDifferences) {
   std::printf("whole model fd: dense max rel err %.2e, experts %.2e\n", err_dense, err_experts);
   EXPECT_LT(err_dense, 2e-2);
   EXPECT_LT(err_experts, 2e-2);
+}
+
+// The LM head over named rows only (what the trainer and sampler ask for) gives the logits of
+// those rows and the gradient of a loss that reads only them, as the head over every row does.
+TEST(Model, LogitRowsGiveTheAllRowsLogitsAndGradients) {
+  ModelConfig cfg = tiny_config();
+  transport::Communicator tc{transport::Config{}};
+  ExpertComm comm(tc, cfg.num_experts);
+  ParamStore ps(make_layout(cfg, 0, cfg.num_experts));
+  auto d0 = randn(ps.dense.size(), 31, 0.5f), e0 = randn(ps.experts.size(), 32, 0.5f);
+  std::copy(d0.begin(), d0.end(), ps.dense.begin());
+  std::copy(e0.begin(), e0.end(), ps.experts.begin());
+  const int B = 2, T = 6, V = cfg.vocab_size;
+  std::vector<int32_t> tokens = {1, 4, 7, 2, 9, 3, 5, 5, 10, 0, 0, 0}, lengths = {6, 3};
+  const std::vector<int32_t> rows = {2, 3, 4, 6, 7};  // a loss on these positions only
+  std::vector<int32_t> targets(B * T, 0);
+  std::vector<float> weights(B * T, 0.0f);
+  for (int r : rows) {
+    targets[r] = tokens[r + 1];
+    weights[r] = 0.2f;
+  }
+  Activations all, some;
+  model_forward(ps, comm, tokens.data(), lengths.data(), B, T, all);
+  std::vector<float> dlogits(all.logits.size(), 0.0f);
+  crossentropy_forward_backward(dlogits.data(), all.logits.data(), targets.data(), weights.data(),
+                                B * T, V);
+  ps.zero_grad();
+  model_backward(ps, comm, dlogits.data(), 0.1f, 0.01f, all);
+  const std::vector<float> g_dense = ps.grad_dense, g_experts = ps.grad_experts;
+
+  model_forward(ps, comm, tokens.data(), lengths.data(), B, T, some, &rows);
+  ASSERT_EQ(some.logits.size(), rows.size() * V);
+  std::vector<int32_t> some_targets;
+  std::vector<float> some_weights(rows.size(), 0.2f);
+  double max_logit_diff = 0.0;
+  for (size_t j = 0; j < rows.size(); j++) {
+    some_targets.push_back(targets[rows[j]]);
+    for (int v = 0; v < V; v++)
+      max_logit_diff = std::max(max_logit_diff, (double)std::fabs(some.logits[j * V + v] -
+                                                                  all.logits[rows[j] * V + v]));
+  }
+  std::vector<float> some_dlogits(some.logits.size(), 0.0f);
+  crossentropy_forward_backward(some_dlogits.data(), some.logits.data(), some_targets.data(),
+                                some_weights.data(), (int)rows.size(), V);
+  ps.zero_grad();
+  model_backward(ps, comm, some_dlogits.data(), 0.1f, 0.01f, some);
+  double max_grad_diff = 0.0, max_grad = 0.0;
+  for (size_t i = 0; i < g_dense.size(); i++) {
+    max_grad_diff = std::max(max_grad_diff, (double)std::fabs(ps.grad_dense[i] - g_dense[i]));
+    max_grad = std::max(max_grad, (double)std::fabs(g_dense[i]));
+  }
+  for (size_t i = 0; i < g_experts.size(); i++) {
+    max_grad_diff = std::max(max_grad_diff, (double)std::fabs(ps.grad_experts[i] - g_experts[i]));
+    max_grad = std::max(max_grad, (double)std::fabs(g_experts[i]));
+  }
+  std::printf("logit rows vs all rows: logits %.2e, gradients %.2e (largest %.2e)\n",
+              max_logit_diff, max_grad_diff, max_grad);
+  EXPECT_LT(max_logit_diff, 1e-5);
+  EXPECT_LT(max_grad_diff, 1e-5 * max_grad);
 }
 
 }  // namespace

@@ -1,0 +1,38 @@
+// The hot loops outside OpenBLAS, compiled three times: for any x86-64 (SSE2), for AVX2 and for
+// AVX-512 (kernels_impl.cc; other architectures get the first only). kernels() picks the widest
+// the CPU runs, once; MOERL_KERNELS=baseline|avx2|avx512 forces one (a CPU without it is an
+// error). Every variant gives the same bits: the loops work on fixed-width vectors (vec.h)
+// whose lanes do the same IEEE operations at any width, with no FMA contraction, and sum in one
+// fixed order; the test Kernels.VariantsGiveTheSameBits holds them to it. So a chunk sampled on an
+// AVX2 node and on an AVX-512 node agrees bit for bit wherever OpenBLAS's kernels do
+// (OPENBLAS_CORETYPE, docs/native-model.md).
+#pragma once
+
+#include <vector>
+
+#include "model/ops.h"
+
+namespace moerl::model {
+
+struct Kernels {
+  const char* name;  // "baseline", "avx2", "avx512"
+  // ops.h's softmax_stats, softmax_probs, logsoftmax_backward
+  SoftmaxStats (*softmax_stats)(const float* logits, int V, float inv_tau, bool with_entropy);
+  void (*softmax_probs)(double* p, const float* logits, int V, float inv_tau,
+                        const SoftmaxStats& st);
+  void (*logsoftmax_backward)(float* dlogits, const float* logits, int V, float inv_tau,
+                              const SoftmaxStats& st, int target, double d_logp, double d_entropy,
+                              double scale);
+  // out [N,OC] = inp [N,IC] @ weight [OC,IC]^T for a few rows (matmul_forward's small-N path):
+  // each output is one 16-lane dot product folded in a fixed order, so a row's result does not
+  // depend on N or on the other rows; the weight streams through once per 4 rows (prefetched),
+  // which beats OpenBLAS's pack-then-multiply when few rows read a weight from memory.
+  void (*matmul_small)(float* out, const float* inp, const float* weight, int N, int IC, int OC);
+};
+
+// The variant this process uses.
+const Kernels& kernels();
+// Every variant this CPU can run, baseline first (tests compare them).
+std::vector<const Kernels*> runnable_kernels();
+
+}  // namespace moerl::model

@@ -1,0 +1,170 @@
+// The kernels of kernels.h, compiled once per variant: CMake builds this file with
+// MOERL_KERNELS_NAME = baseline (no flags), avx2 (-mavx2) and avx512 (-mavx512f), each with
+// -ffp-contract=off, into namespace kernels_<name>. Only the vector width and the register
+// blocking differ between them, never the order of a sum (vec.h).
+#include <cmath>  // std::exp, std::log, INFINITY
+
+#include "model/kernels.h"
+#include "model/vec.h"
+
+#ifndef MOERL_KERNELS_NAME
+#error "kernels_impl.cc is compiled through CMake, which names the variant (MOERL_KERNELS_NAME)"
+#endif
+#define MOERL_CAT2(a, b) a##b
+#define MOERL_CAT(a, b) MOERL_CAT2(a, b)
+#define MOERL_KERNELS_NS MOERL_CAT(kernels_, MOERL_KERNELS_NAME)
+#define MOERL_STR2(x) #x
+#define MOERL_STR(x) MOERL_STR2(x)
+
+namespace moerl::model::MOERL_KERNELS_NS {
+namespace {
+
+// ----------------------------------------------------------------------------
+// softmax over a vocabulary row, in fp64 from fp32 logits
+
+// Calls f(x, n) for consecutive blocks of 8 logits widened to fp64 (x) with the block's valid
+// count n (8, or the tail's < 8; the tail's other lanes are -inf, whose exp is 0).
+template <typename F>
+void for_blocks(const float* logits, int V, F&& f) {
+  using namespace vec;
+  const int full = V / 8 * 8;
+  for (int v = 0; v < full; v += 8) f(load8(logits + v), v, 8);
+  if (full < V) f(load8_tail(logits + full, V - full, -INFINITY), full, V - full);
+}
+
+SoftmaxStats softmax_stats(const float* logits, int V, float inv_tau, bool with_entropy) {
+  using namespace vec;
+  // the max in fp32 (exact), 16 lanes at a time
+  const int full = V / 16 * 16;
+  f16 m = splat16(-INFINITY);
+  for (int v = 0; v < full; v += 16) m = max16(m, load16(logits + v));
+  if (full < V) m = max16(m, load16_tail(logits + full, V - full, -INFINITY));
+  SoftmaxStats st;
+  st.max_logit = hmax(m);
+  // d_v = (logits_v - max) * inv_tau, e_v = exp(d_v); S = sum e_v, D = sum e_v d_v (lane j of
+  // each accumulator sums v = j mod 8 in order): log p_v = d_v - log S, H = log S - D / S.
+  const d8 top = splat8(st.max_logit), tau = splat8(inv_tau);
+  d8 S{}, D{};
+  l8 nan{};
+  for_blocks(logits, V, [&](d8 x, int, int) {
+    const d8 d = (x - top) * tau;
+    const d8 e = exp_nonpositive(d);
+    nan |= d != d;
+    S += e;
+    if (with_entropy) D += e > 0.0 ? e * d : 0.0;  // 0, not NaN, for d = -inf
+  });
+  bool any_nan = false;
+  for (int j = 0; j < 8; j++) any_nan |= nan[j] != 0;
+  const double sum = hsum(S);
+  st.log_sum = any_nan ? NAN : std::log(sum);
+  if (with_entropy) st.entropy = st.log_sum - hsum(D) / sum;
+  return st;
+}
+
+void softmax_probs(double* p, const float* logits, int V, float inv_tau, const SoftmaxStats& st) {
+  using namespace vec;
+  const d8 top = splat8(st.max_logit), tau = splat8(inv_tau), inv_sum = splat8(std::exp(-st.log_sum));
+  for_blocks(logits, V, [&](d8 x, int v, int n) {
+    const d8 pv = exp_nonpositive((x - top) * tau) * inv_sum;
+    if (n == 8)
+      store8(p + v, pv);
+    else
+      store8_tail(p + v, pv, n);
+  });
+}
+
+void logsoftmax_backward(float* dlogits, const float* logits, int V, float inv_tau,
+                         const SoftmaxStats& st, int target, double d_logp, double d_entropy,
+                         double scale) {
+  using namespace vec;
+  // d log p_t / dz_v = [v = t] - p_v,  dH / dz_v = -p_v (log p_v + H),  dz_v / dlogit_v = inv_tau:
+  // g_v = k (d_logp [v = t] - p_v (d_logp + d_entropy (d_v - log S + H))), k = scale * inv_tau,
+  // in fp64 and rounded once.
+  const double k = scale * inv_tau;
+  const double lp_t = st.logprob(logits, target, inv_tau);  // read before an in-place write
+  const double p_t = std::exp(lp_t);
+  const double g_t = k * (d_logp * (1.0 - p_t) - d_entropy * p_t * (lp_t + st.entropy));
+  const d8 top = splat8(st.max_logit), tau = splat8(inv_tau), a = splat8(k * d_logp),
+           b = splat8(k * d_entropy), c = splat8(st.entropy - st.log_sum),
+           inv_sum = splat8(std::exp(-st.log_sum));
+  for_blocks(logits, V, [&](d8 x, int v, int n) {
+    const d8 d = (x - top) * tau;
+    const d8 p = exp_nonpositive(d) * inv_sum;
+    const d8 g = d_entropy == 0.0 ? -p * a : p > 0.0 ? -p * (a + b * (d + c)) : 0.0;
+    if (n == 8)
+      store8(dlogits + v, g);
+    else
+      store8_tail(dlogits + v, g, n);
+  });
+  dlogits[target] = (float)g_t;
+}
+
+// ----------------------------------------------------------------------------
+// few-row matmul
+
+// Register blocking, kRows rows of inp by kOuts rows of weight: as many 16-lane accumulators as
+// the variant's registers hold (32 zmm, 16 ymm, 16 xmm; a 16-lane vector is 1, 2 or 4 of them).
+#if defined(__AVX512F__)
+constexpr int kRows = 4, kOuts = 4;
+#elif defined(__AVX2__)
+constexpr int kRows = 2, kOuts = 2;
+#else
+constexpr int kRows = 2, kOuts = 1;
+#endif
+
+// out[i0+r, o0+a] for r < R, a < O: lane j of each accumulator sums inp[.,c] * weight[.,c] over
+// c = j mod 16 in channel order (the tail zero-padded), then vec::hsum folds the lanes.
+template <int R, int O>
+void dot_block(float* out, const float* inp, const float* weight, int IC, int OC, int i0, int o0,
+               bool prefetch_next) {
+  using namespace vec;
+  f16 acc[O][R] = {};
+  const float* w = weight + (size_t)o0 * IC;
+  const int full = IC / 16 * 16, rest = IC - full;
+  for (int c = 0; c < full; c += 16) {
+    f16 wv[O];
+    for (int a = 0; a < O; a++) {
+      wv[a] = load16(w + (size_t)a * IC + c);
+      // the next block's rows, while this one computes: the weight comes from memory once
+      if (prefetch_next) __builtin_prefetch(w + (size_t)(a + O) * IC + c);
+    }
+    for (int r = 0; r < R; r++) {
+      const f16 x = load16(inp + (size_t)(i0 + r) * IC + c);
+      for (int a = 0; a < O; a++) acc[a][r] += wv[a] * x;
+    }
+  }
+  if (rest > 0) {
+    f16 wv[O];
+    for (int a = 0; a < O; a++) wv[a] = load16_tail(w + (size_t)a * IC + full, rest, 0.0f);
+    for (int r = 0; r < R; r++) {
+      const f16 x = load16_tail(inp + (size_t)(i0 + r) * IC + full, rest, 0.0f);
+      for (int a = 0; a < O; a++) acc[a][r] += wv[a] * x;
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int a = 0; a < O; a++) out[(size_t)(i0 + r) * OC + o0 + a] = hsum(acc[a][r]);
+}
+
+// Every row of inp against weight rows [o0, o0 + O).
+template <int O>
+void all_rows(float* out, const float* inp, const float* weight, int N, int IC, int OC, int o0,
+              bool prefetch_next) {
+  int i = 0;
+  for (; i + kRows <= N; i += kRows)
+    dot_block<kRows, O>(out, inp, weight, IC, OC, i, o0, prefetch_next && i == 0);
+  for (; i < N; i++) dot_block<1, O>(out, inp, weight, IC, OC, i, o0, prefetch_next && i == 0);
+}
+
+void matmul_small(float* out, const float* inp, const float* weight, int N, int IC, int OC) {
+  int o = 0;
+  for (; o + kOuts <= OC; o += kOuts)
+    all_rows<kOuts>(out, inp, weight, N, IC, OC, o, o + 2 * kOuts <= OC);
+  for (; o < OC; o++) all_rows<1>(out, inp, weight, N, IC, OC, o, false);
+}
+
+}  // namespace
+
+extern const Kernels kTable = {MOERL_STR(MOERL_KERNELS_NAME), softmax_stats, softmax_probs,
+                               logsoftmax_backward, matmul_small};
+
+}  // namespace moerl::model::MOERL_KERNELS_NS

@@ -1,0 +1,112 @@
+// Fixed-width vectors in GCC's vector extensions for the kernels (kernels.h): 16 floats (the
+// few-row matmul, the max of a row) and 8 doubles (the softmax over a vocabulary row, in fp64).
+// The compiler lowers an operation on them to what the target has (several SSE2 instructions
+// on any x86-64, one AVX-512 instruction where the variant enables it) with the same IEEE
+// arithmetic in every lane, so the bits do not depend on the vector width; -ffp-contract=off
+// (model/CMakeLists.txt) keeps a*b+c two roundings where FMA exists too. Plain auto-vectorised
+// loops could not promise this: GCC leaves a loop scalar for one select it cannot if-convert,
+// and `omp simd` reductions sum in an order that follows the vector width.
+#pragma once
+
+#include <cstdint>  // int32_t, int64_t lanes
+#include <cstring>  // std::memcpy for loads, stores and bit casts
+
+namespace moerl::model::vec {
+// Internal linkage: each variant's translation unit keeps its own copies (with one shared
+// inline definition the linker could hand the baseline code an AVX-512 copy).
+namespace {
+
+typedef float f16 __attribute__((vector_size(64)));
+typedef float f8 __attribute__((vector_size(32)));
+typedef double d8 __attribute__((vector_size(64)));
+typedef int64_t l8 __attribute__((vector_size(64)));
+
+// ---- 16 floats
+
+inline f16 splat16(float x) { return f16{} + x; }
+inline f16 load16(const float* p) {
+  f16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+// The first n < 16 values of p, the other lanes `fill`.
+inline f16 load16_tail(const float* p, int n, float fill) {
+  f16 v = splat16(fill);
+  for (int j = 0; j < n; j++) v[j] = p[j];
+  return v;
+}
+// Lane-wise max; a NaN in x never replaces m.
+inline f16 max16(f16 m, f16 x) { return x > m ? x : m; }
+// Max of the 16 lanes, folded in a fixed order.
+inline float hmax(f16 v) {
+  float m = v[0];
+  for (int j = 1; j < 16; j++) m = v[j] > m ? v[j] : m;
+  return m;
+}
+// Sum of the 16 lanes as a fixed tree: lane j + lane j+8, then j + j+4, j + j+2, j + j+1.
+inline float hsum(f16 v) {
+  float t[16];
+  std::memcpy(t, &v, sizeof t);
+  for (int w = 8; w > 0; w /= 2)
+    for (int j = 0; j < w; j++) t[j] += t[j + w];
+  return t[0];
+}
+
+// ---- 8 doubles
+
+inline d8 splat8(double x) { return d8{} + x; }
+// 8 floats widened to fp64 (exact); the tail form reads n < 8 and fills the rest.
+inline d8 load8(const float* p) {
+  f8 v;
+  std::memcpy(&v, p, sizeof v);
+  return __builtin_convertvector(v, d8);
+}
+inline d8 load8_tail(const float* p, int n, double fill) {
+  d8 v = splat8(fill);
+  for (int j = 0; j < n; j++) v[j] = p[j];
+  return v;
+}
+// Rounded to fp32 and stored; the tail form writes the first n < 8.
+inline void store8(float* p, d8 v) {
+  const f8 f = __builtin_convertvector(v, f8);
+  std::memcpy(p, &f, sizeof f);
+}
+inline void store8(double* p, d8 v) { std::memcpy(p, &v, sizeof v); }
+template <typename T>
+inline void store8_tail(T* p, d8 v, int n) {
+  for (int j = 0; j < n; j++) p[j] = (T)v[j];
+}
+// Sum of the 8 lanes as a fixed tree (j + j+4, j + j+2, j + j+1).
+inline double hsum(d8 v) {
+  double t[8];
+  std::memcpy(t, &v, sizeof t);
+  for (int w = 4; w > 0; w /= 2)
+    for (int j = 0; j < w; j++) t[j] += t[j + w];
+  return t[0];
+}
+
+// exp(x) for x <= 0 in fp64, within 5 ulp (measured 4.2): x = n ln2 + r with |r| <= ln2/2 and
+// ln2 in two parts (fdlibm's), exp(r) by its Taylor polynomial to r^12 (error 2e-16), 2^n from
+// the exponent bits; 0 below -708 (where exp would turn subnormal) and for -inf; NaN stays NaN.
+inline d8 exp_nonpositive(d8 x) {
+  const double lo = -708.0, shift = 6755399441055744.0;  // 1.5 * 2^52: n lands in t's low bits
+  const d8 xc = x < lo ? splat8(lo) : x;
+  const d8 t = xc * 1.4426950408889634 + shift;
+  const d8 n = t - shift;
+  const d8 r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+  constexpr double c[] = {1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040,
+                          1.0 / 720,      1.0 / 120,     1.0 / 24,     1.0 / 6,     1.0 / 2,
+                          1.0,            1.0};  // 1/11! .. 1/0!
+  d8 p = splat8(1.0 / 479001600);                  // 1/12!
+  for (double ck : c) p = p * r + ck;
+  l8 bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  bits = (bits + 1023) << 52;    // t's low 12 bits are n + 1023 mod 2^12, n in [-1022, 0]
+  bits &= (x >= lo) | (x != x);  // 0 below lo; a NaN keeps its (NaN) polynomial
+  d8 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+}  // namespace
+}  // namespace moerl::model::vec

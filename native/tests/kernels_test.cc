@@ -1,0 +1,99 @@
+// The kernel variants (kernels.h): every variant this CPU runs gives the bits of the baseline
+// one, on shapes with and without a 16-lane tail; the few-row matmul agrees with OpenBLAS to
+// rounding and gives a row the same bits whatever rows share its call.
+#include <gtest/gtest.h>
+
+#include <cblas.h>  // cblas_sgemm, the reference of matmul_small
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>  // std::memcmp
+#include <random>
+#include <vector>
+
+#include "model/kernels.h"
+
+namespace moerl::model {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Everything one variant computes on a fixed set of inputs, as floats.
+std::vector<float> outputs(const Kernels& k) {
+  std::vector<float> out;
+  for (int V : {5, 16, 37, 1000}) {
+    const auto logits = randn(V, 100 + V, 4.0f);
+    for (float inv_tau : {1.0f, 1.3f}) {
+      const SoftmaxStats st = k.softmax_stats(logits.data(), V, inv_tau, true);
+      out.push_back(st.max_logit);
+      for (double x : {st.log_sum, st.entropy}) {
+        float h[2];
+        std::memcpy(h, &x, sizeof x);
+        out.insert(out.end(), h, h + 2);
+      }
+      std::vector<double> p(V);
+      std::vector<float> g(V);
+      k.softmax_probs(p.data(), logits.data(), V, inv_tau, st);
+      k.logsoftmax_backward(g.data(), logits.data(), V, inv_tau, st, V / 3, 0.7, -0.2, 0.01);
+      for (double x : p) {  // both halves of the fp64 bits
+        float h[2];
+        std::memcpy(h, &x, sizeof x);
+        out.insert(out.end(), h, h + 2);
+      }
+      out.insert(out.end(), g.begin(), g.end());
+    }
+  }
+  for (int N : {1, 3, 8, 32})
+    for (int IC : {8, 48, 70}) {
+      const int OC = 13;
+      const auto x = randn((size_t)N * IC, N + IC), w = randn((size_t)OC * IC, 7 * IC);
+      std::vector<float> y((size_t)N * OC);
+      k.matmul_small(y.data(), x.data(), w.data(), N, IC, OC);
+      out.insert(out.end(), y.begin(), y.end());
+    }
+  return out;
+}
+
+TEST(Kernels, VariantsGiveTheSameBits) {
+  const std::vector<const Kernels*> variants = runnable_kernels();
+  ASSERT_STREQ(variants[0]->name, "baseline");
+  const std::vector<float> base = outputs(*variants[0]);
+  for (const Kernels* k : variants) {
+    std::printf("kernel variant %s (this process uses %s)\n", k->name, kernels().name);
+    EXPECT_TRUE(same_bits(outputs(*k), base)) << k->name << " differs from baseline";
+  }
+}
+
+TEST(Kernels, MatmulSmallMatchesSgemmAndKeepsEachRowsBits) {
+  const int IC = 200, OC = 37;
+  const auto w = randn((size_t)OC * IC, 5, 0.1f);
+  const auto x = randn((size_t)32 * IC, 6);
+  for (const Kernels* k : runnable_kernels()) {
+    std::vector<float> all(32 * OC), ref(32 * OC);
+    k->matmul_small(all.data(), x.data(), w.data(), 32, IC, OC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 32, OC, IC, 1.0f, x.data(), IC, w.data(),
+                IC, 0.0f, ref.data(), OC);
+    double worst = 0.0;
+    for (size_t i = 0; i < all.size(); i++) worst = std::max(worst, (double)std::fabs(all[i] - ref[i]));
+    EXPECT_LT(worst, 1e-5) << k->name;
+    // row 11 alone, and rows 9..13: the same bits as in the call with all 32 rows
+    std::vector<float> one(OC), five(5 * OC);
+    k->matmul_small(one.data(), x.data() + 11 * IC, w.data(), 1, IC, OC);
+    k->matmul_small(five.data(), x.data() + 9 * IC, w.data(), 5, IC, OC);
+    EXPECT_TRUE(same_bits(one, std::vector<float>(all.begin() + 11 * OC, all.begin() + 12 * OC)));
+    EXPECT_TRUE(same_bits(five, std::vector<float>(all.begin() + 9 * OC, all.begin() + 14 * OC)));
+  }
+}
+
+}  // namespace
+}  // namespace moerl::model
