@@ -43,6 +43,7 @@ describe('moerl help and usage errors', () => {
         'history',
         'report',
         'fork',
+        'export',
         'dev',
         'demo',
         'spec',
