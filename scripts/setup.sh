@@ -5,8 +5,8 @@
 #
 #   scripts/setup.sh [--sanitize] [STEP...]
 #
-# Steps, in order (default: all but kube-tools, reward-python, pyref and native-asan; --sanitize
-# adds native-asan):
+# Steps, in order (default: all but kube-tools, reward-python, pyref, llamacpp and native-asan;
+# --sanitize adds native-asan):
 #   packages     Debian packages the native core builds against (apt-get, as root or via sudo)
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
 #   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
@@ -18,6 +18,9 @@
 #                the demo does not need it, the tests do)
 #   pyref        the tests' Python reference: torch, transformers, tokenizers, safetensors
 #                (scripts/pyref.sh; made once in the tools cache, about 4 GB; not a default step)
+#   llamacpp     llama.cpp's llama-server and HF -> GGUF converter, the tests' CPU rollout engine
+#                (scripts/llamacpp.sh; built once in the tools cache from the llama-cpp-python
+#                source package; not a default step)
 #   ts           npm run build (tsc into dist/)
 #   native       cmake + ninja into native/build
 #   native-asan  the same with -DMOERL_SANITIZE=ON into native/build-asan
@@ -39,7 +42,7 @@ DEBIAN_PACKAGES=(
   chromium  # headless browser: the report test renders moerl report's page in it
   tmux  # the pseudo-terminal the watch test runs moerl watch in
 )
-ALL_STEPS=(packages npm tools kube-tools reward-python pyref ts native native-asan)
+ALL_STEPS=(packages npm tools kube-tools reward-python pyref llamacpp ts native native-asan)
 
 LOG_DIR="$ROOT/.moerl/logs"
 
@@ -179,6 +182,17 @@ python_env_step() {
 
 step_reward_python() { python_env_step reward-python reward-python.sh; }
 step_pyref() { python_env_step pyref pyref.sh; }
+
+# llama.cpp: the path on stdout, a first build's progress (cmake, ninja) to the log.
+step_llamacpp() {
+  local path
+  mkdir -p "$LOG_DIR"
+  path="$(bash "$ROOT/scripts/llamacpp.sh" 2>"$LOG_DIR/setup-llamacpp.log")" || {
+    tail -n 20 "$LOG_DIR/setup-llamacpp.log" >&2
+    return 1
+  }
+  say "llamacpp: $path"
+}
 
 step_ts() {
   say "ts: tsc"

@@ -5,8 +5,9 @@
 #   total: N passed, M failed, K skipped
 # where N, M and K count ctest and node tests (a skipped suite counts once), and M also counts
 # each failed build or lint step. With CI=true a node test skipped because the native tools are
-# not built, or the Python reference environment (scripts/pyref.sh) is not installed, counts as
-# failed, not skipped. The exit code is non-zero when M is.
+# not built, the Python reference environment (scripts/pyref.sh) is not installed, or llama.cpp
+# (scripts/llamacpp.sh) is not built, counts as failed, not skipped. The exit code is non-zero
+# when M is.
 #
 #   scripts/test.sh [--only PARTS] [--skip-setup] [--name PATTERN] [-R REGEX] [PATH...]
 #
@@ -113,7 +114,7 @@ if [[ $skip_setup -eq 0 ]]; then
   section "setup"
   base=(npm)
   want native && base=(packages "${base[@]}")
-  want node && base+=(tools kube-tools reward-python pyref)
+  want node && base+=(tools kube-tools reward-python pyref llamacpp)
   if ! bash scripts/setup.sh "${base[@]}"; then
     fail_step setup
     finish
@@ -239,6 +240,8 @@ current_group=""
 native_skip_reason='native tools not built'
 # And that of test/support/python-reference.ts: tests against transformers must run under CI too.
 pyref_skip_reason='python reference not installed'
+# And that of activities/engines/llamacpp.ts: the llama.cpp rollout engine tests must run under CI.
+llamacpp_skip_reason='llama.cpp not built'
 note_file() { node_file_notes+=("$(printf '  %-18s %s' '' "$1")"); }
 run_node_file() {
   local file="$1" tap rc
@@ -258,13 +261,14 @@ run_node_file() {
   current_group=""
   # The runner's closing "# pass N" / "# fail N" / "# cancelled N" lines. Skips are counted
   # from the "ok N - name # SKIP reason" lines: "# skipped N" leaves out skipped suites.
-  local pass fail cancelled skip native_skip pyref_skip
+  local pass fail cancelled skip native_skip pyref_skip llamacpp_skip
   pass="$(sed -n 's/^# pass \([0-9]*\)$/\1/p' "$tap" | tail -n 1)"
   fail="$(sed -n 's/^# fail \([0-9]*\)$/\1/p' "$tap" | tail -n 1)"
   cancelled="$(sed -n 's/^# cancelled \([0-9]*\)$/\1/p' "$tap" | tail -n 1)"
   skip="$(grep -cE '^[[:space:]]*ok [0-9]+ - .* # SKIP' "$tap")"
   native_skip="$(grep -cE "^[[:space:]]*ok [0-9]+ - .* # SKIP $native_skip_reason" "$tap")"
   pyref_skip="$(grep -cE "^[[:space:]]*ok [0-9]+ - .* # SKIP $pyref_skip_reason" "$tap")"
+  llamacpp_skip="$(grep -cE "^[[:space:]]*ok [0-9]+ - .* # SKIP $llamacpp_skip_reason" "$tap")"
   rm -f "$tap"
   if [[ $rc -eq 124 || $rc -eq 137 ]]; then
     node_failed=$((node_failed + 1))
@@ -291,6 +295,11 @@ run_node_file() {
     skip=$((skip - pyref_skip))
     bad=$((bad + pyref_skip))
     note_file "$file: $pyref_skip skipped for a missing Python reference (a failure with CI=true)"
+  fi
+  if [[ ${CI:-} == true && $llamacpp_skip -gt 0 ]]; then
+    skip=$((skip - llamacpp_skip))
+    bad=$((bad + llamacpp_skip))
+    note_file "$file: $llamacpp_skip skipped for a missing llama.cpp build (a failure with CI=true)"
   fi
   node_passed=$((node_passed + pass))
   node_failed=$((node_failed + bad))
