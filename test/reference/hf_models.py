@@ -2,8 +2,11 @@
 """transformers' side of moerl's Hugging Face model tests (scripts/pyref.sh's environment).
 
   hf_models.py make OUT_DIR --family qwen3_moe|mixtral [--dtype float32|bfloat16] [--seed S]
+                    [--published-shape]
       A tiny model made offline from a config with a fixed seed, saved with save_pretrained,
       with the test tokenizer (make_tokenizer.py) and a generation_config.json.
+      --published-shape (qwen3_moe): every layer sparse and norm_topk_prob true, as published
+      Qwen3-MoE checkpoints are; llama.cpp's qwen3moe runs only that shape.
   hf_models.py score DIR SEQUENCES.jsonl
       Per line {"tokens":[...]}: {"logprobs":[log p(tokens[t] | tokens[<t]) for t >= 1]}, fp32.
   hf_models.py generate DIR PROMPTS.jsonl N
@@ -32,14 +35,15 @@ VOCAB = 2048
 torch.set_num_threads(1)
 
 
-def tiny_config(family, dtype):
+def tiny_config(family, dtype, published_shape=False):
     if family == "qwen3_moe":
         # GQA 4:1, head_dim 24 != hidden / heads = 16, norm_topk_prob false, layer 1 dense
-        # (mlp_only_layers), untied embeddings
+        # (mlp_only_layers), untied embeddings; published_shape: renormalised, no dense layer
         return Qwen3MoeConfig(
             vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
-            num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1],
+            num_experts=8, num_experts_per_tok=2, norm_topk_prob=published_shape,
+            mlp_only_layers=[] if published_shape else [1],
             max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
             router_aux_loss_coef=0.001, initializer_range=0.08, bos_token_id=None,
             eos_token_id=VOCAB - 1, pad_token_id=VOCAB - 3, dtype=dtype)
@@ -55,7 +59,7 @@ def make(args):
     torch.manual_seed(args.seed)
     dtype = getattr(torch, args.dtype)
     cls = Qwen3MoeForCausalLM if args.family == "qwen3_moe" else MixtralForCausalLM
-    model = cls(tiny_config(args.family, args.dtype))
+    model = cls(tiny_config(args.family, args.dtype, args.published_shape))
     with torch.no_grad():
         # routers far from uniform, so no top-k choice is a near tie that rounding could flip
         for name, p in model.named_parameters():
@@ -185,6 +189,7 @@ def main():
     p.add_argument("--family", required=True, choices=["qwen3_moe", "mixtral"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--published-shape", action="store_true")
     p = sub.add_parser("score")
     p.add_argument("dir")
     p.add_argument("sequences")

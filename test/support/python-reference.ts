@@ -39,6 +39,8 @@ export function pythonReference() {
   const found = resolve();
   const python = 'python' in found ? found.python : '';
   return {
+    /** The interpreter ('' when missing): for tools run with it that are not reference scripts. */
+    python,
     /**
      * For describe(..., { skip }): false when the environment is there. scripts/test.sh finds
      * this reason by its first words and, with CI=true, counts the skip as a failure.
