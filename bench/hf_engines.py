@@ -2,12 +2,15 @@
 """moerl's native engine against PyTorch eager with transformers' model, on the same weights,
 side by side in one run (1 thread each): a GRPO step (forward, backward, AdamW) and greedy
 decoding with a KV cache; plus peak RSS of `moe_train init --from-hf` on 1 and 2 EP ranks.
+With LLAMACPP set, the same greedy decode by llama.cpp on the same weights converted to GGUF F32
+(bench/hf_engines_llamacpp.py): llama-server with one slot per sequence, and llama-batched-bench.
 Repeats are interleaved (moerl, torch, moerl, ...) and medians reported; ratios are medians
 of per-repeat ratios. The last line printed is one JSON object.
 
-Run by bench/hf_engines.sh (which finds the reference Python and the native tools).
+Run by bench/hf_engines.sh (which finds the reference Python, the native tools and llama.cpp).
 env: BUILD (native/build), REPEATS (3), HIDDEN (512), LAYERS (4), EXPERTS (32), TOPK (4),
-     VOCAB (16384), SEQS (32), SEQ_LEN (128), PROMPT_LEN (32), DECODE_SEQS (64), NEW_TOKENS (128)
+     VOCAB (16384), SEQS (32), SEQ_LEN (128), PROMPT_LEN (32), DECODE_SEQS (64), NEW_TOKENS (128),
+     LLAMACPP (the folder scripts/llamacpp.sh prints; unset: llama.cpp is not measured)
 """
 import json
 import os
@@ -144,7 +147,15 @@ def main():
                                  min_new_tokens=NEW_TOKENS, use_cache=True, pad_token_id=0)
             return (out.shape[1] - width) * DECODE_SEQS / (time.perf_counter() - t0)
 
+    llamacpp = None
+    if os.environ.get("LLAMACPP"):
+        from hf_engines_llamacpp import LlamaCpp
+        llamacpp = LlamaCpp(os.environ["LLAMACPP"], work, hf, VOCAB)
+        llamacpp.start(DECODE_SEQS, 256)
+
     runs = {"moerl_train": [], "torch_train": [], "moerl_decode": [], "torch_decode": []}
+    if llamacpp:
+        runs.update({"llamacpp_decode": [], "llamacpp_batched_bench": []})
     for _ in range(REPEATS):
         runs["moerl_train"].append(moerl_train())
         runs["torch_train"].append(torch_train())
@@ -152,6 +163,12 @@ def main():
         runs["moerl_decode"].append(moerl_decode())
         runs["torch_decode"].append(torch_decode())
         model.train()
+        if llamacpp:
+            tokens_per_s, llama_tokens = llamacpp.server_decode(plist, NEW_TOKENS)
+            runs["llamacpp_decode"].append(tokens_per_s)
+            runs["llamacpp_batched_bench"].append(llamacpp.batched_bench(DECODE_SEQS, 16, NEW_TOKENS))
+    if llamacpp:
+        llamacpp.stop()
     ratio = lambda a, b: statistics.median(x / y for x, y in zip(runs[a], runs[b]))  # noqa: E731
     dense = sum(p.numel() for n, p in model.named_parameters() if ".experts." not in n)
     result = {
@@ -169,6 +186,23 @@ def main():
             for r, rss in ((1, rss1), (2, rss2))},
         "runs": runs, "repeats": REPEATS,
     }
+    if llamacpp:
+        with open(os.path.join(work, "gen", "chunk-0.jsonl")) as f:
+            moerl_tokens = [json.loads(line)["tokens"] for line in f if line.strip()]
+
+        def agreeing(a, b):
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            return n
+        result.update({
+            "decode_tokens_per_s_llamacpp": {k: statistics.median(runs[k])
+                                             for k in ("llamacpp_decode", "llamacpp_batched_bench")},
+            "decode_ratio_vs_llamacpp_server": ratio("moerl_decode", "llamacpp_decode"),
+            "decode_ratio_vs_llamacpp_batched_bench": ratio("moerl_decode", "llamacpp_batched_bench"),
+            # same weights, both greedy in F32: how many of each sequence's first tokens agree
+            "llamacpp_greedy_agreeing_tokens": [agreeing(a, b) for a, b in zip(moerl_tokens, llama_tokens)],
+        })
     print(json.dumps(result))
 
 
