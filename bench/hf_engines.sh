@@ -15,4 +15,6 @@ if [[ -z "${LLAMACPP+set}" ]]; then
   LLAMACPP="$(bash "$ROOT/scripts/llamacpp.sh")"
 fi
 export LLAMACPP
+# hf_engines.py imports hf_engines_llamacpp.py: no __pycache__ left in the checkout
+export PYTHONDONTWRITEBYTECODE=1
 exec "$python" "$ROOT/bench/hf_engines.py" "$@"
