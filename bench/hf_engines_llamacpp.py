@@ -11,6 +11,7 @@ thread each:
 - llama-batched-bench: llama.cpp's own decode benchmark, N sequences of a fixed prompt length in
   one batch, no sampling and no server: the engine's decode speed alone (its S_TG).
 """
+import atexit
 import json
 import os
 import shutil
@@ -63,6 +64,8 @@ class LlamaCpp:
              str(self.port), "--parallel", str(sequences), "--ctx-size", str(sequences * context_per_slot),
              "--threads", "1", "--threads-batch", "1", "--cont-batching", *ROLLOUT_ARGS],
             env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        # stopped however the benchmark ends (an exception too), never left running
+        atexit.register(self.stop)
         deadline = time.time() + 300
         while True:
             assert self.server.poll() is None, f"llama-server exited {self.server.returncode}: see {log.name}"
