@@ -45,24 +45,41 @@ function quietRuntime(): void {
   }
 }
 
+/**
+ * The SDK gives the dev server 5 s to listen, a limit of its native code: on a loaded 2-core
+ * machine the server sometimes needs longer. Two more tries before the test fails.
+ */
+async function startingServer<T>(start: () => Promise<T>): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await start();
+    } catch (err) {
+      if (attempt >= 3 || !/Failed to start ephemeral server/.test(String(err))) throw err;
+    }
+  }
+}
+
 export async function startTestEnvironment(opts: TestEnvironmentOptions = {}): Promise<TestEnvironment> {
   quietRuntime();
   const namespace = opts.namespace ?? 'default';
-  const env = await TestWorkflowEnvironment.createLocal({
-    server: {
-      executable: { type: 'existing-path', path: await resolveTool('temporal') },
-      ip: '127.0.0.1',
-      namespace,
-      searchAttributes: campaignSearchAttributes,
-      ui: false,
-      log: { format: 'pretty', level: 'warn' },
-      ...(opts.dbFile ? { dbFilename: opts.dbFile } : {}),
-      extraArgs: Object.entries(opts.dynamicConfig ?? {}).flatMap(([key, value]) => [
-        '--dynamic-config-value',
-        `${key}=${JSON.stringify(value)}`,
-      ]),
-    },
-  });
+  const temporal = await resolveTool('temporal');
+  const env = await startingServer(() =>
+    TestWorkflowEnvironment.createLocal({
+      server: {
+        executable: { type: 'existing-path', path: temporal },
+        ip: '127.0.0.1',
+        namespace,
+        searchAttributes: campaignSearchAttributes,
+        ui: false,
+        log: { format: 'pretty', level: 'warn' },
+        ...(opts.dbFile ? { dbFilename: opts.dbFile } : {}),
+        extraArgs: Object.entries(opts.dynamicConfig ?? {}).flatMap(([key, value]) => [
+          '--dynamic-config-value',
+          `${key}=${JSON.stringify(value)}`,
+        ]),
+      },
+    }),
+  );
   return {
     env,
     client: env.client,
