@@ -18,8 +18,9 @@
 #   PATH...         node test files or folders (test/unit, test/integration/x.test.ts);
 #                   PATHs alone imply --only node, -R alone --only native.
 # MOERL_SKIP_NATIVE=1 skips the native builds and tests. Limits: MOERL_TEST_TIMEOUT_MS per
-# node test (default 300000), MOERL_TEST_FILE_TIMEOUT per node test file in seconds (default
-# 900), MOERL_CTEST_TIMEOUT per ctest test in seconds (default 600).
+# node test (default 600000; node applies it to a whole file too), MOERL_TEST_FILE_TIMEOUT per
+# node test file in seconds (default 900), MOERL_CTEST_TIMEOUT per ctest test in seconds
+# (default 600).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -246,7 +247,7 @@ note_file() { node_file_notes+=("$(printf '  %-18s %s' '' "$1")"); }
 run_node_file() {
   local file="$1" tap rc
   tap="$(mktemp)"
-  local args=(--test --test-concurrency=1 --test-timeout="${MOERL_TEST_TIMEOUT_MS:-300000}")
+  local args=(--test --test-concurrency=1 --test-timeout="${MOERL_TEST_TIMEOUT_MS:-600000}")
   args+=(--test-reporter=spec --test-reporter-destination=stdout)
   args+=(--test-reporter=tap --test-reporter-destination="$tap")
   [[ -n $name_pattern ]] && args+=(--test-name-pattern="$name_pattern")
