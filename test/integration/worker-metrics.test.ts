@@ -113,8 +113,9 @@ describe('worker metrics', { skip: tools.skip }, () => {
     try {
       // Rewards that differ within every group, so each update takes optimizer steps (an
       // untrained policy's exact-match rewards are all 0, and GRPO then has nothing to learn).
+      // Four iterations: the scrape below must land while it still runs, even on a loaded machine.
       const spec = tinyRealSpec('metrics', dir, {
-        iterations: 2,
+        iterations: 4,
         reward: { kind: 'http', url: rewardModel.url },
       });
       const handle = await startCampaign(t.client, spec, queues);
