@@ -23,11 +23,17 @@ struct Kernels {
   void (*logsoftmax_backward)(float* dlogits, const float* logits, int V, float inv_tau,
                               const SoftmaxStats& st, int target, double d_logp, double d_entropy,
                               double scale);
-  // out [N,OC] = inp [N,IC] @ weight [OC,IC]^T for a few rows (matmul_forward's small-N path):
-  // each output is one 16-lane dot product folded in a fixed order, so a row's result does not
-  // depend on N or on the other rows; the weight streams through once per 4 rows (prefetched),
-  // which beats OpenBLAS's pack-then-multiply when few rows read a weight from memory.
-  void (*matmul_small)(float* out, const float* inp, const float* weight, int N, int IC, int OC);
+  // ops.h's swiglu_forward, swiglu_backward (sigmoid from a 2-ulp fp32 exp)
+  void (*swiglu_forward)(float* act, const float* h1, const float* h3, int n);
+  void (*swiglu_backward)(float* dh1, float* dh3, const float* dact, const float* h1,
+                          const float* h3, int n);
+  // out [N,OC] = inp [N,IC] @ weight [OC,IC]^T for a few rows (matmul_forward's small-N path;
+  // the sampler's attention scores, with ldw the weight's row stride >= IC): each output is
+  // one 16-lane dot product folded in a fixed order, so a row's result does not depend on N or
+  // on the other rows; the weight streams through once per 4 rows (prefetched), which beats
+  // OpenBLAS's pack-then-multiply when few rows read a weight from memory.
+  void (*matmul_small)(float* out, const float* inp, const float* weight, int N, int IC, int OC,
+                       int ldw);
 };
 
 // The variant this process uses.

@@ -63,7 +63,8 @@ SoftmaxStats softmax_stats(const float* logits, int V, float inv_tau, bool with_
 
 void softmax_probs(double* p, const float* logits, int V, float inv_tau, const SoftmaxStats& st) {
   using namespace vec;
-  const d8 top = splat8(st.max_logit), tau = splat8(inv_tau), inv_sum = splat8(std::exp(-st.log_sum));
+  const d8 top = splat8(st.max_logit), tau = splat8(inv_tau),
+           inv_sum = splat8(std::exp(-st.log_sum));
   for_blocks(logits, V, [&](d8 x, int v, int n) {
     const d8 pv = exp_nonpositive((x - top) * tau) * inv_sum;
     if (n == 8)
@@ -100,6 +101,49 @@ void logsoftmax_backward(float* dlogits, const float* logits, int V, float inv_t
 }
 
 // ----------------------------------------------------------------------------
+// SwiGLU gate
+
+// Calls f(v, n) for consecutive blocks of 16 (the tail's n < 16).
+template <typename F>
+void for_blocks16(int n, F&& f) {
+  const int full = n / 16 * 16;
+  for (int v = 0; v < full; v += 16) f(v, 16);
+  if (full < n) f(full, n - full);
+}
+
+void swiglu_forward(float* act, const float* h1, const float* h3, int n) {
+  using namespace vec;
+  for_blocks16(n, [&](int v, int k) {
+    const f16 a = k == 16 ? load16(h1 + v) : load16_tail(h1 + v, k, 0.0f);
+    const f16 b = k == 16 ? load16(h3 + v) : load16_tail(h3 + v, k, 0.0f);
+    const f16 y = a * sigmoid(a) * b;
+    if (k == 16)
+      store16(act + v, y);
+    else
+      store16_tail(act + v, y, k);
+  });
+}
+
+void swiglu_backward(float* dh1, float* dh3, const float* dact, const float* h1, const float* h3,
+                     int n) {
+  using namespace vec;
+  for_blocks16(n, [&](int v, int k) {
+    auto in = [&](const float* p) { return k == 16 ? load16(p + v) : load16_tail(p + v, k, 0.0f); };
+    const f16 a = in(h1), b = in(h3), g = in(dact), d1 = in(dh1), d3 = in(dh3);
+    const f16 sig = sigmoid(a);
+    const f16 y3 = d3 + g * (a * sig);
+    const f16 y1 = d1 + g * b * sig * (1.0f + a * (1.0f - sig));
+    if (k == 16) {
+      store16(dh1 + v, y1);
+      store16(dh3 + v, y3);
+    } else {
+      store16_tail(dh1 + v, y1, k);
+      store16_tail(dh3 + v, y3, k);
+    }
+  });
+}
+
+// ----------------------------------------------------------------------------
 // few-row matmul
 
 // Register blocking, kRows rows of inp by kOuts rows of weight: as many 16-lane accumulators as
@@ -115,18 +159,18 @@ constexpr int kRows = 2, kOuts = 1;
 // out[i0+r, o0+a] for r < R, a < O: lane j of each accumulator sums inp[.,c] * weight[.,c] over
 // c = j mod 16 in channel order (the tail zero-padded), then vec::hsum folds the lanes.
 template <int R, int O>
-void dot_block(float* out, const float* inp, const float* weight, int IC, int OC, int i0, int o0,
-               bool prefetch_next) {
+void dot_block(float* out, const float* inp, const float* weight, int IC, int OC, int ldw, int i0,
+               int o0, bool prefetch_next) {
   using namespace vec;
   f16 acc[O][R] = {};
-  const float* w = weight + (size_t)o0 * IC;
+  const float* w = weight + (size_t)o0 * ldw;
   const int full = IC / 16 * 16, rest = IC - full;
   for (int c = 0; c < full; c += 16) {
     f16 wv[O];
     for (int a = 0; a < O; a++) {
-      wv[a] = load16(w + (size_t)a * IC + c);
+      wv[a] = load16(w + (size_t)a * ldw + c);
       // the next block's rows, while this one computes: the weight comes from memory once
-      if (prefetch_next) __builtin_prefetch(w + (size_t)(a + O) * IC + c);
+      if (prefetch_next) __builtin_prefetch(w + (size_t)(a + O) * ldw + c);
     }
     for (int r = 0; r < R; r++) {
       const f16 x = load16(inp + (size_t)(i0 + r) * IC + c);
@@ -135,7 +179,7 @@ void dot_block(float* out, const float* inp, const float* weight, int IC, int OC
   }
   if (rest > 0) {
     f16 wv[O];
-    for (int a = 0; a < O; a++) wv[a] = load16_tail(w + (size_t)a * IC + full, rest, 0.0f);
+    for (int a = 0; a < O; a++) wv[a] = load16_tail(w + (size_t)a * ldw + full, rest, 0.0f);
     for (int r = 0; r < R; r++) {
       const f16 x = load16_tail(inp + (size_t)(i0 + r) * IC + full, rest, 0.0f);
       for (int a = 0; a < O; a++) acc[a][r] += wv[a] * x;
@@ -147,24 +191,27 @@ void dot_block(float* out, const float* inp, const float* weight, int IC, int OC
 
 // Every row of inp against weight rows [o0, o0 + O).
 template <int O>
-void all_rows(float* out, const float* inp, const float* weight, int N, int IC, int OC, int o0,
-              bool prefetch_next) {
+void all_rows(float* out, const float* inp, const float* weight, int N, int IC, int OC, int ldw,
+              int o0, bool prefetch_next) {
   int i = 0;
   for (; i + kRows <= N; i += kRows)
-    dot_block<kRows, O>(out, inp, weight, IC, OC, i, o0, prefetch_next && i == 0);
-  for (; i < N; i++) dot_block<1, O>(out, inp, weight, IC, OC, i, o0, prefetch_next && i == 0);
+    dot_block<kRows, O>(out, inp, weight, IC, OC, ldw, i, o0, prefetch_next && i == 0);
+  for (; i < N; i++)
+    dot_block<1, O>(out, inp, weight, IC, OC, ldw, i, o0, prefetch_next && i == 0);
 }
 
-void matmul_small(float* out, const float* inp, const float* weight, int N, int IC, int OC) {
+void matmul_small(float* out, const float* inp, const float* weight, int N, int IC, int OC,
+                  int ldw) {
   int o = 0;
   for (; o + kOuts <= OC; o += kOuts)
-    all_rows<kOuts>(out, inp, weight, N, IC, OC, o, o + 2 * kOuts <= OC);
-  for (; o < OC; o++) all_rows<1>(out, inp, weight, N, IC, OC, o, false);
+    all_rows<kOuts>(out, inp, weight, N, IC, OC, ldw, o, o + 2 * kOuts <= OC);
+  for (; o < OC; o++) all_rows<1>(out, inp, weight, N, IC, OC, ldw, o, false);
 }
 
 }  // namespace
 
 extern const Kernels kTable = {MOERL_STR(MOERL_KERNELS_NAME), softmax_stats, softmax_probs,
-                               logsoftmax_backward, matmul_small};
+                               logsoftmax_backward, swiglu_forward, swiglu_backward,
+                               matmul_small};
 
 }  // namespace moerl::model::MOERL_KERNELS_NS

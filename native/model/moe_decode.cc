@@ -55,7 +55,7 @@ bool NormalMoeDecode::any(bool active) { return any_rank(comm_.communicator(), a
 
 LowLatencyMoeDecode::LowLatencyMoeDecode(transport::Communicator& comm, const ModelConfig& cfg,
                                          int max_rows)
-    : comm_(comm) {
+    : comm_(comm), max_rows_(max_rows) {
   ep::LowLatencyConfig c;
   c.num_max_dispatch_tokens_per_rank = max_rows;
   c.hidden = cfg.dim;

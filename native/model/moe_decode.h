@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>  // std::numeric_limits: the normal mode's row bound
 #include <memory>  // std::unique_ptr for the low-latency buffer
 #include <vector>
 
@@ -38,6 +39,8 @@ class MoeDecode {
                        const LayerWeights& lw) = 0;
   // True when `active` is true on any rank: every rank leaves the decode loop at one step.
   virtual bool any(bool active) = 0;
+  // The most rows forward() takes in one call (the sampler's rows per step).
+  virtual int max_rows() const { return std::numeric_limits<int>::max(); }
   virtual const char* name() const = 0;  // "ll", "normal", "mpi": for logs and bench lines
   DecodeTimes times;
 };
@@ -68,11 +71,13 @@ class LowLatencyMoeDecode : public MoeDecode {
   void forward(float* out, const float* inp, int n, const ModelConfig& cfg,
                const LayerWeights& lw) override;
   bool any(bool active) override;
+  int max_rows() const override { return max_rows_; }
   const char* name() const override { return "ll"; }
   const char* transport_path() const { return buffer_->transport_path(); }
 
  private:
   transport::Communicator& comm_;
+  int max_rows_;
   std::unique_ptr<ep::LowLatencyBuffer> buffer_;
   MoeActs acts_;
   std::vector<ep::topk_idx_t> idx64_;  // [n,K]

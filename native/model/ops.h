@@ -27,7 +27,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 // out [B*T,H*D] = causal softmax(q k^T / sqrt(D)) v per sequence and head; query head h reads
 // kv head h / (H / Hkv) (grouped-query attention; Hkv = H is multi-head attention).
 // qkv [B*T,W] rows hold q (H heads) | k (Hkv heads) | v (Hkv heads), W = (H + 2 Hkv) D;
-// probs [B,H,T,T] saved for backward (upper triangle zero).
+// probs [B,H,T,T] saved for backward (upper triangle zero). GEMMs per sequence and head.
 void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int H, int Hkv,
                        int D);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs,
@@ -44,7 +44,7 @@ void rope_backward(float* dx, const int32_t* positions, int N, int stride, int h
 // cos and sin [D/2] of the angles of one position.
 void rope_angles(float* cos_out, float* sin_out, int position, int D, float theta);
 
-// act [n,F] = silu(h1) * h3  (SwiGLU gate)
+// act [n,F] = silu(h1) * h3  (SwiGLU gate; kernels.h, the sigmoid from an fp32 exp within 2 ulp)
 void swiglu_forward(float* act, const float* h1, const float* h3, int n);
 void swiglu_backward(float* dh1, float* dh3, const float* dact, const float* h1, const float* h3,
                      int n);

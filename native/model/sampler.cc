@@ -7,6 +7,7 @@
 #include <numeric>    // std::iota
 
 #include "common/check.h"
+#include "model/kernels.h"  // the few-row matmul for attention scores
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/ops.h"
@@ -45,7 +46,8 @@ void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vect
   const float scale = 1.0f / std::sqrt((float)D);
   const Weights& w = ps.w;
   std::vector<float> x((size_t)n * C), h((size_t)n * C), rstd(n), qkv((size_t)n * W),
-      att((size_t)n * Q), proj((size_t)n * C), scores(cfg.max_seq_len), qkv_raw, qk_rstd;
+      att((size_t)n * Q), proj((size_t)n * C), scores((size_t)G * cfg.max_seq_len), qkv_raw,
+      qk_rstd;
   MlpActs mlp;
   embedding_forward(x.data(), tokens.data(), pos.data(), w.wte, w.wpe, n, C);
   for (int l = 0; l < cfg.num_layers; l++) {
@@ -64,30 +66,33 @@ void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vect
       std::copy_n(qkv.data() + (size_t)i * W + Q, KV, cache.key(l, seq[i], pos[i]));
       std::copy_n(qkv.data() + (size_t)i * W + Q + KV, KV, cache.val(l, seq[i], pos[i]));
     }
+    // attention over the cache, per row and kv head for the G query heads that read it:
+    // scores [G, pos+1] = q k^T by the few-row kernel (k rows at stride KV in the cache), a
+    // softmax per query head, then o = sum_s p_s v_s in position order
     for (int i = 0; i < n; i++) {
-      for (int hd = 0; hd < H; hd++) {
-        const float* q = qkv.data() + (size_t)i * W + hd * D;
-        const int kvo = (hd / G) * D;
-        float maxv = -INFINITY;
-        for (int s = 0; s <= pos[i]; s++) {
-          const float* k = cache.key(l, seq[i], s) + kvo;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int d = 0; d < D; d++) dot += q[d] * k[d];
-          scores[s] = dot * scale;
-          maxv = std::max(maxv, scores[s]);
-        }
-        float sum = 0.0f;
-        for (int s = 0; s <= pos[i]; s++) {
-          scores[s] = std::exp(scores[s] - maxv);
-          sum += scores[s];
-        }
-        float* o = att.data() + (size_t)i * Q + hd * D;
-        for (int d = 0; d < D; d++) o[d] = 0.0f;
-        for (int s = 0; s <= pos[i]; s++) {
-          const float* v = cache.val(l, seq[i], s) + kvo;
-          float p = scores[s] / sum;
-          for (int d = 0; d < D; d++) o[d] += p * v[d];
+      const int len = pos[i] + 1;
+      for (int kh = 0; kh < Hkv; kh++) {
+        kernels().matmul_small(scores.data(), qkv.data() + (size_t)i * W + kh * G * D,
+                               cache.key(l, seq[i], 0) + kh * D, G, D, len, KV);
+        for (int g = 0; g < G; g++) {
+          float* sc = scores.data() + (size_t)g * len;
+          float maxv = -INFINITY;
+          for (int s = 0; s < len; s++) {
+            sc[s] *= scale;
+            maxv = std::max(maxv, sc[s]);
+          }
+          float sum = 0.0f;
+          for (int s = 0; s < len; s++) {
+            sc[s] = std::exp(sc[s] - maxv);
+            sum += sc[s];
+          }
+          float* o = att.data() + (size_t)i * Q + (kh * G + g) * D;
+          for (int d = 0; d < D; d++) o[d] = 0.0f;
+          for (int s = 0; s < len; s++) {
+            const float* v = cache.val(l, seq[i], s) + kh * D;
+            const float p = sc[s] / sum;
+            for (int d = 0; d < D; d++) o[d] += p * v[d];
+          }
         }
       }
     }
@@ -215,18 +220,31 @@ void generate_with(ParamStore& ps, ExpertComm* comm, MoeDecode& moe,
     row_tok.clear();
     row_pos.clear();
     logit_rows.clear();
-    // rows in slot order; an idle slot takes the next request (a fresh sequence overwrites
-    // the slot's rows from position 0 and attends only to positions it has written)
+    // an idle slot takes the next request (a fresh sequence overwrites the slot's rows from
+    // position 0 and attends only to positions it has written)
+    int active = 0;
     for (int b = 0; b < B; b++) {
       if (slot_seq[b] < 0 && next < S) slot_seq[b] = next++;
+      active += slot_seq[b] >= 0;
+    }
+    // rows in slot order, each slot feeding up to `quota` of its tokens not yet in the cache:
+    // a fresh prompt in one step (prefill: its rows share one pass over the weights) where the
+    // MoE takes any number of rows, one token per slot where its capacity is the slot count
+    // (ll) or without the KV cache
+    const int quota =
+        sp.use_kv_cache ? std::max(1, moe.max_rows() / std::max(1, active)) : 1;
+    for (int b = 0; b < B; b++) {
       const int s = slot_seq[b];
       if (s < 0) continue;
-      // a row whose token completes its sequence's prefix picks the next token
-      if (fed[s] + 1 == (int)seqs[s].size()) logit_rows.push_back((int32_t)row_seq.size());
-      row_seq.push_back(s);
-      row_slot.push_back(b);
-      row_tok.push_back(seqs[s][fed[s]]);
-      row_pos.push_back(fed[s]);
+      const int len = (int)seqs[s].size(), rows = std::min(quota, len - fed[s]);
+      for (int k = 0; k < rows; k++) {
+        // the row whose token completes its sequence's prefix picks the next token
+        if (fed[s] + k + 1 == len) logit_rows.push_back((int32_t)row_seq.size());
+        row_seq.push_back(s);
+        row_slot.push_back(b);
+        row_tok.push_back(seqs[s][fed[s] + k]);
+        row_pos.push_back(fed[s] + k);
+      }
     }
     // every rank steps until the last sequence of any rank is done (the MoE is collective)
     if (!moe.any(!row_seq.empty())) break;

@@ -1,5 +1,6 @@
 // Fixed-width vectors in GCC's vector extensions for the kernels (kernels.h): 16 floats (the
-// few-row matmul, the max of a row) and 8 doubles (the softmax over a vocabulary row, in fp64).
+// few-row matmul, the SwiGLU gate, the max of a row) and 8 doubles (the softmax over a
+// vocabulary row, in fp64).
 // The compiler lowers an operation on them to what the target has (several SSE2 instructions
 // on any x86-64, one AVX-512 instruction where the variant enables it) with the same IEEE
 // arithmetic in every lane, so the bits do not depend on the vector width; -ffp-contract=off
@@ -17,6 +18,7 @@ namespace moerl::model::vec {
 namespace {
 
 typedef float f16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
 typedef float f8 __attribute__((vector_size(32)));
 typedef double d8 __attribute__((vector_size(64)));
 typedef int64_t l8 __attribute__((vector_size(64)));
@@ -50,6 +52,35 @@ inline float hsum(f16 v) {
   for (int w = 8; w > 0; w /= 2)
     for (int j = 0; j < w; j++) t[j] += t[j + w];
   return t[0];
+}
+
+// exp(x) for x <= 0 in fp32 within 2 ulp (Cephes' expf: x = n ln2 + r, a polynomial in r, 2^n
+// from the exponent bits); 0 below -87.3 (where exp would turn subnormal) and for -inf.
+inline f16 exp_nonpositive(f16 x) {
+  const float lo = -87.3f;
+  const f16 xc = x < lo ? splat16(lo) : x;
+  const f16 n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to integer
+  const f16 r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;            // ln2 in two parts
+  f16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
+  bits &= (x >= lo) | (x != x);  // 0 below lo; a NaN keeps its (NaN) polynomial
+  f16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+// sigmoid(x) = 1 / (1 + exp(-x)), from exp(-|x|) so that exp never overflows.
+inline f16 sigmoid(f16 x) {
+  const f16 e = exp_nonpositive(x < 0.0f ? x : -x);
+  return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+inline void store16(float* p, f16 v) { std::memcpy(p, &v, sizeof v); }
+inline void store16_tail(float* p, f16 v, int n) {
+  for (int j = 0; j < n; j++) p[j] = v[j];
 }
 
 // ---- 8 doubles

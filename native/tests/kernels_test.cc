@@ -1,10 +1,12 @@
 // The kernel variants (kernels.h): every variant this CPU runs gives the bits of the baseline
 // one, on shapes with and without a 16-lane tail; the few-row matmul agrees with OpenBLAS to
-// rounding and gives a row the same bits whatever rows share its call.
+// rounding and gives a row the same bits whatever rows share its call and whatever the weight's
+// row stride.
 #include <gtest/gtest.h>
 
 #include <cblas.h>  // cblas_sgemm, the reference of matmul_small
 
+#include <algorithm>  // std::copy_n
 #include <cmath>
 #include <cstdio>
 #include <cstring>  // std::memcmp
@@ -53,12 +55,19 @@ std::vector<float> outputs(const Kernels& k) {
       out.insert(out.end(), g.begin(), g.end());
     }
   }
+  for (int n : {7, 16, 53}) {
+    const auto h1 = randn(n, n, 4.0f), h3 = randn(n, n + 1), g = randn(n, n + 2);
+    std::vector<float> act(n), d1 = randn(n, n + 3), d3 = randn(n, n + 4);
+    k.swiglu_forward(act.data(), h1.data(), h3.data(), n);
+    k.swiglu_backward(d1.data(), d3.data(), g.data(), h1.data(), h3.data(), n);
+    for (const auto* v : {&act, &d1, &d3}) out.insert(out.end(), v->begin(), v->end());
+  }
   for (int N : {1, 3, 8, 32})
     for (int IC : {8, 48, 70}) {
       const int OC = 13;
       const auto x = randn((size_t)N * IC, N + IC), w = randn((size_t)OC * IC, 7 * IC);
       std::vector<float> y((size_t)N * OC);
-      k.matmul_small(y.data(), x.data(), w.data(), N, IC, OC);
+      k.matmul_small(y.data(), x.data(), w.data(), N, IC, OC, IC);
       out.insert(out.end(), y.begin(), y.end());
     }
   return out;
@@ -80,18 +89,44 @@ TEST(Kernels, MatmulSmallMatchesSgemmAndKeepsEachRowsBits) {
   const auto x = randn((size_t)32 * IC, 6);
   for (const Kernels* k : runnable_kernels()) {
     std::vector<float> all(32 * OC), ref(32 * OC);
-    k->matmul_small(all.data(), x.data(), w.data(), 32, IC, OC);
+    k->matmul_small(all.data(), x.data(), w.data(), 32, IC, OC, IC);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, 32, OC, IC, 1.0f, x.data(), IC, w.data(),
                 IC, 0.0f, ref.data(), OC);
     double worst = 0.0;
-    for (size_t i = 0; i < all.size(); i++) worst = std::max(worst, (double)std::fabs(all[i] - ref[i]));
+    for (size_t i = 0; i < all.size(); i++)
+      worst = std::max(worst, (double)std::fabs(all[i] - ref[i]));
     EXPECT_LT(worst, 1e-5) << k->name;
     // row 11 alone, and rows 9..13: the same bits as in the call with all 32 rows
     std::vector<float> one(OC), five(5 * OC);
-    k->matmul_small(one.data(), x.data() + 11 * IC, w.data(), 1, IC, OC);
-    k->matmul_small(five.data(), x.data() + 9 * IC, w.data(), 5, IC, OC);
+    k->matmul_small(one.data(), x.data() + 11 * IC, w.data(), 1, IC, OC, IC);
+    k->matmul_small(five.data(), x.data() + 9 * IC, w.data(), 5, IC, OC, IC);
     EXPECT_TRUE(same_bits(one, std::vector<float>(all.begin() + 11 * OC, all.begin() + 12 * OC)));
     EXPECT_TRUE(same_bits(five, std::vector<float>(all.begin() + 9 * OC, all.begin() + 14 * OC)));
+    // the weight's rows at a stride of IC + 9 (a KV cache's): the same bits
+    std::vector<float> wide((size_t)OC * (IC + 9), NAN), strided(32 * OC);
+    for (int o = 0; o < OC; o++) std::copy_n(w.data() + o * IC, IC, wide.data() + o * (IC + 9));
+    k->matmul_small(strided.data(), x.data(), wide.data(), 32, IC, OC, IC + 9);
+    EXPECT_TRUE(same_bits(strided, all)) << k->name;
+  }
+}
+
+TEST(Kernels, SwigluMatchesFp64) {
+  const int n = 1000;
+  const auto h1 = randn(n, 1, 6.0f), h3 = randn(n, 2), g = randn(n, 3);
+  for (const Kernels* k : runnable_kernels()) {
+    std::vector<float> act(n), d1(n, 0.0f), d3(n, 0.0f);
+    k->swiglu_forward(act.data(), h1.data(), h3.data(), n);
+    k->swiglu_backward(d1.data(), d3.data(), g.data(), h1.data(), h3.data(), n);
+    double worst = 0.0;
+    for (int i = 0; i < n; i++) {
+      const double a = h1[i], sig = 1.0 / (1.0 + std::exp(-a));
+      const double ref[3] = {a * sig * h3[i], g[i] * h3[i] * sig * (1.0 + a * (1.0 - sig)),
+                             g[i] * a * sig};
+      const float got[3] = {act[i], d1[i], d3[i]};
+      for (int j = 0; j < 3; j++)
+        worst = std::max(worst, std::fabs(got[j] - ref[j]) / std::max(1.0, std::fabs(ref[j])));
+    }
+    EXPECT_LT(worst, 1e-6) << k->name;
   }
 }
 

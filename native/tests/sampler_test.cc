@@ -38,8 +38,10 @@ std::vector<SampleRequest> requests(int n, int first_prompt) {
 }
 
 // Log-probs that must agree up to float rounding. The scaled init below gives large logits,
-// so rounding reaches ~1e-4 here; the demo policy's differ by ~5e-7 (docs/native-model.md).
-constexpr double kRoundingTolerance = 2e-4;
+// so rounding reaches ~2e-4 here (a batch's prefill step puts its prompts' rows through OpenBLAS,
+// whose rounding follows the row count); the demo policy's differ by ~5e-7
+// (docs/native-model.md).
+constexpr double kRoundingTolerance = 5e-4;
 
 struct SamplerTest : ::testing::Test {
   ModelConfig cfg = small_config();

@@ -1,6 +1,9 @@
 // Exit codes, path lists, progress lines and rollout records for the moe_* tools.
 #include "tools/moe_cli.h"
 
+#include <malloc.h>  // mallopt
+
+#include <climits>  // INT_MAX
 #include <cstdio>   // std::fprintf
 #include <cstdlib>  // std::strtod
 #include <fstream>  // std::ifstream
@@ -31,6 +34,11 @@ int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& b
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return 1;
   }
+}
+
+void keep_freed_memory() {
+  mallopt(M_MMAP_MAX, 0);              // large blocks from the heap too, so they are reused
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);  // and the heap never shrinks
 }
 
 namespace {

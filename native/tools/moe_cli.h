@@ -28,6 +28,14 @@ constexpr int kPeerLostExitCode = 75;
 // was lost (PeerFailure); 1 anything else (retryable: this rank's own failure).
 int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
+// For the commands that run the model (sft, grpo, generate, score): freed memory stays in the
+// process for the next allocation instead of going back to the kernel. A forward and backward
+// free and allocate buffers of the same sizes layer after layer; each fresh mapping costs a page
+// fault and a zeroed page per 4 KiB (a GRPO step of bench/hf_engines' model: 1.6 M faults and
+// 5 s of system time per process, 0.7 M and 2.5 s with this; peak RSS +17%). Not for init or
+// export, whose peak RSS is bounded (docs/benchmarks.md).
+void keep_freed_memory();
+
 // This process's rank of a job (the rank contract's env) and its door to the EP core.
 struct Rank {
   transport::Communicator comm;

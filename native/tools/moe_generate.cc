@@ -319,5 +319,8 @@ int main(int argc, char** argv) {
   app.option_defaults()->always_capture_default();  // --help shows each default
   Options o;
   add_options(app, o);
-  return run_tool(app, argc, argv, [&] { return run(o); });
+  return run_tool(app, argc, argv, [&] {
+    keep_freed_memory();
+    return run(o);
+  });
 }

@@ -203,7 +203,10 @@ int main(int argc, char** argv) {
       ->check(kPositive);
   return run_tool(app, argc, argv, [&] {
     if (*ex_cmd) return cmd_export(ex);
-    if (*sc_cmd) return cmd_score(sc);
+    if (*sc_cmd) {
+      keep_freed_memory();
+      return cmd_score(sc);
+    }
     MOERL_FAIL(BadInput, "give a command: export or score (see moe_hf --help)");
   });
 }

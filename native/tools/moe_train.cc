@@ -474,6 +474,7 @@ int main(int argc, char** argv) {
   sha_cmd->add_option("--repeats", sha.repeats, "timed runs")->check(kPositive);
   return run_tool(app, argc, argv, [&] {
     if (*init_cmd) return cmd_init(init);
+    if (*sft_cmd || *grpo_cmd) keep_freed_memory();
     if (*sft_cmd) return cmd_sft(sft);
     if (*grpo_cmd) return cmd_grpo(grpo);
     if (*sgemm_cmd) return cmd_sgemm(sgemm);
