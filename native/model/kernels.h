@@ -27,6 +27,12 @@ struct Kernels {
   void (*swiglu_forward)(float* act, const float* h1, const float* h3, int n);
   void (*swiglu_backward)(float* dh1, float* dh3, const float* dact, const float* h1,
                           const float* h3, int n);
+  // The sampler's attention of one row over its KV cache, for the G query heads of one kv
+  // head: scores [G,len] holds q.k on entry (and exp of the scaled scores on return); out
+  // [G,D] (row stride ldo) = softmax(scale * scores) v, v [len,D] at row stride ldv; the exp in
+  // fp32 within 2 ulp, each output channel summed in position order.
+  void (*attend_cached)(float* out, int ldo, float* scores, const float* v, int ldv, int G,
+                        int len, int D, float scale);
   // out [N,OC] = inp [N,IC] @ weight [OC,IC]^T for a few rows (matmul_forward's small-N path;
   // the sampler's attention scores, with ldw the weight's row stride >= IC): each output is
   // one 16-lane dot product folded in a fixed order, so a row's result does not depend on N or

@@ -2,7 +2,8 @@
 // MOERL_KERNELS_NAME = baseline (no flags), avx2 (-mavx2) and avx512 (-mavx512f), each with
 // -ffp-contract=off, into namespace kernels_<name>. Only the vector width and the register
 // blocking differ between them, never the order of a sum (vec.h).
-#include <cmath>  // std::exp, std::log, INFINITY
+#include <algorithm>  // std::min
+#include <cmath>      // std::exp, std::log, INFINITY
 
 #include "model/kernels.h"
 #include "model/vec.h"
@@ -144,6 +145,49 @@ void swiglu_backward(float* dh1, float* dh3, const float* dact, const float* h1,
 }
 
 // ----------------------------------------------------------------------------
+// attention of one decode row over its KV cache
+
+void attend_cached(float* out, int ldo, float* scores, const float* v, int ldv, int G, int len,
+                   int D, float scale) {
+  using namespace vec;
+  const int full = len / 16 * 16;
+  for (int g = 0; g < G; g++) {
+    float* sc = scores + (size_t)g * len;
+    auto in = [&](int s) {
+      return s < full ? load16(sc + s) : load16_tail(sc + s, len - s, -INFINITY);
+    };
+    f16 m = splat16(-INFINITY);
+    for (int s = 0; s < len; s += 16) m = max16(m, in(s) * scale);
+    const f16 top = splat16(hmax(m));
+    f16 acc{};
+    for (int s = 0; s < len; s += 16) {
+      const f16 e = exp_nonpositive(in(s) * scale - top);
+      acc += e;
+      if (s < full)
+        store16(sc + s, e);
+      else
+        store16_tail(sc + s, e, len - s);
+    }
+    const float sum = hsum(acc);
+    // out = sum_s (e_s / sum) v_s, 16 channels at a time, positions in order
+    float* o = out + (size_t)g * ldo;
+    for (int d = 0; d < D; d += 16) {
+      const int k = std::min(16, D - d);
+      f16 od{};
+      for (int s = 0; s < len; s++) {
+        const f16 vs = k == 16 ? load16(v + (size_t)s * ldv + d)
+                               : load16_tail(v + (size_t)s * ldv + d, k, 0.0f);
+        od += (sc[s] / sum) * vs;
+      }
+      if (k == 16)
+        store16(o + d, od);
+      else
+        store16_tail(o + d, od, k);
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------
 // few-row matmul
 
 // Register blocking, kRows rows of inp by kOuts rows of weight: as many 16-lane accumulators as
@@ -212,6 +256,6 @@ void matmul_small(float* out, const float* inp, const float* weight, int N, int 
 
 extern const Kernels kTable = {MOERL_STR(MOERL_KERNELS_NAME), softmax_stats, softmax_probs,
                                logsoftmax_backward, swiglu_forward, swiglu_backward,
-                               matmul_small};
+                               attend_cached, matmul_small};
 
 }  // namespace moerl::model::MOERL_KERNELS_NS

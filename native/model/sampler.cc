@@ -7,7 +7,7 @@
 #include <numeric>    // std::iota
 
 #include "common/check.h"
-#include "model/kernels.h"  // the few-row matmul for attention scores
+#include "model/kernels.h"  // attention over the KV cache
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/ops.h"
@@ -67,33 +67,15 @@ void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vect
       std::copy_n(qkv.data() + (size_t)i * W + Q + KV, KV, cache.val(l, seq[i], pos[i]));
     }
     // attention over the cache, per row and kv head for the G query heads that read it:
-    // scores [G, pos+1] = q k^T by the few-row kernel (k rows at stride KV in the cache), a
-    // softmax per query head, then o = sum_s p_s v_s in position order
+    // scores [G, pos+1] = q k^T by the few-row kernel (k rows at stride KV in the cache), then
+    // a softmax per query head and o = sum_s p_s v_s (kernels.h)
     for (int i = 0; i < n; i++) {
       const int len = pos[i] + 1;
       for (int kh = 0; kh < Hkv; kh++) {
         kernels().matmul_small(scores.data(), qkv.data() + (size_t)i * W + kh * G * D,
                                cache.key(l, seq[i], 0) + kh * D, G, D, len, KV);
-        for (int g = 0; g < G; g++) {
-          float* sc = scores.data() + (size_t)g * len;
-          float maxv = -INFINITY;
-          for (int s = 0; s < len; s++) {
-            sc[s] *= scale;
-            maxv = std::max(maxv, sc[s]);
-          }
-          float sum = 0.0f;
-          for (int s = 0; s < len; s++) {
-            sc[s] = std::exp(sc[s] - maxv);
-            sum += sc[s];
-          }
-          float* o = att.data() + (size_t)i * Q + (kh * G + g) * D;
-          for (int d = 0; d < D; d++) o[d] = 0.0f;
-          for (int s = 0; s < len; s++) {
-            const float* v = cache.val(l, seq[i], s) + kh * D;
-            const float p = sc[s] / sum;
-            for (int d = 0; d < D; d++) o[d] += p * v[d];
-          }
-        }
+        kernels().attend_cached(att.data() + (size_t)i * Q + kh * G * D, D, scores.data(),
+                                cache.val(l, seq[i], 0) + kh * D, KV, G, len, D, scale);
       }
     }
     matmul_forward(proj.data(), att.data(), lw.wo, n, Q, C);

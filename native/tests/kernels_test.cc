@@ -62,6 +62,15 @@ std::vector<float> outputs(const Kernels& k) {
     k.swiglu_backward(d1.data(), d3.data(), g.data(), h1.data(), h3.data(), n);
     for (const auto* v : {&act, &d1, &d3}) out.insert(out.end(), v->begin(), v->end());
   }
+  for (int len : {1, 9, 40}) {
+    const int G = 3, D = 20, ldv = 27;
+    auto scores = randn((size_t)G * len, len, 3.0f);
+    const auto v = randn((size_t)len * ldv, len + 1);
+    std::vector<float> o((size_t)G * 24, 0.0f);
+    k.attend_cached(o.data(), 24, scores.data(), v.data(), ldv, G, len, D, 0.125f);
+    out.insert(out.end(), o.begin(), o.end());
+    out.insert(out.end(), scores.begin(), scores.end());
+  }
   for (int N : {1, 3, 8, 32})
     for (int IC : {8, 48, 70}) {
       const int OC = 13;
@@ -107,6 +116,29 @@ TEST(Kernels, MatmulSmallMatchesSgemmAndKeepsEachRowsBits) {
     for (int o = 0; o < OC; o++) std::copy_n(w.data() + o * IC, IC, wide.data() + o * (IC + 9));
     k->matmul_small(strided.data(), x.data(), wide.data(), 32, IC, OC, IC + 9);
     EXPECT_TRUE(same_bits(strided, all)) << k->name;
+  }
+}
+
+TEST(Kernels, AttendCachedMatchesFp64) {
+  const int G = 4, len = 37, D = 24, ldv = 30;
+  const float scale = 0.2f;
+  const auto q_k = randn((size_t)G * len, 9, 4.0f), v = randn((size_t)len * ldv, 10);
+  for (const Kernels* k : runnable_kernels()) {
+    std::vector<float> scores = q_k, o((size_t)G * D);
+    k->attend_cached(o.data(), D, scores.data(), v.data(), ldv, G, len, D, scale);
+    double worst = 0.0;
+    for (int g = 0; g < G; g++) {
+      double m = -INFINITY, sum = 0.0;
+      for (int s = 0; s < len; s++) m = std::max(m, (double)q_k[g * len + s] * scale);
+      for (int s = 0; s < len; s++) sum += std::exp(q_k[g * len + s] * scale - m);
+      for (int d = 0; d < D; d++) {
+        double ref = 0.0;
+        for (int s = 0; s < len; s++)
+          ref += std::exp(q_k[g * len + s] * scale - m) / sum * v[s * ldv + d];
+        worst = std::max(worst, std::fabs(o[g * D + d] - ref));
+      }
+    }
+    EXPECT_LT(worst, 1e-6) << k->name;
   }
 }
 
