@@ -25,7 +25,7 @@ add_executable(model_ep_tests
   ${CMAKE_CURRENT_LIST_DIR}/model_ep_generate_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint_ranks_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/tools_test.cc)
-target_link_libraries(model_ep_tests PRIVATE moerl_io GTest::gtest_main)
+target_link_libraries(model_ep_tests PRIVATE moerl_io moerl_tasks GTest::gtest_main)
 target_compile_definitions(model_ep_tests PRIVATE
   MOERL_MOE_TRAIN="$<TARGET_FILE:moe_train>"
   MOERL_MOE_GENERATE="$<TARGET_FILE:moe_generate>"

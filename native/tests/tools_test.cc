@@ -1,7 +1,8 @@
 // The tools' command lines, run as separate processes: --help of every tool exits 0 and
 // lists its options; bad flags exit 2 naming the flag; list files (--rollouts-file,
-// --rewards-file) give exactly what the comma forms give; progress lines; and a chunk
-// generated twice by two processes is byte-identical.
+// --rewards-file) give exactly what the comma forms give; progress lines; a chunk
+// generated twice by two processes is byte-identical; SFT examples as token ids train exactly
+// as the same examples as text.
 #include <gtest/gtest.h>
 #include <sys/wait.h>  // WEXITSTATUS
 #include <unistd.h>    // getpid
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "io/json.h"
+#include "tasks/tokenizer.h"  // the text examples as the ids moe_train makes of them
 
 namespace moerl {
 namespace {
@@ -209,6 +211,56 @@ TEST_F(ToolsTest, MalformedJsonInputExitsTwoNamingFileAndLine) {
   Result r = run({kReward, "--rollouts", w + "/bad.jsonl"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find(w + "/bad.jsonl line 2: invalid JSON"), std::string::npos) << r.output;
+}
+
+TEST_F(ToolsTest, SftOnTokenIdsTrainsAsOnTheSameText) {
+  const std::vector<std::pair<std::string, std::string>> examples = {
+      {"12+30=", "42"}, {"reverse abc:", "cba"}, {"7+8=", "15"}};
+  {
+    std::ofstream text(w + "/text.jsonl"), ids(w + "/ids.jsonl");
+    auto ids_json = [](const std::vector<int32_t>& v) {
+      std::string s = "[";
+      for (size_t i = 0; i < v.size(); i++) s += (i ? "," : "") + std::to_string(v[i]);
+      return s + "]";
+    };
+    for (const auto& [prompt, answer] : examples) {
+      text << "{\"prompt\":\"" << prompt << "\",\"answer\":\"" << answer << "\"}\n";
+      std::vector<int32_t> completion = tasks::encode(answer);
+      completion.push_back(tasks::kEos);  // learned as given: the eos is the file's to give
+      ids << "{\"prompt_tokens\":" << ids_json(tasks::encode(prompt))
+          << ",\"tokens\":" << ids_json(completion) << "}\n";
+    }
+  }
+  auto sft = [&](const std::string& data, const std::string& out) {
+    return run({kTrain, "sft", "--checkpoint", w + "/init", "--out", out, "--data", data,
+                "--steps", "6", "--batch-size", "4", "--warmup-steps", "0", "--metrics",
+                out + "-metrics.jsonl"});
+  };
+  Result a = sft(w + "/text.jsonl", w + "/text"), b = sft(w + "/ids.jsonl", w + "/ids");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  for (const char* name : {"/dense.safetensors", "/experts-rank0.safetensors"})
+    EXPECT_EQ(io::read_file(w + "/text" + name), io::read_file(w + "/ids" + name)) << name;
+  std::vector<double> loss;
+  io::for_each_json_line(w + "/ids-metrics.jsonl", [&](const io::Json& j, const std::string& what) {
+    loss.push_back(io::number_field(j, "loss", what));
+  });
+  ASSERT_EQ(loss.size(), 6u);
+  EXPECT_LT(loss.back(), loss.front());
+
+  // bad lines: exit 2 naming the file, line and field
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{\"prompt_tokens\":[2,3],\"tokens\":[4,48]}", "line 1 tokens: token id 48 outside the vocabulary of 48"},
+      {"{\"prompt_tokens\":[2,3],\"tokens\":[]}", "line 1 tokens: empty"},
+      {"{\"prompt_tokens\":[2,-1],\"tokens\":[4]}", "line 1 prompt_tokens: token id -1"},
+      {"{\"prompt_tokens\":[2,3]}", "line 1"},
+  };
+  for (const auto& [line, message] : bad) {
+    std::ofstream(w + "/bad.jsonl") << line << "\n";
+    Result r = sft(w + "/bad.jsonl", w + "/bad");
+    EXPECT_EQ(r.exit_code, 2) << line << ": " << r.output;
+    EXPECT_NE(r.output.find(w + "/bad.jsonl " + message), std::string::npos) << line << ": " << r.output;
+  }
 }
 
 }  // namespace

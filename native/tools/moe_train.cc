@@ -3,6 +3,7 @@
 //   moe_train init   --out DIR [--seed S] [--dim 128 --layers 2 --heads 4 --experts 8
 //                    --top-k 2 --expert-dim 128 --max-seq-len 32]
 //   moe_train sft    --checkpoint DIR --out DIR --task add|--data FILE [--steps 200 ...]
+//                    (--data lines: {"prompt","answer"} text or {"prompt_tokens","tokens"} ids)
 //   moe_train grpo   --checkpoint DIR --out DIR (--rollouts-file LIST | --rollouts F1,F2)
 //                    (--rewards-file LIST | --rewards R1,R2) [...]
 //   moe_train sgemm  [--size 1024 --repeats 5]   (OpenBLAS sgemm GFLOP/s: median and best)
@@ -194,7 +195,10 @@ void add_sft_options(CLI::App* cmd, SftOptions& o) {
   cmd->add_option("--checkpoint", o.in, "checkpoint to start from")->required();
   cmd->add_option("--out", o.out, "checkpoint directory to write")->required();
   CLI::Option* task = cmd->add_option("--task", o.task, "built-in task: add, sort or reverse");
-  cmd->add_option("--data", o.data, "JSONL of {\"prompt\":..,\"answer\":..} instead of --task")
+  cmd->add_option("--data", o.data,
+                  "JSONL instead of --task, a line {\"prompt\":..,\"answer\":..} (text, the built-in "
+                  "tokenizer, its eos appended) or {\"prompt_tokens\":[ids],\"tokens\":[ids]} (the "
+                  "completion learned as given)")
       ->excludes(task);
   cmd->add_option("--steps", o.steps, "optimizer steps")->check(kPositive);
   cmd->add_option("--batch-size", o.batch_size, "sequences per step")->check(kPositive);
@@ -211,23 +215,57 @@ void add_sft_options(CLI::App* cmd, SftOptions& o) {
                       ->default_str("");
 }
 
+// The token ids of an integer array field, each in [0, vocab_size).
+std::vector<int32_t> token_ids(const io::Json& j, const std::string& key, const std::string& what,
+                               int vocab_size) {
+  std::vector<int32_t> ids;
+  for (const io::Json& t : io::array_field(j, key, what)) {
+    int64_t id = io::as_integer(t, what + " " + key);
+    MOERL_CHECK_INPUT(id >= 0 && id < vocab_size, what, " ", key, ": token id ", id,
+                      " outside the vocabulary of ", vocab_size);
+    ids.push_back((int32_t)id);
+  }
+  MOERL_CHECK_INPUT(!ids.empty(), what, " ", key, ": empty");
+  return ids;
+}
+
+// Text through the built-in tokenizer, its eos appended: the answer is learned.
+rl::TrainSequence text_example(const std::string& prompt, const std::string& answer) {
+  rl::TrainSequence seq;
+  seq.tokens = tasks::encode(prompt);
+  seq.prompt_len = (int)seq.tokens.size();
+  for (int32_t t : tasks::encode(answer)) seq.tokens.push_back(t);
+  seq.tokens.push_back(tasks::kEos);
+  return seq;
+}
+
+// One --data line: token ids as given (a model with its own tokenizer), or text.
+rl::TrainSequence sft_example(const io::Json& j, const std::string& what, int vocab_size) {
+  if (!j.contains("prompt_tokens"))
+    return text_example(io::string_field(j, "prompt", what), io::string_field(j, "answer", what));
+  rl::TrainSequence seq;
+  seq.tokens = token_ids(j, "prompt_tokens", what, vocab_size);
+  seq.prompt_len = (int)seq.tokens.size();
+  for (int32_t t : token_ids(j, "tokens", what, vocab_size)) seq.tokens.push_back(t);
+  return seq;
+}
+
 int cmd_sft(SftOptions& o) {
-  MOERL_CHECK_INPUT(o.task.empty() != o.data.empty(), "give exactly one of --task (built-in) and "
-                    "--data (JSONL of {\"prompt\":..,\"answer\":..})");
+  MOERL_CHECK_INPUT(o.task.empty() != o.data.empty(),
+                    "give exactly one of --task (built-in) and --data (JSONL examples)");
   if (!o.task.empty()) tasks::check_task(o.task);
   const std::string &task = o.task, &data = o.data;
   const int64_t steps = o.steps, batch_size = o.batch_size, first_prompt = o.first_prompt;
   const uint64_t seed = o.seed;
-  std::vector<tasks::Prompt> examples;  // --data: cycled through in file order
+
+  model::ModelConfig cfg = io::read_checkpoint_config(o.in);
+  std::vector<rl::TrainSequence> examples;  // --data: cycled through in file order
   if (!data.empty()) {
     io::for_each_json_line(data, [&](const io::Json& j, const std::string& what) {
-      examples.push_back({(int64_t)examples.size(), io::string_field(j, "prompt", what),
-                          io::string_field(j, "answer", what)});
+      examples.push_back(sft_example(j, what, cfg.vocab_size));
     });
     MOERL_CHECK_INPUT(!examples.empty(), data, " holds no examples");
   }
-
-  model::ModelConfig cfg = io::read_checkpoint_config(o.in);
   transport::Config tc = transport::Config::from_env();
   Rank rank(tc, cfg.num_experts);
   auto ps = make_store(cfg, rank.ep);
@@ -240,14 +278,12 @@ int cmd_sft(SftOptions& o) {
     std::vector<rl::TrainSequence> batch;
     for (int64_t i = 0; i < batch_size; i++) {
       int64_t id = first_prompt + s * batch_size + i;
-      tasks::Prompt p = examples.empty() ? tasks::make_prompt(task, tasks::Split::Train, seed, id)
-                                         : examples[(size_t)(id % (int64_t)examples.size())];
-      rl::TrainSequence seq;
-      seq.tokens = tasks::encode(p.text);
-      seq.prompt_len = (int)seq.tokens.size();
-      for (int32_t t : tasks::encode(p.answer)) seq.tokens.push_back(t);
-      seq.tokens.push_back(tasks::kEos);
-      batch.push_back(std::move(seq));
+      if (!examples.empty()) {
+        batch.push_back(examples[(size_t)(id % (int64_t)examples.size())]);
+      } else {
+        tasks::Prompt p = tasks::make_prompt(task, tasks::Split::Train, seed, id);
+        batch.push_back(text_example(p.text, p.answer));
+      }
     }
     rl::StepMetrics m = rl::train_step(*ps, opt, rank.ep, batch, o.lc, o.ac,
                                        progress.step("sft", s, steps));
