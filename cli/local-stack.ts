@@ -4,6 +4,8 @@
 // then the server.
 import { join } from 'node:path';
 import { connectWorkerConnection } from '../workers/temporal-options.js';
+import type { MetricsServer } from '../workers/metrics.js';
+import type { MetricsSettings } from '../workers/telemetry.js';
 import type { TaskQueues } from '../workflows/types.js';
 import { DevServerError, startDevServer } from './dev-server.js';
 import type { DevServer } from './dev-server.js';
@@ -19,21 +21,35 @@ export interface LocalStackOptions {
   shutdownGraceMs: number;
   /** Aborting it stops the worker and the server (the body should return too). */
   stop: AbortController;
+  /** The worker's metrics ports, as the worker program's (docs/metrics.md); none when absent. */
+  metrics?: MetricsSettings;
+}
+
+/** What the body is given: the server, and moerl's /metrics URL when it is served. */
+export interface LocalStack {
+  server: DevServer;
+  metricsUrl?: string;
 }
 
 export async function withLocalStack<T>(
   opts: LocalStackOptions,
-  body: (server: DevServer) => Promise<T>,
+  body: (stack: LocalStack) => Promise<T>,
 ): Promise<T> {
   // The worker SDK, the activities and the workflow bundler load only when a stack starts:
   // main.ts imports every command, and `moerl list` must not pay for `moerl dev`'s worker.
-  const [{ DefaultLogger, Runtime }, { workerActivityDeps }, { createActivities }, { runWorkers }] =
-    await Promise.all([
-      import('@temporalio/worker'),
-      import('../activities/deps.js'),
-      import('../activities/index.js'),
-      import('../workers/worker.js'),
-    ]);
+  const [
+    { DefaultLogger, Runtime },
+    { workerActivityDeps },
+    { createActivities },
+    { runWorkers },
+    { sdkTelemetryOptions, startWorkerMetrics },
+  ] = await Promise.all([
+    import('@temporalio/worker'),
+    import('../activities/deps.js'),
+    import('../activities/index.js'),
+    import('../workers/worker.js'),
+    import('../workers/telemetry.js'),
+  ]);
   try {
     // Warnings and errors only: the worker's start-up chatter would bury the user's output.
     // Rollout and train workers run no workflows by design; the SDK's warning about it is noise.
@@ -41,9 +57,14 @@ export async function withLocalStack<T>(
       if (!entry.message.startsWith('No workflows registered'))
         console.error(`[${entry.level}] ${entry.message}`);
     });
-    Runtime.install({ shutdownSignals: [], logger });
+    Runtime.install({
+      shutdownSignals: [],
+      logger,
+      ...(opts.metrics ? sdkTelemetryOptions(opts.metrics) : {}),
+    });
   } catch {
-    // A runtime already exists in this process (an embedding program installed its own).
+    // A runtime already exists in this process (an embedding program installed its own); its
+    // telemetry settings, not ours, decide whether the SDK's metrics are served.
   }
   let server: DevServer;
   try {
@@ -65,26 +86,39 @@ export async function withLocalStack<T>(
   }
   try {
     const connection = await connectWorkerConnection({ address: server.address, namespace: opts.namespace });
+    let activities = createActivities(workerActivityDeps(opts.stop.signal));
+    let metricsServer: MetricsServer | undefined;
     try {
+      if (opts.metrics?.port !== undefined) {
+        const started = await startWorkerMetrics({
+          connection,
+          namespace: opts.namespace,
+          activities,
+          port: opts.metrics.port,
+          host: opts.metrics.host,
+        });
+        ({ activities, server: metricsServer } = started);
+      }
       const workers = runWorkers({
         roles: ['all'],
         connection,
         namespace: opts.namespace,
         taskQueues: opts.taskQueues,
-        activities: createActivities(workerActivityDeps(opts.stop.signal)),
+        activities,
         shutdownGraceMs: opts.shutdownGraceMs,
         signal: opts.stop.signal,
       });
       // A worker that dies ends the body's wait too.
       workers.catch(() => opts.stop.abort());
       try {
-        return await body(server);
+        return await body({ server, ...(metricsServer ? { metricsUrl: metricsServer.url } : {}) });
       } finally {
         opts.stop.abort();
         await workers;
       }
     } finally {
       await connection.close();
+      await metricsServer?.close();
     }
   } finally {
     await server.stop();

@@ -12,8 +12,9 @@ import {
   taskQueuesFrom,
   temporalOptionsFrom,
 } from './temporal-options.js';
-import { createWorkerMetrics, hostPort, parsePort, serveMetrics } from './metrics.js';
+import { parsePort } from './metrics.js';
 import type { MetricsServer } from './metrics.js';
+import { sdkTelemetryOptions, startWorkerMetrics } from './telemetry.js';
 import { campaignEndedFrom, runSweeper, sweepSettingsFromEnv } from './sweeper.js';
 import { expandRoles, roles, runWorkers } from './worker.js';
 import type { Role, WorkerDeployment } from './worker.js';
@@ -135,24 +136,7 @@ async function main(): Promise<void> {
   const { metrics } = args;
   // The process owns its signals: the SDK must not shut down on its own. The runtime is created
   // once, before any connection, so its metrics exporter is configured here.
-  Runtime.install({
-    shutdownSignals: [],
-    ...(metrics.sdkPort === undefined
-      ? {}
-      : {
-          telemetryOptions: {
-            metrics: {
-              prometheus: {
-                bindAddress: hostPort(metrics.host, metrics.sdkPort),
-                // Prometheus conventions: `_total` counters, durations in seconds with the unit in the name.
-                countersTotalSuffix: true,
-                unitSuffix: true,
-                useSecondsForDurations: true,
-              },
-            },
-          },
-        }),
-  });
+  Runtime.install({ shutdownSignals: [], ...sdkTelemetryOptions(metrics) });
   const stop = new AbortController();
   for (const sig of ['SIGTERM', 'SIGINT'] as const)
     process.once(sig, () => {
@@ -167,13 +151,14 @@ async function main(): Promise<void> {
   let server: MetricsServer | undefined;
   try {
     if (metrics.port !== undefined) {
-      // Retry reasons and campaign statuses are what the server recorded, read on this connection.
-      const { namespace } = args.temporal;
-      const workerMetrics = createWorkerMetrics((workflowId, runId) =>
-        connection.workflowService.describeWorkflowExecution({ namespace, execution: { workflowId, runId } }),
-      );
-      activities = workerMetrics.instrument(activities);
-      server = await serveMetrics(workerMetrics.registry, metrics.port, metrics.host);
+      const started = await startWorkerMetrics({
+        connection,
+        namespace: args.temporal.namespace,
+        activities,
+        port: metrics.port,
+        host: metrics.host,
+      });
+      ({ activities, server } = started);
       console.error(`moerl-worker: metrics at ${server.url}`);
     }
     const build = args.deployment

@@ -48,7 +48,7 @@ campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
           shutdownGraceMs: 5000,
           stop,
         },
-        async (server) => {
+        async ({ server }) => {
           say(`moerl demo: Temporal UI ${server.uiUrl} (state in ${stateDir})`);
           const { client, connection } = await connectClient({
             address: server.address,

@@ -474,9 +474,10 @@ describe('moerl CLI on the dev server', () => {
     );
   });
 
-  it('dev: server and worker in one process tree, stopped cleanly by SIGTERM', async () => {
+  it('dev: server and worker in one process tree, serving metrics as a cluster worker does, stopped cleanly by SIGTERM', async () => {
     const stateDir = join(dir, 'dev');
     const port = await freePort();
+    const sdkMetricsPort = await freePort();
     const child = spawn(
       process.execPath,
       [
@@ -488,6 +489,10 @@ describe('moerl CLI on the dev server', () => {
         String(port),
         '--ui-port',
         String(await freePort()),
+        '--metrics-port',
+        '0',
+        '--sdk-metrics-port',
+        String(sdkMetricsPort),
         '--json',
       ],
       {
@@ -508,7 +513,7 @@ describe('moerl CLI on the dev server', () => {
       const ready = await waitFor('moerl dev to be ready', async () => {
         if (child.exitCode !== null) throw new Error(`moerl dev exited early: ${stderr}`);
         try {
-          return JSON.parse(stdout) as { address: string; uiUrl: string };
+          return JSON.parse(stdout) as { address: string; uiUrl: string; metricsUrl: string };
         } catch {
           return undefined;
         }
@@ -548,6 +553,23 @@ describe('moerl CLI on the dev server', () => {
         120_000,
       );
       assert.equal(done.latestCheckpoint?.iteration, 1);
+
+      // The metrics of the worker program (docs/metrics.md): what this campaign ran, its status.
+      assert.match(ready.metricsUrl, /^http:\/\/127\.0\.0\.1:\d+\/metrics$/);
+      const scrape = await (await fetch(ready.metricsUrl)).text();
+      const sample = (series: string) =>
+        Number(
+          scrape
+            .split('\n')
+            .find((l) => l.startsWith(`${series} `))
+            ?.slice(series.length + 1),
+        );
+      assert.equal(sample('moerl_activity_attempts_total{stage="update"}'), 1, scrape);
+      assert.equal(sample('moerl_rollout_samples_total'), 16, "the campaign's 4 prompts × 4 samples");
+      assert.equal(sample(`moerl_campaign_iteration{campaign="${name}-dev"}`), 1);
+      assert.equal(sample(`moerl_campaign_status{campaign="${name}-dev",status="completed"}`), 1);
+      const sdk = await (await fetch(`http://127.0.0.1:${sdkMetricsPort}/metrics`)).text();
+      assert.match(sdk, /^temporal_activity_execution_latency_seconds_count\{/m, "the SDK's metrics");
     } finally {
       child.kill('SIGTERM');
     }

@@ -81,6 +81,7 @@ describe('moerl help and usage errors', () => {
       [['list', '--name', "x' OR 1=1"], /--name must be a campaign name/],
       [['cancel', 'x', '--wait-seconds=-1'], /--wait-seconds must be a number/],
       [['dev', '--port', '70000'], /--port must be a TCP port/],
+      [['dev', '--metrics-port', '9464x'], /--metrics-port must be a port number 0..65535, got "9464x"/],
       [['spec', 'lint'], /unknown spec subcommand "lint"/],
       [['spec', 'check'], /spec check needs a spec file/],
       [['start', 'x.yaml', '--set'], /argument missing/],

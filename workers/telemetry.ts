@@ -1,0 +1,54 @@
+// A worker process's metrics, the same for the worker program (workers/main.ts) and the local
+// stack of `moerl dev` (cli/local-stack.ts): moerl's /metrics on one port, the Temporal SDK's
+// Prometheus exporter on another (docs/metrics.md).
+import type { NativeConnection, RuntimeOptions } from '@temporalio/worker';
+import type { CampaignActivities } from '../activities/types.js';
+import { createWorkerMetrics, hostPort, serveMetrics } from './metrics.js';
+import type { MetricsServer } from './metrics.js';
+
+export interface MetricsSettings {
+  /** moerl's /metrics; off when absent. */
+  port?: number;
+  /** The Temporal SDK's metrics; off when absent. */
+  sdkPort?: number;
+  /** The address both bind. */
+  host: string;
+}
+
+/** The runtime's telemetry options for the SDK's exporter (Runtime.install, before any connection). */
+export function sdkTelemetryOptions(metrics: MetricsSettings): Pick<RuntimeOptions, 'telemetryOptions'> {
+  if (metrics.sdkPort === undefined) return {};
+  return {
+    telemetryOptions: {
+      metrics: {
+        prometheus: {
+          bindAddress: hostPort(metrics.host, metrics.sdkPort),
+          // Prometheus conventions: `_total` counters, durations in seconds with the unit in the name.
+          countersTotalSuffix: true,
+          unitSuffix: true,
+          useSecondsForDurations: true,
+        },
+      },
+    },
+  };
+}
+
+/**
+ * Serves moerl's metrics of `activities` (measured from now on: use the returned ones) at
+ * `port`. Retry reasons and campaign statuses are what the server recorded, read on `connection`.
+ */
+export async function startWorkerMetrics(opts: {
+  connection: NativeConnection;
+  namespace: string;
+  activities: CampaignActivities;
+  port: number;
+  host: string;
+}): Promise<{ activities: CampaignActivities; server: MetricsServer }> {
+  const { connection, namespace } = opts;
+  const workerMetrics = createWorkerMetrics((workflowId, runId) =>
+    connection.workflowService.describeWorkflowExecution({ namespace, execution: { workflowId, runId } }),
+  );
+  const activities = workerMetrics.instrument(opts.activities);
+  const server = await serveMetrics(workerMetrics.registry, opts.port, opts.host);
+  return { activities, server };
+}
