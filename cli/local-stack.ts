@@ -96,6 +96,11 @@ export async function withLocalStack<T>(
           activities,
           port: opts.metrics.port,
           host: opts.metrics.host,
+          demand: {
+            taskQueues: opts.taskQueues,
+            intervalMs: opts.metrics.demandIntervalMs,
+            signal: opts.stop.signal,
+          },
         });
         ({ activities, server: metricsServer } = started);
       }

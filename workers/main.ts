@@ -14,6 +14,7 @@ import {
 } from './temporal-options.js';
 import { parsePort } from './metrics.js';
 import type { MetricsServer } from './metrics.js';
+import { demandIntervalMsFromEnv } from './demand.js';
 import { sdkTelemetryOptions, startWorkerMetrics } from './telemetry.js';
 import { campaignEndedFrom, runSweeper, sweepSettingsFromEnv } from './sweeper.js';
 import { expandRoles, roles, runWorkers } from './worker.js';
@@ -29,6 +30,7 @@ env: MOERL_WORKER_ROLES (comma list), MOERL_SHUTDOWN_GRACE_SECONDS, MOERL_TASK_Q
      MOERL_ROLLOUT_RANKS, MOERL_SWEEP_NAMESPACES, MOERL_SWEEP_INTERVAL_SECONDS (control: trainer Jobs of ended campaigns),
      TEMPORAL_DEPLOYMENT_NAME, TEMPORAL_WORKER_BUILD_ID,
      MOERL_METRICS_PORT, MOERL_SDK_METRICS_PORT, MOERL_METRICS_HOST (default 127.0.0.1),
+     MOERL_DEMAND_INTERVAL_SECONDS (control with metrics: rollout demand read every N s, default 10),
      TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_API_KEY_FILE, TEMPORAL_TLS_*
 (--api-key KEY works too, but shows the key in the process list)`;
 
@@ -75,6 +77,7 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
         '--sdk-metrics-port (MOERL_SDK_METRICS_PORT)',
       ),
       host: values['metrics-host'] ?? env.MOERL_METRICS_HOST ?? '127.0.0.1',
+      demandIntervalMs: demandIntervalMsFromEnv(env),
     },
     roles: requested as Role[],
     deployment: workerDeploymentFrom(values['deployment-name'], values['build-id'], env),
@@ -157,6 +160,16 @@ async function main(): Promise<void> {
         activities,
         port: metrics.port,
         host: metrics.host,
+        // The control worker exports the rollout fleet's demand (workers/demand.ts).
+        ...(expandRoles(args.roles).includes('control')
+          ? {
+              demand: {
+                taskQueues: taskQueuesFrom(),
+                intervalMs: metrics.demandIntervalMs,
+                signal: stop.signal,
+              },
+            }
+          : {}),
       });
       ({ activities, server } = started);
       console.error(`moerl-worker: metrics at ${server.url}`);

@@ -3,6 +3,8 @@
 // Prometheus exporter on another (docs/metrics.md).
 import type { NativeConnection, RuntimeOptions } from '@temporalio/worker';
 import type { CampaignActivities } from '../activities/types.js';
+import type { TaskQueues } from '../workflows/types.js';
+import { rolloutDemandReader, trackRolloutDemand } from './demand.js';
 import { createWorkerMetrics, hostPort, serveMetrics } from './metrics.js';
 import type { MetricsServer } from './metrics.js';
 
@@ -13,6 +15,8 @@ export interface MetricsSettings {
   sdkPort?: number;
   /** The address both bind. */
   host: string;
+  /** How often a control worker reads the rollout demand (workers/demand.ts). */
+  demandIntervalMs: number;
 }
 
 /** The runtime's telemetry options for the SDK's exporter (Runtime.install, before any connection). */
@@ -36,6 +40,7 @@ export function sdkTelemetryOptions(metrics: MetricsSettings): Pick<RuntimeOptio
 /**
  * Serves moerl's metrics of `activities` (measured from now on: use the returned ones) at
  * `port`. Retry reasons and campaign statuses are what the server recorded, read on `connection`.
+ * With `demand` (a control worker) it also reads the rollout fleet's demand until `signal` aborts.
  */
 export async function startWorkerMetrics(opts: {
   connection: NativeConnection;
@@ -43,12 +48,20 @@ export async function startWorkerMetrics(opts: {
   activities: CampaignActivities;
   port: number;
   host: string;
+  demand?: { taskQueues: TaskQueues; intervalMs: number; signal: AbortSignal };
 }): Promise<{ activities: CampaignActivities; server: MetricsServer }> {
-  const { connection, namespace } = opts;
+  const { connection, namespace, demand } = opts;
   const workerMetrics = createWorkerMetrics((workflowId, runId) =>
     connection.workflowService.describeWorkflowExecution({ namespace, execution: { workflowId, runId } }),
   );
   const activities = workerMetrics.instrument(opts.activities);
+  if (demand)
+    void trackRolloutDemand({
+      registry: workerMetrics.registry,
+      read: rolloutDemandReader(connection.workflowService, namespace, demand.taskQueues),
+      intervalMs: demand.intervalMs,
+      signal: demand.signal,
+    });
   const server = await serveMetrics(workerMetrics.registry, opts.port, opts.host);
   return { activities, server };
 }

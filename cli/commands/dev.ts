@@ -3,6 +3,7 @@
 // then the server.
 import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { demandIntervalMsFromEnv } from '../../workers/demand.js';
 import { hostPort, parsePort } from '../../workers/metrics.js';
 import { taskQueuesFrom } from '../../workers/temporal-options.js';
 import type { Command, CommandContext } from '../command.js';
@@ -18,6 +19,14 @@ function port(name: string, text: string): number {
 
 const optional = <K extends string, V>(key: K, value: V | undefined) =>
   (value === undefined ? {} : { [key]: value }) as Partial<Record<K, V>>;
+
+function demandInterval(env: NodeJS.ProcessEnv): number {
+  try {
+    return demandIntervalMsFromEnv(env);
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+}
 
 /** A metrics port as the worker program takes it (0: any free port). */
 function metricsPort(name: string, text: string | undefined): number | undefined {
@@ -69,6 +78,7 @@ With --metrics-port it serves the metrics a cluster's workers do (docs/metrics.m
       ...optional('port', metricsPort('metrics-port', ctx.string('metrics-port'))),
       ...optional('sdkPort', metricsPort('sdk-metrics-port', ctx.string('sdk-metrics-port'))),
       host: ctx.string('metrics-host') ?? '127.0.0.1',
+      demandIntervalMs: demandInterval(ctx.io.env),
     };
     const namespace = ctx.temporal().namespace;
     const taskQueues = taskQueuesFrom(ctx.io.env);

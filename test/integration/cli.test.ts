@@ -568,6 +568,9 @@ describe('moerl CLI on the dev server', () => {
       assert.equal(sample('moerl_rollout_samples_total'), 16, "the campaign's 4 prompts × 4 samples");
       assert.equal(sample(`moerl_campaign_iteration{campaign="${name}-dev"}`), 1);
       assert.equal(sample(`moerl_campaign_status{campaign="${name}-dev",status="completed"}`), 1);
+      // Its control role reads the rollout fleet's demand (docs/metrics.md, "Rollout demand").
+      assert.ok(sample('moerl_rollout_demand_read_timestamp_seconds') > 0, 'the demand was read');
+      assert.ok(Number.isInteger(sample('moerl_rollout_ranks_wanted')));
       const sdk = await (await fetch(`http://127.0.0.1:${sdkMetricsPort}/metrics`)).text();
       assert.match(sdk, /^temporal_activity_execution_latency_seconds_count\{/m, "the SDK's metrics");
     } finally {

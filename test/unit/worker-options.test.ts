@@ -31,6 +31,18 @@ describe('worker options', () => {
     assert.equal(parseWorkerArgs([], { MOERL_SHUTDOWN_GRACE_SECONDS: '7.5' }).shutdownGraceMs, 7500);
   });
 
+  test('the rollout demand interval: 10 s by default, a bad value named', () => {
+    assert.equal(parseWorkerArgs([], {}).metrics.demandIntervalMs, 10_000);
+    assert.equal(
+      parseWorkerArgs([], { MOERL_DEMAND_INTERVAL_SECONDS: '2.5' }).metrics.demandIntervalMs,
+      2500,
+    );
+    assert.throws(
+      () => parseWorkerArgs([], { MOERL_DEMAND_INTERVAL_SECONDS: '0' }),
+      /MOERL_DEMAND_INTERVAL_SECONDS must be seconds from 0.1 to 3600, got "0"/,
+    );
+  });
+
   test('connection options: flags win over the environment; an API key implies TLS', () => {
     const env = { TEMPORAL_ADDRESS: 'temporal:7233', TEMPORAL_NAMESPACE: 'rl', TEMPORAL_API_KEY: 'k' };
     const fromEnv = temporalOptionsFrom({}, env);
