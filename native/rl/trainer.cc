@@ -67,28 +67,45 @@ std::vector<int32_t> loss_rows(const std::vector<TrainSequence>& batch, const st
 void check_sequence(const TrainSequence& s, Objective obj, int i) {
   MOERL_CHECK_INPUT(s.prompt_len >= 1 && s.prompt_len < (int)s.tokens.size(), "sequence ", i,
                     ": prompt length ", s.prompt_len, " must be in [1, ", s.tokens.size(), ")");
-  if (obj == Objective::Grpo)
+  if (obj == Objective::Grpo) {
     MOERL_CHECK_INPUT(s.old_logprobs.size() == s.tokens.size() - s.prompt_len, "sequence ", i,
                       ": ", s.old_logprobs.size(), " behaviour log-probs for ",
                       s.tokens.size() - s.prompt_len, " completion tokens");
+    MOERL_CHECK(s.train_logprobs.empty() || s.train_logprobs.size() == s.old_logprobs.size(),
+                "sequence ", i, ": ", s.train_logprobs.size(), " trainer log-probs for ",
+                s.old_logprobs.size(), " completion tokens");
+  }
 }
 
 }  // namespace
 
 GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logprob,
-                          float ref_logprob, float advantage, const LossConfig& lc, double scale,
-                          float* dlogits) {
+                          const float* train_logprob, float ref_logprob, float advantage,
+                          const LossConfig& lc, double scale, float* dlogits) {
   GrpoTokenTerms t;
   const float inv_tau = 1.0f / lc.temperature;
   const model::SoftmaxStats st = model::softmax_stats(logits, V, inv_tau, true);
   const double lp = st.logprob(logits, target, inv_tau);
   t.logprob = lp;
+  const float train_lp = train_logprob != nullptr ? *train_logprob : (float)lp;
+  // k3 with r = p_train / p_rollout over tokens the rollout sampled: expm1 keeps its rounding
+  // (the native/native mismatch) visible
+  const double d_mis = (double)train_lp - old_logprob;
+  t.mismatch_kl = std::expm1(d_mis) - d_mis;
+  // truncated importance sampling: the ratio is taken to the trainer's old log-prob and the
+  // rollout's enters only through the detached weight w
+  double w = 1.0, ratio = std::exp(lp - old_logprob);
+  if (lc.tis_clip > 0.0f) {
+    const double raw = std::exp(d_mis);
+    t.tis_clipped = raw > lc.tis_clip;
+    w = std::min(raw, (double)lc.tis_clip);
+    ratio = std::exp(lp - train_lp);
+  }
   double A = advantage;
-  double ratio = std::exp(lp - old_logprob);
   double clipped = std::min(std::max(ratio, 1.0 - lc.clip_eps), 1.0 + lc.clip_eps);
   t.clipped = ratio * A > clipped * A;
-  t.policy = -std::min(ratio * A, clipped * A);
-  double g_lp = t.clipped ? 0.0 : -A * ratio;  // d policy / d logp
+  t.policy = -w * std::min(ratio * A, clipped * A);
+  double g_lp = t.clipped ? 0.0 : -w * A * ratio;  // d policy / d logp
   if (lc.kl_coef != 0.0f) {
     double d = ref_logprob - lp;
     t.kl = std::exp(d) - d - 1.0;
@@ -103,7 +120,7 @@ GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logp
 }
 
 StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
-                              const std::vector<TrainSequence>& batch, const LossConfig& lc,
+                              std::vector<TrainSequence>& batch, const LossConfig& lc,
                               const MicroBatchProgress& progress) {
   const model::ModelConfig& cfg = ps.layout.cfg;
   const int V = cfg.vocab_size, E = cfg.num_experts, L = cfg.num_layers;
@@ -131,7 +148,7 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
   const float z_weight = (float)(lc.z_coef / (n_valid * L_moe));
 
   // metric accumulators, summed over ranks at the end
-  enum { kLoss, kPolicy, kKl, kEntropy, kClip, kAux, kZ, kFlops, kNum };
+  enum { kLoss, kPolicy, kKl, kEntropy, kClip, kMismatch, kTisClip, kAux, kZ, kFlops, kNum };
   // [kNum, kNum + E): expert picks over all layers; then L blocks of E, one per layer
   std::vector<float> acc(kNum + E + (size_t)L * E, 0.0f);
 
@@ -145,7 +162,9 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
     // each row of a.logits becomes its gradient in place: model_backward reads it as dlogits
     float* lg = a.logits.data();
     for (int b = 0; b < pk.B; b++) {
-      const TrainSequence& s = batch[ids[b]];
+      TrainSequence& s = batch[ids[b]];
+      // the sequence's first forward of the update: its log-probs become the trainer's old ones
+      const bool first = lc.objective == Objective::Grpo && s.train_logprobs.empty();
       acc[kFlops] += (float)(3.0 * model::forward_flops(cfg, 1, (int)s.tokens.size()));
       MOERL_CHECK(lc.objective == Objective::Sft || lc.kl_coef == 0.0f ||
                       s.ref_logprobs.size() == s.old_logprobs.size(),
@@ -161,12 +180,16 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
           continue;
         }
         const float ref_lp = lc.kl_coef != 0.0f ? s.ref_logprobs[j] : 0.0f;
-        GrpoTokenTerms tt = grpo_token(lg, V, target, s.old_logprobs[j], ref_lp, s.advantage, lc,
-                                       1.0 / n_tok, lg);
+        GrpoTokenTerms tt =
+            grpo_token(lg, V, target, s.old_logprobs[j], first ? nullptr : &s.train_logprobs[j],
+                       ref_lp, s.advantage, lc, 1.0 / n_tok, lg);
+        if (first) s.train_logprobs.push_back((float)tt.logprob);
         acc[kPolicy] += (float)tt.policy;
         acc[kKl] += (float)tt.kl;
         acc[kEntropy] += (float)tt.entropy;
         acc[kClip] += tt.clipped ? 1.0f : 0.0f;
+        acc[kMismatch] += (float)tt.mismatch_kl;
+        acc[kTisClip] += tt.tis_clipped ? 1.0f : 0.0f;
         acc[kLoss] += (float)tt.loss;
       }
     }
@@ -192,6 +215,8 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
   m.kl = acc[kKl] / n_tok;
   m.entropy = acc[kEntropy] / n_tok;
   m.clip_frac = acc[kClip] / n_tok;
+  m.mismatch_kl = acc[kMismatch] / n_tok;
+  m.tis_clip_frac = acc[kTisClip] / n_tok;
   m.loss = acc[kLoss] / n_tok + lc.aux_coef * m.aux_loss + lc.z_coef * m.z_loss;
   m.flops = acc[kFlops];
   double total_load = 0.0;
@@ -212,7 +237,7 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
 }
 
 StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
-                       const std::vector<TrainSequence>& batch, const LossConfig& lc,
+                       std::vector<TrainSequence>& batch, const LossConfig& lc,
                        const AdamWConfig& ac, const MicroBatchProgress& progress) {
   const double t0 = now_s();
   StepMetrics m = compute_gradients(ps, comm, batch, lc, progress);
@@ -255,6 +280,7 @@ std::string StepMetrics::to_json(int64_t step) const {
   auto f = [](double x) { return io::json_float(x); };
   os << "{\"step\":" << step << ",\"loss\":" << f(loss) << ",\"policy_loss\":" << f(policy_loss)
      << ",\"kl\":" << f(kl) << ",\"entropy\":" << f(entropy) << ",\"clip_frac\":" << f(clip_frac)
+     << ",\"mismatch_kl\":" << f(mismatch_kl) << ",\"tis_clip_frac\":" << f(tis_clip_frac)
      << ",\"aux_loss\":" << f(aux_loss) << ",\"z_loss\":" << f(z_loss)
      << ",\"grad_norm\":" << f(grad_norm) << ",\"lr\":" << f(lr) << ",\"tokens\":" << f(tokens)
      << ",\"sequences\":" << f(sequences) << ",\"seconds\":" << f(seconds)

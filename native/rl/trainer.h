@@ -21,6 +21,9 @@ struct TrainSequence {
   int prompt_len = 0;                 // loss on positions predicting tokens[prompt_len..]
   std::vector<float> old_logprobs;    // [completion] behaviour log-probs (GRPO)
   std::vector<float> ref_logprobs;    // [completion] reference log-probs (GRPO with KL)
+  // [completion] this trainer's log-probs at the sequence's first forward of the update (GRPO):
+  // the old policy of truncated importance sampling and of mismatch_kl. Filled by that forward.
+  std::vector<float> train_logprobs;
   float advantage = 0.0f;             // GRPO, per sequence
 };
 
@@ -34,11 +37,13 @@ struct LossConfig {
   float aux_coef = 0.01f;     // balance loss weight (the model's BalanceLoss says how it counts)
   float z_coef = 0.001f;      // router z-loss, mean over all tokens (prompt too) and layers
   float temperature = 1.0f;   // log-probs of softmax(logits / temperature), as the sampler
+  float tis_clip = 0.0f;      // truncated importance sampling cap C (GRPO); 0 = off
   int micro_batch = 32;       // sequences per forward/backward on one rank
 };
 
 struct StepMetrics {
   double loss = 0, policy_loss = 0, kl = 0, entropy = 0, clip_frac = 0, aux_loss = 0, z_loss = 0;
+  double mismatch_kl = 0, tis_clip_frac = 0;  // GRPO: rollout vs trainer log-probs
   double tokens = 0, sequences = 0, grad_norm = 0, lr = 0;
   double seconds = 0, compute_seconds = 0, flops = 0, ep_seconds = 0, ep_bytes = 0;
   std::vector<double> expert_load;  // [E] fraction of (token, slot) picks per expert
@@ -48,15 +53,19 @@ struct StepMetrics {
 
 // One completion token of the GRPO loss on its row of logits [V]: returns its terms and, if
 // dlogits is non-null, writes scale * d(loss)/d(logits) into dlogits [V], which may be logits
-// itself (the row becomes its gradient).
+// itself (the row becomes its gradient). old_logprob is the rollout's log-prob; train_logprob
+// the trainer's at the token's first forward, or null in that forward (its own log-prob,
+// rounded to float32, is used).
 struct GrpoTokenTerms {
   double loss = 0, policy = 0, kl = 0, entropy = 0;
-  double logprob = 0;  // log p(target) under softmax(logits / temperature)
+  double logprob = 0;      // log p(target) under softmax(logits / temperature)
+  double mismatch_kl = 0;  // k3 of KL(rollout || trainer) on this token
   bool clipped = false;
+  bool tis_clipped = false;  // the importance weight is truncated at lc.tis_clip
 };
 GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logprob,
-                          float ref_logprob, float advantage, const LossConfig& lc, double scale,
-                          float* dlogits);
+                          const float* train_logprob, float ref_logprob, float advantage,
+                          const LossConfig& lc, double scale, float* dlogits);
 
 // Called after each of this rank's micro-batches (done of total; every rank runs the same
 // number), so a tool can report progress inside a long step. Must not throw.
@@ -64,13 +73,14 @@ using MicroBatchProgress = std::function<void(int done, int total)>;
 
 // Forward/backward over `batch` (global; this rank uses its share): gradients of the step's
 // loss in ps.dw (dense ones summed over ranks) and the step's metrics but grad_norm and lr.
+// GRPO: fills train_logprobs of this rank's sequences that have none.
 StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
-                              const std::vector<TrainSequence>& batch, const LossConfig& lc,
+                              std::vector<TrainSequence>& batch, const LossConfig& lc,
                               const MicroBatchProgress& progress = nullptr);
 
 // compute_gradients, then one AdamW step.
 StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::ExpertComm& comm,
-                       const std::vector<TrainSequence>& batch, const LossConfig& lc,
+                       std::vector<TrainSequence>& batch, const LossConfig& lc,
                        const AdamWConfig& ac, const MicroBatchProgress& progress = nullptr);
 
 // Per-token log-probs of each sequence's completion under `ps` (e.g. the reference policy),

@@ -316,6 +316,9 @@ void add_grpo_options(CLI::App* cmd, GrpoOptions& o) {
   cmd->add_option("--kl-coef", o.lc.kl_coef, "k3 KL weight (needs --ref-checkpoint)");
   cmd->add_option("--entropy-coef", o.lc.entropy_coef, "entropy bonus weight");
   cmd->add_option("--clip-eps", o.lc.clip_eps, "ratio clip epsilon");
+  cmd->add_option("--tis-clip", o.lc.tis_clip,
+                  "truncated importance sampling cap on p_train / p_rollout, 0 = off")
+      ->check(kNonNegative);
   cmd->add_option("--temperature", o.lc.temperature, "sampling temperature of the rollouts")
       ->check(kPositive);
   cmd->add_option("--minibatches", o.minibatches, "optimizer steps per epoch")
@@ -424,7 +427,7 @@ int cmd_grpo(const GrpoOptions& o) {
   }
   for (int64_t e = 0; e < epochs && !seqs.empty(); e++) {
     for (int64_t m = 0; m < minibatches; m++) {
-      const std::vector<rl::TrainSequence>& mb = mbs[m];
+      std::vector<rl::TrainSequence>& mb = mbs[m];
       if (mb.empty()) continue;
       rl::StepMetrics sm = rl::train_step(*ps, opt, rank.ep, mb, lc, ac, progress.step("grpo", step, steps));
       std::string line = sm.to_json(step++);

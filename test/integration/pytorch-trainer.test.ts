@@ -3,8 +3,9 @@
 // (prompt token ids, --eos-ids), an SFT run and two GRPO iterations (KL to a reference policy,
 // entropy bonus, temperature, two minibatches, several micro-batches, a skipped group) by
 // `moe_train` (imported with init --from-hf, exported with moe_hf) and by the PyTorch trainer
-// from the same weights agree per parameter tensor, router included, and in their metrics; two
-// PyTorch ranks (gloo, FSDP2) give one rank's result; bad input exits 2 naming the problem.
+// from the same weights agree per parameter tensor, router included, and in their metrics, also
+// with truncated importance sampling on rollouts whose log-probs are perturbed; two PyTorch ranks
+// (gloo, FSDP2) give one rank's result; bad input exits 2 naming the problem.
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -50,6 +51,8 @@ function sameMetrics(mine: Metrics[], theirs: Metrics[]) {
     'kl',
     'entropy',
     'clip_frac',
+    'mismatch_kl',
+    'tis_clip_frac',
     'aux_loss',
     'z_loss',
     'grad_norm',
@@ -212,6 +215,12 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
       mine2.some((m) => (m.clip_frac as number) > 0),
       'iteration 2 is off-policy: some tokens clip',
     );
+    // native rollouts: both trainers' log-probs are theirs to rounding
+    t.diagnostic(
+      `mismatch_kl of the first step: native ${nat1[0]!.mismatch_kl}, PyTorch ${mine1[0]!.mismatch_kl}`,
+    );
+    for (const m of [nat1[0]!, mine1[0]!])
+      assert.ok((m.mismatch_kl as number) < 1e-6, `mismatch ${m.mismatch_kl}`);
     assert.equal(readJsonl(readFileSync(join(at('metrics'), 'grpo.jsonl'), 'utf8')).length, 4);
     for (const [mine, theirs, from] of [
       ['grpo-pt-1', 'grpo-native-1-hf', 'hf'],
@@ -231,6 +240,67 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
     );
     for (const file of ['tokenizer.json', 'generation_config.json', 'optimizer.moerl'])
       assert.ok(readFileSync(join(at('grpo-pt-2'), file)).length > 0, file);
+  });
+
+  it('truncated importance sampling (rollout log-probs perturbed, 2 epochs) agrees with moe_train grpo to 1e-4 per tensor', async (t) => {
+    // a foreign sampler's log-probs: shifted per token so that the weights p_train / p_rollout
+    // are about e^1.2 (capped at 2), e^-0.4, 1, e^0.3 and e^-0.9
+    const shifts = [-1.2, 0.4, 0, -0.3, 0.9];
+    const files = [0, 1].map((k) => {
+      const recs = readJsonl<{ logprobs: number[] }>(
+        readFileSync(join(at('rollouts'), `chunk-${k}.jsonl`), 'utf8'),
+      );
+      const out = at(`tis-chunk-${k}.jsonl`);
+      writeFileSync(
+        out,
+        jsonl(recs.map((r) => ({ ...r, logprobs: r.logprobs.map((lp, j) => lp + shifts[j % 5]!) }))),
+      );
+      return out;
+    });
+    writeFileSync(at('tis-rollouts.txt'), files.join('\n') + '\n');
+    const flags = [
+      ...['--rollouts-file', at('tis-rollouts.txt'), '--rewards-file', at('rewards.txt')],
+      ...[...grpoFlags, '--micro-batch', '4', '--epochs', '2', '--tis-clip', '2', '--iteration', '1'],
+    ];
+    const nat = stepLines(
+      await native('moe_train', [
+        ...[
+          'grpo',
+          '--checkpoint',
+          at('ckpt0'),
+          '--out',
+          at('tis-native'),
+          '--ref-checkpoint',
+          at('ref-ckpt'),
+        ],
+        ...flags,
+      ]),
+    );
+    await exportHf(at('tis-native'), at('tis-native-hf'));
+    const mine = stepLines(
+      ok(
+        await engine.train([
+          ...['grpo', '--checkpoint', at('hf'), '--out', at('tis-pt'), '--ref-checkpoint', at('ref-hf')],
+          ...flags,
+        ]),
+        'pytorch grpo with TIS',
+      ),
+    );
+    sameMetrics(mine, nat);
+    assert.equal(nat.length, 4, '2 minibatches, 2 epochs');
+    for (const m of nat) {
+      assert.ok((m.tis_clip_frac as number) > 0.1, `a fifth of the weights capped: ${m.tis_clip_frac}`);
+      assert.ok((m.mismatch_kl as number) > 0.05, `mismatch_kl ${m.mismatch_kl}`);
+    }
+    const c = await engine.compare(at('tis-pt'), at('tis-native-hf'), at('hf'));
+    t.diagnostic(`TIS: parameters ${c.max_rel_l2} (${c.worst}), updates ${c.max_update_rel_l2}`);
+    t.diagnostic(
+      `TIS metrics, native: ${nat.map((m) => `${m.mismatch_kl}/${m.tis_clip_frac}/${m.clip_frac}`).join(' ')}`,
+    );
+    assert.deepEqual(c.missing, []);
+    assert.equal(c.tensors, 80);
+    assert.ok(c.max_rel_l2 <= 1e-4, `worst ${c.worst}: relative L2 ${c.max_rel_l2}`);
+    assert.ok(c.changed! >= 70, `only ${c.changed} tensors changed`);
   });
 
   it('2 ranks (gloo, FSDP2, an empty micro-batch on rank 1) give the 1-rank update to rounding', async (t) => {

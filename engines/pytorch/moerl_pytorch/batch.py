@@ -22,6 +22,9 @@ class Sequence:
     old_logprobs: list[float] = field(default_factory=list)  # [completion] behaviour, GRPO
     advantage: float = 0.0  # GRPO, per sequence (a float32 value)
     ref_logprobs: list[float] | None = None  # [completion] reference policy, GRPO with KL
+    # [completion] this trainer's log-probs at the sequence's first forward of the update (GRPO):
+    # the old policy of truncated importance sampling and of mismatch_kl; filled by that forward
+    train_logprobs: list[float] | None = None
 
     @property
     def completion_len(self) -> int:

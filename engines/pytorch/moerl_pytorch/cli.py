@@ -90,6 +90,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--kl-coef", type=f32, default=0.0, help="k3 KL weight (needs --ref-checkpoint)")
     g.add_argument("--entropy-coef", type=f32, default=0.0, help="entropy bonus weight")
     g.add_argument("--clip-eps", type=f32, default=0.2, help="ratio clip epsilon")
+    g.add_argument("--tis-clip", type=nonneg_f32, default=0.0,
+                   help="truncated importance sampling cap on p_train / p_rollout, 0 = off")
     g.add_argument("--temperature", type=positive_f32, default=1.0, help="sampling temperature of the rollouts")
     g.add_argument("--minibatches", type=positive_int, default=1, help="optimizer steps per epoch")
     g.add_argument("--epochs", type=positive_int, default=1, help="passes over the rollouts")

@@ -4,6 +4,7 @@ model.cc: the router losses). Token terms are computed in float64 from the float
 the native code does; autograd gives the gradients the native code writes by hand."""
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -19,6 +20,7 @@ class LossConfig:
     aux_coef: float = 0.01
     z_coef: float = 0.001
     temperature: float = 1.0
+    tis_clip: float = 0.0  # truncated importance sampling cap C; 0 = off
     micro_batch: int = 64
 
 
@@ -31,25 +33,51 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return lp, entropy
 
 
-def grpo_token_terms(logits, targets, old_logprobs, ref_logprobs, advantages, lc: LossConfig):
-    """Per completion token (grpo_token): ratio = exp(logp - logp_behaviour),
-    policy = -min(ratio A, clip(ratio, 1-eps, 1+eps) A), k3 = exp(d) - d - 1 with
-    d = logp_ref - logp, loss = policy + kl_coef k3 - entropy_coef H. old/ref/advantages are
-    float64 tensors [N] (ref may be None when kl_coef is 0). Returns (loss, policy, kl, entropy,
-    clipped), each [N]; `clipped` marks tokens whose clipped branch is the minimum, which get no
-    policy gradient."""
+class GrpoTerms(NamedTuple):
+    """Per completion token, each [N]."""
+
+    loss: torch.Tensor
+    policy: torch.Tensor
+    kl: torch.Tensor
+    entropy: torch.Tensor
+    clipped: torch.Tensor  # the clipped branch is the minimum: no policy gradient
+    mismatch_kl: torch.Tensor  # k3 of KL(rollout || trainer)
+    tis_clipped: torch.Tensor  # the importance weight is truncated at tis_clip
+    train_logprobs: torch.Tensor  # the trainer's old log-probs used (float32 values, float64)
+
+
+def grpo_token_terms(logits, targets, old_logprobs, train_logprobs, ref_logprobs, advantages,
+                     lc: LossConfig) -> GrpoTerms:
+    """Per completion token (grpo_token): w = min(exp(logp_train - logp_rollout), tis_clip)
+    (detached; 1 and ratio = exp(logp - logp_rollout) when tis_clip is 0), else
+    ratio = exp(logp - logp_train); policy = -w min(ratio A, clip(ratio, 1-eps, 1+eps) A),
+    k3 = exp(d) - d - 1 with d = logp_ref - logp, loss = policy + kl_coef k3 - entropy_coef H;
+    mismatch_kl = expm1(m) - m with m = logp_train - logp_rollout. old (the rollout's), train,
+    ref and advantages are float64 tensors [N]; train is None on the tokens' first forward (their
+    own log-probs, rounded to float32, are used) and ref None when kl_coef is 0."""
     lp, entropy = token_logprobs(logits, targets, lc.temperature)
-    ratio = torch.exp(lp - old_logprobs)
+    train = lp.detach().float().double() if train_logprobs is None else train_logprobs
+    d_mis = train - old_logprobs
+    mismatch_kl = torch.expm1(d_mis) - d_mis
+    if lc.tis_clip > 0.0:
+        raw = torch.exp(d_mis)
+        tis_clipped = raw > lc.tis_clip
+        w = torch.clamp(raw, max=lc.tis_clip)
+        ratio = torch.exp(lp - train)
+    else:
+        tis_clipped = torch.zeros_like(lp, dtype=torch.bool)
+        w = torch.ones_like(d_mis)
+        ratio = torch.exp(lp - old_logprobs)
     clipped_ratio = torch.clamp(ratio, 1.0 - lc.clip_eps, 1.0 + lc.clip_eps)
     clipped = ratio * advantages > clipped_ratio * advantages
-    policy = -torch.where(clipped, clipped_ratio.detach() * advantages, ratio * advantages)
+    policy = -w * torch.where(clipped, clipped_ratio.detach() * advantages, ratio * advantages)
     if lc.kl_coef != 0.0:
         d = ref_logprobs - lp
         kl = torch.exp(d) - d - 1.0
     else:
         kl = torch.zeros_like(lp)
     loss = policy + lc.kl_coef * kl - lc.entropy_coef * entropy
-    return loss, policy, kl, entropy, clipped
+    return GrpoTerms(loss, policy, kl, entropy, clipped, mismatch_kl, tis_clipped, train)
 
 
 def sft_token_terms(logits, targets):

@@ -81,9 +81,9 @@ def finite(x):
 
 def metrics_line(m, step: int, extra: dict) -> dict:
     line = {"step": step, "loss": m.loss, "policy_loss": m.policy_loss, "kl": m.kl, "entropy": m.entropy,
-            "clip_frac": m.clip_frac, "aux_loss": m.aux_loss, "z_loss": m.z_loss, "grad_norm": m.grad_norm,
-            "lr": m.lr, "tokens": m.tokens, "sequences": m.sequences, "seconds": m.seconds,
-            "tokens_per_s": m.tokens / max(m.seconds, 1e-9)}
+            "clip_frac": m.clip_frac, "mismatch_kl": m.mismatch_kl, "tis_clip_frac": m.tis_clip_frac,
+            "aux_loss": m.aux_loss, "z_loss": m.z_loss, "grad_norm": m.grad_norm, "lr": m.lr, "tokens": m.tokens,
+            "sequences": m.sequences, "seconds": m.seconds, "tokens_per_s": m.tokens / max(m.seconds, 1e-9)}
     line = {k: finite(v) for k, v in line.items()}
     line["expert_load"] = [finite(x) for x in m.expert_load]
     line["expert_load_layers"] = [[finite(x) for x in row] for row in m.expert_load_layers]
@@ -92,7 +92,8 @@ def metrics_line(m, step: int, extra: dict) -> dict:
 
 def run_grpo(a, contract: RankContract, out, batch: GrpoBatch, policy_dir: HfDir, ref_dir: HfDir | None) -> int:
     lc = LossConfig(objective="grpo", clip_eps=a.clip_eps, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-                    aux_coef=a.aux_coef, z_coef=a.z_coef, temperature=a.temperature, micro_batch=a.micro_batch)
+                    aux_coef=a.aux_coef, z_coef=a.z_coef, temperature=a.temperature, tis_clip=a.tis_clip,
+                    micro_batch=a.micro_batch)
     device = pick_device(a.device, contract.rank)
     policy = Policy(policy_dir, device, a.attn_implementation)
     ref = load_model(ref_dir, device, a.attn_implementation) if ref_dir and batch.sequences else None

@@ -27,7 +27,8 @@ class Packed:
     rows_b: torch.Tensor  # [N] sequence of each completion position
     rows_t: torch.Tensor  # [N] position whose logits predict ...
     targets: torch.Tensor  # [N] ... this token
-    old_logprobs: torch.Tensor  # [N] float64 (GRPO)
+    old_logprobs: torch.Tensor  # [N] float64 (GRPO): the rollout's
+    train_logprobs: torch.Tensor | None  # [N] float64 (GRPO): None on the first forward
     ref_logprobs: torch.Tensor | None  # [N] float64 (GRPO with KL)
     advantages: torch.Tensor  # [N] float64 (GRPO)
     dummy: bool  # an empty share's placeholder: nothing in it counts
@@ -40,7 +41,9 @@ def pack(seqs: list[Sequence], device: torch.device, with_ref: bool) -> Packed:
     B, T = len(seqs), max(len(s.tokens) for s in seqs)
     ids = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.long)
-    rows_b, rows_t, targets, old, ref, adv = [], [], [], [], [], []
+    rows_b, rows_t, targets, old, ref, adv, train = [], [], [], [], [], [], []
+    # a micro-batch's sequences share their minibatch, so all or none had their first forward
+    first = any(s.train_logprobs is None for s in seqs)
     for b, s in enumerate(seqs):
         ids[b, : len(s.tokens)] = torch.tensor(s.tokens)
         mask[b, : len(s.tokens)] = 1
@@ -49,6 +52,7 @@ def pack(seqs: list[Sequence], device: torch.device, with_ref: bool) -> Packed:
         rows_t += range(s.prompt_len - 1, len(s.tokens) - 1)
         targets += s.tokens[s.prompt_len:]
         old += s.old_logprobs
+        train += [] if first else s.train_logprobs
         adv += [s.advantage] * n
         if with_ref:
             ref += s.ref_logprobs
@@ -58,7 +62,8 @@ def pack(seqs: list[Sequence], device: torch.device, with_ref: bool) -> Packed:
         rows_b=torch.tensor(rows_b, dtype=torch.long, device=device),
         rows_t=torch.tensor(rows_t, dtype=torch.long, device=device),
         targets=torch.tensor(targets, dtype=torch.long, device=device),
-        old_logprobs=torch.tensor(old, **f64), ref_logprobs=torch.tensor(ref, **f64) if with_ref else None,
+        old_logprobs=torch.tensor(old, **f64), train_logprobs=None if first else torch.tensor(train, **f64),
+        ref_logprobs=torch.tensor(ref, **f64) if with_ref else None,
         advantages=torch.tensor(adv, **f64), dummy=dummy)
 
 
@@ -75,6 +80,8 @@ class StepMetrics:
     kl: float = 0.0
     entropy: float = 0.0
     clip_frac: float = 0.0
+    mismatch_kl: float = 0.0
+    tis_clip_frac: float = 0.0
     aux_loss: float = 0.0
     z_loss: float = 0.0
     grad_norm: float = 0.0
@@ -87,13 +94,13 @@ class StepMetrics:
 
 
 # metric sums, one float64 vector allreduced at the end of the step
-LOSS, POLICY, KL, ENTROPY, CLIP, AUX, Z, NUM = range(8)
+LOSS, POLICY, KL, ENTROPY, CLIP, MISMATCH, TIS_CLIP, AUX, Z, NUM = range(10)
 
 
 def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: list[Sequence],
                       lc: LossConfig, group: Group, progress=None) -> StepMetrics:
     """Gradients of the step's loss in p.grad (summed over ranks) and the step's metrics but
-    grad_norm and lr."""
+    grad_norm and lr. GRPO: fills train_logprobs of this rank's sequences that have none."""
     t0 = time.perf_counter()
     device = group.device
     n_tok = float(sum(s.completion_len for s in batch))
@@ -110,15 +117,21 @@ def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: l
     for p in model.parameters():
         p.grad = None
     for k, ids in enumerate(mbs):
-        pk = pack([batch[i] for i in ids], device, with_ref)
+        seqs = [batch[i] for i in ids]
+        pk = pack(seqs, device, with_ref)
         logits, router_logits = forward(model, pk)
         rows = logits[pk.rows_b, pk.rows_t]
         if grpo:
-            tok_loss, policy, kl, entropy, clipped = grpo_token_terms(
-                rows, pk.targets, pk.old_logprobs, pk.ref_logprobs, pk.advantages, lc)
-            sums[POLICY] += float(policy.detach().sum())
-            sums[KL] += float(kl.detach().sum())
-            sums[CLIP] += float(clipped.sum())
+            t = grpo_token_terms(rows, pk.targets, pk.old_logprobs, pk.train_logprobs, pk.ref_logprobs,
+                                 pk.advantages, lc)
+            tok_loss, entropy = t.loss, t.entropy
+            sums[POLICY] += float(t.policy.detach().sum())
+            sums[KL] += float(t.kl.detach().sum())
+            sums[CLIP] += float(t.clipped.sum())
+            sums[MISMATCH] += float(t.mismatch_kl.sum())
+            sums[TIS_CLIP] += float(t.tis_clipped.sum())
+            if pk.train_logprobs is None:
+                split_completions(seqs, t.train_logprobs.cpu().tolist(), "train_logprobs")
         else:
             tok_loss, entropy = sft_token_terms(rows, pk.targets)
         sums[LOSS] += float(tok_loss.detach().sum())
@@ -148,6 +161,8 @@ def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: l
     m.kl = float(sums[KL]) / n_tok
     m.entropy = float(sums[ENTROPY]) / n_tok
     m.clip_frac = float(sums[CLIP]) / n_tok
+    m.mismatch_kl = float(sums[MISMATCH]) / n_tok
+    m.tis_clip_frac = float(sums[TIS_CLIP]) / n_tok
     m.loss = float(sums[LOSS]) / n_tok + lc.aux_coef * m.aux_loss + lc.z_coef * m.z_loss
     load = sums[NUM:].reshape(num_layers, E)
     m.expert_load = (load.sum(0) / max(1.0, float(load.sum()))).tolist()
@@ -167,6 +182,14 @@ def train_step(model, moe_layer_ids, num_layers, optimizer: AdamW, batch, lc, gr
     return m
 
 
+def split_completions(seqs: list[Sequence], values: list[float], name: str) -> None:
+    """Per-token values of a packed micro-batch's completions, in order, onto each sequence."""
+    start = 0
+    for s in seqs:
+        setattr(s, name, values[start: start + s.completion_len])
+        start += s.completion_len
+
+
 @torch.no_grad()
 def fill_ref_logprobs(model, batch: list[Sequence], lc: LossConfig, group: Group, progress=None) -> None:
     """Per-token log-probs of each completion under `model` (the reference policy) at the
@@ -178,10 +201,6 @@ def fill_ref_logprobs(model, batch: list[Sequence], lc: LossConfig, group: Group
         pk = pack(seqs, group.device, False)
         logits, _ = forward(model, pk)
         lp = torch.log_softmax(logits[pk.rows_b, pk.rows_t].double() / lc.temperature, dim=-1)
-        lp = lp.gather(1, pk.targets[:, None])[:, 0].float().cpu().tolist()
-        start = 0
-        for s in seqs:
-            s.ref_logprobs = lp[start: start + s.completion_len]
-            start += s.completion_len
+        split_completions(seqs, lp.gather(1, pk.targets[:, None])[:, 0].float().cpu().tolist(), "ref_logprobs")
         if progress:
             progress(k + 1, len(mbs))

@@ -12,15 +12,17 @@ from moerl_pytorch.losses import LossConfig, balance_loss, grpo_token_terms, rou
 torch.manual_seed(0)
 
 
-def native_grpo_dlogits(logits, target, old, ref, adv, lc):
+def native_grpo_dlogits(logits, target, old, ref, adv, lc, train=None):
     """d loss / d logits of one token as native/rl/trainer.cc grpo_token writes it."""
     z = logits.double() / lc.temperature
     p = torch.softmax(z, dim=-1)
     lp = torch.log(p[target])
     h = -(p * torch.log(p)).sum()
-    ratio = torch.exp(lp - old)
+    w, ratio = 1.0, torch.exp(lp - old)
+    if lc.tis_clip > 0:
+        w, ratio = min(torch.exp(train - old), lc.tis_clip), torch.exp(lp - train)
     clipped = min(max(ratio, 1 - lc.clip_eps), 1 + lc.clip_eps)
-    g_lp = 0.0 if ratio * adv > clipped * adv else -adv * ratio
+    g_lp = 0.0 if ratio * adv > clipped * adv else -w * adv * ratio
     g_lp = g_lp + lc.kl_coef * (1.0 - torch.exp(ref - lp))
     onehot = torch.zeros_like(p)
     onehot[target] = 1.0
@@ -41,7 +43,13 @@ class TokenTerms(unittest.TestCase):
         old = lp_now + torch.tensor([0.0, 0.5, -0.5, 0.01, 1.0, -1.0], dtype=torch.float64)
         ref = lp_now + 0.3
         adv = torch.tensor([1.0, 1.0, -1.0, -0.5, -2.0, 2.0], dtype=torch.float64)
-        loss, policy, kl, entropy, clipped = grpo_token_terms(logits, targets, old, ref, adv, lc)
+        loss, policy, kl, entropy, clipped, mismatch, tis_clipped, train = grpo_token_terms(
+            logits, targets, old, None, ref, adv, lc)
+        # the first forward: the trainer's old log-probs are its own, rounded to float32
+        torch.testing.assert_close(train, lp_now.float().double(), rtol=0, atol=0)
+        d = train - old
+        torch.testing.assert_close(mismatch, torch.exp(d) - 1 - d)
+        self.assertFalse(tis_clipped.any())
         ratio = torch.exp(lp_now - old)
         want_policy = -torch.minimum(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
         torch.testing.assert_close(policy.detach(), want_policy)
@@ -51,6 +59,33 @@ class TokenTerms(unittest.TestCase):
         loss.sum().backward()
         for i in range(N):
             want = native_grpo_dlogits(logits[i].detach(), targets[i], old[i], ref[i], adv[i], lc)
+            torch.testing.assert_close(logits.grad[i].double(), want, rtol=1e-6, atol=1e-7)
+
+    def test_tis_weights_the_policy_term_and_matches_the_native_gradients(self):
+        lc = LossConfig(objective="grpo", clip_eps=0.2, kl_coef=0.05, entropy_coef=0.01, temperature=0.9,
+                        tis_clip=2.0)
+        N, V = 6, 11
+        logits = torch.randn(N, V, requires_grad=True)
+        targets = torch.randint(0, V, (N,))
+        with torch.no_grad():
+            lp_now = torch.log_softmax(logits.double() / lc.temperature, -1).gather(1, targets[:, None])[:, 0]
+        # trainer's old log-probs near the current ones (ratios 1, clipped above and below);
+        # rollout log-probs giving weights under the cap 2 and truncated ones (e^1.5 = 4.5)
+        train = (lp_now + torch.tensor([0.0, 0.05, -0.5, 0.5, 0.0, -0.02], dtype=torch.float64)).float().double()
+        old = train - torch.tensor([0.3, -0.4, 1.5, 0.1, 1.5, -2.0], dtype=torch.float64)
+        ref = lp_now + 0.3
+        adv = torch.tensor([1.0, -1.0, 1.0, -1.0, -0.5, 2.0], dtype=torch.float64)
+        t = grpo_token_terms(logits, targets, old, train, ref, adv, lc)
+        w = torch.clamp(torch.exp(train - old), max=2.0)
+        ratio = torch.exp(lp_now - train)
+        want = -w * torch.minimum(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
+        torch.testing.assert_close(t.policy.detach(), want)
+        self.assertEqual(t.tis_clipped.tolist(), [False, False, True, False, True, False])
+        self.assertEqual(t.clipped.tolist(), [False, False, True, True, False, False])
+        torch.testing.assert_close(t.mismatch_kl, torch.exp(train - old) - 1 - (train - old))
+        t.loss.sum().backward()
+        for i in range(N):
+            want = native_grpo_dlogits(logits[i].detach(), targets[i], old[i], ref[i], adv[i], lc, train[i])
             torch.testing.assert_close(logits.grad[i].double(), want, rtol=1e-6, atol=1e-7)
 
     def test_sft_is_cross_entropy_at_temperature_one(self):
