@@ -243,10 +243,13 @@ async function collectJobOutputs(
     },
   );
   const last = steps.at(-1) ?? {};
-  const metrics = Object.fromEntries(Object.entries(last).filter(([, v]) => typeof v === 'number')) as Record<
-    string,
-    number
-  >;
+  // The mismatch figures are the first step's: the one step trained at the weights the rollouts
+  // were sampled with (later steps' trainer log-probs include the policy's own drift).
+  const first = steps[0] ?? {};
+  const figures = { ...last, mismatch_kl: first.mismatch_kl, tis_clip_frac: first.tis_clip_frac };
+  const metrics = Object.fromEntries(
+    Object.entries(figures).filter(([, v]) => typeof v === 'number'),
+  ) as Record<string, number>;
   return { staged, metrics };
 }
 
@@ -305,6 +308,8 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
     '--iteration', String(iteration),
     '--lr', String(hp.lr),
     '--clip-eps', String(hp.clipEps),
+    // absent in the hyperparameters of campaigns started before it existed: off
+    ...(hp.tisClip > 0 ? ['--tis-clip', String(hp.tisClip)] : []),
     '--temperature', String(hp.temperature),
     '--entropy-coef', String(hp.entropyCoef),
     '--aux-coef', String(hp.auxLossCoef),

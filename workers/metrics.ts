@@ -214,6 +214,16 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
     help: 'Wall time of the last optimizer step of the latest update (EP share: ep_seconds / this).',
     registers,
   });
+  const mismatchKl = new Gauge({
+    name: 'moerl_update_mismatch_kl',
+    help: "KL(rollout || trainer) over the tokens of the latest update's first step (k3 estimate).",
+    registers,
+  });
+  const tisClipFraction = new Gauge({
+    name: 'moerl_update_tis_clip_fraction',
+    help: "Share of the tokens of the latest update's first step whose importance weight is truncated.",
+    registers,
+  });
   const campaignIteration = new Gauge({
     name: 'moerl_campaign_iteration',
     help: 'Iteration of the latest checkpoint this worker committed, per campaign.',
@@ -303,6 +313,8 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
       if (m.ep_seconds !== undefined) epSeconds.set(m.ep_seconds);
       if (m.ep_bytes !== undefined) epBytes.set(m.ep_bytes);
       if (m.seconds !== undefined) stepSeconds.set(m.seconds);
+      if (m.mismatch_kl !== undefined) mismatchKl.set(m.mismatch_kl);
+      if (m.tis_clip_frac !== undefined) tisClipFraction.set(m.tis_clip_frac);
     },
     commitCheckpoint: (input, _output, seconds) => {
       const { campaignId, staged, meanReward } = input as CheckpointInput;

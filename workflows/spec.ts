@@ -24,6 +24,12 @@ export const hyperparametersSchema = z.strictObject({
   maxNewTokens: positiveInt(4096).describe('tokens generated per sample at most'),
   minibatches: positiveInt(1024).describe("optimizer steps per epoch over an iteration's samples"),
   epochs: positiveInt(64).describe("passes over an iteration's samples"),
+  tisClip: z
+    .number()
+    .min(0)
+    .max(100)
+    .refine((c) => c === 0 || c >= 1, 'must be 0 (off) or at least 1')
+    .describe('truncated importance sampling: cap C on the weight p_train / p_rollout, 0 = off'),
 });
 export type Hyperparameters = z.infer<typeof hyperparametersSchema>;
 
@@ -38,6 +44,7 @@ export const defaultHyperparameters: Hyperparameters = {
   maxNewTokens: 16,
   minibatches: 4,
   epochs: 2,
+  tisClip: 0,
 };
 
 const taskSchema = z.union([

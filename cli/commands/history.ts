@@ -6,6 +6,9 @@ import type { Command, CommandContext } from '../command.js';
 import { decimal, keyValues, seconds, table, timestamp } from '../format.js';
 import { readCampaignHistory, type CampaignHistory } from '../history.js';
 
+/** KL(rollout || trainer) of the update's first step: from rounding (1e-13) to real mismatch. */
+const mismatch = (kl: number | undefined) => (kl === undefined ? '-' : kl.toExponential(1));
+
 export function historyText(history: CampaignHistory): string {
   const runs = history.runs.length;
   const header = `campaign ${printable(history.campaignId)}: ${history.iterations.length} iterations in ${runs} workflow run${runs === 1 ? '' : 's'}`;
@@ -23,15 +26,16 @@ export function historyText(history: CampaignHistory): string {
       }),
       attempts.length ? attempts.join(', ') : '1',
       decimal(it.meanReward),
+      mismatch(it.trainMetrics?.mismatch_kl),
       changes || '-',
     ];
   });
   const out = [
     header,
     table(
-      ['ITER', ...stageNames.map((s) => s.toUpperCase()), 'ATTEMPTS', 'REWARD', 'CHANGES'],
+      ['ITER', ...stageNames.map((s) => s.toUpperCase()), 'ATTEMPTS', 'REWARD', 'MISMATCH KL', 'CHANGES'],
       rows,
-      new Set([0, 1, 2, 3, 4, 5, 7]),
+      new Set([0, 1, 2, 3, 4, 5, 7, 8]),
     ),
   ];
   const failures = history.iterations.flatMap((it) =>

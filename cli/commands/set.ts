@@ -30,7 +30,7 @@ export const setCommand: Command = {
   usage: 'set <campaign-id> key=value... [--reason TEXT]',
   options: { reason: { type: 'string' } },
   optionHelp: { '--reason TEXT': 'why (recorded with the change)' },
-  details: `Keys: lr, klCoef, clipEps, temperature, topP, entropyCoef, auxLossCoef, maxNewTokens.
+  details: `Keys: lr, klCoef, clipEps, temperature, topP, entropyCoef, auxLossCoef, maxNewTokens, tisClip.
 A change applies from the next iteration whose rollout has not started.
 example: moerl set demo-k3j9x2 lr=0.0001 temperature=0.8 --reason "reward plateau"`,
   positionals: { min: 2, max: Infinity },

@@ -84,6 +84,12 @@ export function charts(model: ReportModel): Chart[] {
   const training = its.flatMap((it) =>
     it.train ? trainTerms.map(([term, k]) => ({ iteration: it.iteration, term, value: it.train?.[k] })) : [],
   );
+  // a log scale: zero (every log-prob equal to the bit) is not drawn
+  const mismatch = its.flatMap((it) =>
+    it.train?.mismatchKl
+      ? [{ iteration: it.iteration, value: it.train.mismatchKl, tisClipFrac: it.train.tisClipFrac }]
+      : [],
+  );
   const load = its.flatMap((it) =>
     (it.train?.expertLoadLayers ?? []).flatMap((row, layer) =>
       row.map((share, expert) => ({ iteration: it.iteration, layer: `layer ${layer}`, expert, share })),
@@ -290,6 +296,29 @@ export function charts(model: ReportModel): Chart[] {
                 y: { field: 'value', type: 'quantitative', title: null },
                 tooltip: [{ field: 'iteration' }, { field: 'term' }, { field: 'value', format: '.4g' }],
               },
+            },
+          }
+        : null,
+    },
+    {
+      id: 'mismatch',
+      title: 'Rollout vs trainer log-probs',
+      caption:
+        "KL(rollout || trainer) over the completion tokens of each update's first step (k3 estimate), log scale: rounding (below 1e-6) when the rollouts and the trainer compute the same model alike; the tooltip gives the share of tokens whose truncated importance weight is capped.",
+      spec: has(mismatch)
+        ? {
+            width,
+            height: 160,
+            data: { values: mismatch },
+            mark: { type: 'line', point: true },
+            encoding: {
+              x: iterationAxis,
+              y: { field: 'value', type: 'quantitative', title: 'mismatch KL', scale: { type: 'log' } },
+              tooltip: [
+                { field: 'iteration' },
+                { field: 'value', title: 'mismatch KL', format: '.2e' },
+                { field: 'tisClipFrac', title: 'TIS capped', format: '.3f' },
+              ],
             },
           }
         : null,

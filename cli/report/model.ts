@@ -22,6 +22,10 @@ export interface TrainFigures {
   gradNorm: number | null;
   auxLoss: number | null;
   zLoss: number | null;
+  /** KL(rollout || trainer) and the share of tokens whose TIS weight is truncated, of the
+   * update's first step: the one trained at the weights the rollouts were sampled with. */
+  mismatchKl: number | null;
+  tisClipFrac: number | null;
   /** [layer][expert] share of the layer's (token, slot) picks, mean over steps; null if not recorded. */
   expertLoadLayers: number[][] | null;
 }
@@ -129,6 +133,8 @@ export function trainFigures(steps: readonly TrainStep[]): TrainFigures | null {
     gradNorm: avg('grad_norm'),
     auxLoss: avg('aux_loss'),
     zLoss: avg('z_loss'),
+    mismatchKl: num(steps[0]?.mismatch_kl),
+    tisClipFrac: num(steps[0]?.tis_clip_frac),
     expertLoadLayers,
   };
 }

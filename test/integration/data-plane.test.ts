@@ -103,6 +103,9 @@ describe('data plane: real activities', () => {
         iterations: 1,
         sftWarmStartSteps: 0,
         reward: { kind: 'http', url, batchSize: 10 },
+        // truncated importance sampling on: native rollouts and trainer compute the same model,
+        // so the mismatch is rounding and no weight reaches the cap
+        hyperparameters: { maxNewTokens: 10, tisClip: 2 },
       });
       await withWorkers(t.nativeConnection, t.namespace, createActivities(deps), async (queues) => {
         const handle = await startCampaign(t.client, spec, queues);
@@ -119,6 +122,10 @@ describe('data plane: real activities', () => {
           'every sample was sent once',
         );
         assert.ok(Math.max(...seen) <= 10, 'in batches of at most batchSize');
+        const m = it.trainMetrics;
+        assert.ok('loss' in m, `the update trained: ${JSON.stringify(m)}`);
+        assert.ok(m.mismatch_kl! >= 0 && m.mismatch_kl! < 1e-6, `mismatch_kl ${m.mismatch_kl}`);
+        assert.equal(m.tis_clip_frac, 0, 'no importance weight reaches the cap');
       });
     } finally {
       server.close();

@@ -182,6 +182,16 @@ describe('moerl report', { skip: native.skip || chromiumSkip(), timeout: 300_000
       close(it.chunksRedone, h.chunksRedone, `iteration ${it.iteration} chunks redone`);
       for (const s of ['rollout', 'reward', 'update', 'checkpoint'] as const)
         close(it.stageSeconds[s], h.stages[s]?.seconds ?? null, `iteration ${it.iteration} ${s} seconds`);
+      // native rollouts and trainer: the mismatch is rounding
+      close(
+        it.train?.mismatchKl ?? null,
+        h.trainMetrics?.mismatch_kl ?? null,
+        `iteration ${it.iteration} mismatch`,
+      );
+      assert.ok(
+        (it.train?.mismatchKl ?? 1) < 1e-6,
+        `iteration ${it.iteration} mismatch_kl ${it.train?.mismatchKl}`,
+      );
     }
     const csv = readFileSync(join(out, 'iterations.csv'), 'utf8').trim().split('\n');
     assert.equal(csv.length, 1 + report.iterations.length, 'a CSV row per iteration');
@@ -281,6 +291,7 @@ describe('moerl report', { skip: native.skip || chromiumSkip(), timeout: 300_000
       'interruptions',
       'timeline',
       'training',
+      'mismatch',
       'expertLoad',
       'epCompute',
     ];

@@ -135,10 +135,11 @@ const records: CampaignRecords = {
   signals: [],
   input: { campaignId: 'c', spec, taskQueues: { control: 'c', rollout: 'r', train: 't' } },
 };
+// the mismatch figures are the first step's (the later one's include the policy's own drift)
 const steps = [
   { tokens: 300, seconds: 4, ep_seconds: 1, ep_bytes: 10, loss: 1, expert_load_layers: [[0.5, 0.5]] },
   { tokens: 300, seconds: 6, ep_seconds: 2, ep_bytes: 20, loss: 3, expert_load_layers: [[0.7, 0.3]] },
-];
+].map((step, i) => ({ ...step, mismatch_kl: [2e-13, 5e-3][i], tis_clip_frac: [0.1, 0.3][i] }));
 const source: ReportSource = {
   records,
   history: historyFromRecords(records),
@@ -177,6 +178,7 @@ describe('report formulas', () => {
     );
     assert.deepEqual(it.train?.expertLoadLayers, [[0.6, 0.4]]);
     assert.deepEqual([it.train?.loss, it.train?.tokens, it.train?.seconds], [2, 600, 10]);
+    assert.deepEqual([it.train?.mismatchKl, it.train?.tisClipFrac], [2e-13, 0.1]);
     assert.deepEqual(
       r.header.checkpointsKept.map((c) => c.iteration),
       [1],

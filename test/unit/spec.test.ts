@@ -14,6 +14,7 @@ import {
   campaignSpecJsonSchema,
   defaultHyperparameters,
   parseCampaignSpec,
+  validateHyperparameterChange,
 } from '../../workflows/spec.js';
 import { isHfModel } from '../../workflows/spec-model.js';
 import { validSpecDoc } from '../support/spec-docs.js';
@@ -170,6 +171,15 @@ describe('malformed specs', () => {
       /hyperparameters\.lr: got -0\.001/,
       />\s*0|too small/i,
     );
+  });
+
+  it('6b. a TIS cap below 1 is rejected (it would scale every token down): 0 turns it off', () => {
+    assertOneProblem(
+      problemsAfter((d) => (d.hyperparameters = { tisClip: 0.5 })),
+      /hyperparameters\.tisClip: got 0\.5/,
+      /must be 0 \(off\) or at least 1/,
+    );
+    assert.deepEqual(validateHyperparameterChange({ tisClip: 2 }), { tisClip: 2 });
   });
 
   it('7. hidden not divisible by heads', () => {

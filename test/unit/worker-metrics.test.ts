@@ -25,7 +25,11 @@ function fakeActivities(failure: { current: unknown }): CampaignActivities {
     ),
     computeRewards: async () => (maybeFail(), {}) as never,
     updatePolicy: async () =>
-      (maybeFail(), { attempt: 1, metrics: { ep_seconds: 0.5, ep_bytes: 1024 } }) as never,
+      (maybeFail(),
+      {
+        attempt: 1,
+        metrics: { ep_seconds: 0.5, ep_bytes: 1024, mismatch_kl: 3e-13, tis_clip_frac: 0.25 },
+      }) as never,
     commitCheckpoint: async () => (maybeFail(), {}) as never,
     exportPolicy: async () => (maybeFail(), {}) as never,
   };
@@ -103,6 +107,8 @@ describe('worker metrics wrapper (fake activities)', () => {
     assert.equal(await value(m, 'moerl_rollout_chunks_redone_total'), 1);
     assert.equal(await value(m, 'moerl_update_ep_seconds'), 0.5);
     assert.equal(await value(m, 'moerl_update_ep_bytes'), 1024);
+    assert.equal(await value(m, 'moerl_update_mismatch_kl'), 3e-13);
+    assert.equal(await value(m, 'moerl_update_tis_clip_fraction'), 0.25);
   });
 
   test('checkpoint bytes add up; per-campaign gauges keep at most 64 campaigns, the latest ones', async () => {
