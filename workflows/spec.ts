@@ -3,6 +3,7 @@
 // cli/spec-file.ts). Unknown fields are errors: a typo must never pass silently.
 import { z } from 'zod';
 import { datasetSchema } from './spec-dataset.js';
+import { engineSchema } from './spec-engine.js';
 import { kubernetesLauncherSchema, kubernetesStoreProblems } from './spec-kubernetes.js';
 import { exportSchema, isHfModel, modelSchema } from './spec-model.js';
 import { rendezvousFields } from './spec-rendezvous.js';
@@ -164,6 +165,7 @@ export const campaignSpecSchema = z
       .describe(
         "a Hugging Face model's committed checkpoints exported as model folders while the campaign runs",
       ),
+    engine: engineSchema.default({ trainer: 'native' }),
     launcher: launcherSchema.default({ kind: 'local' }),
     store: storeSchema.default({ kind: 'fs', path: '.moerl/store' }),
     hyperparameters: hyperparametersSchema.partial().default({}),
@@ -192,7 +194,17 @@ export const campaignSpecSchema = z
           ['sftWarmStartSteps'],
           'the SFT warm start is for the built-in tasks; a Hugging Face model starts trained',
         );
+      if (s.engine.trainer === 'pytorch' && s.sftWarmStartSteps > 0)
+        problem(
+          ['sftWarmStartSteps'],
+          'the SFT warm start runs on the native trainer: 0 with engine.trainer pytorch',
+        );
     } else {
+      if (s.engine.trainer === 'pytorch')
+        problem(
+          ['engine', 'trainer'],
+          'pytorch trains a Hugging Face model (model.huggingFace); the native model trains with native',
+        );
       if (s.export !== undefined)
         problem(['export'], "exports a Hugging Face model's checkpoints: give model.huggingFace");
       if (s.model.experts % s.epWorldSize !== 0)
