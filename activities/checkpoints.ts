@@ -11,11 +11,18 @@ export {
   stageCopiedCheckpoint,
 } from './checkpoints/commit.js';
 export type { CommitOptions } from './checkpoints/commit.js';
-export { fetchCheckpoint, fetchCheckpointForRank, rankFiles } from './checkpoints/fetch.js';
+export {
+  fetchCheckpoint,
+  fetchCheckpointForRank,
+  fetchHuggingFaceForRank,
+  rankFiles,
+} from './checkpoints/fetch.js';
 export {
   checkpointConflictErrorType,
+  huggingFaceFiles,
   parseManifest,
   sha256Hex,
   sha256OfStream,
   stagedCheckpointFromManifest,
+  withHuggingFaceFiles,
 } from './checkpoints/manifest.js';

@@ -9,7 +9,14 @@ import { StoreNotFoundError } from '../store/errors.js';
 import { writeFileAtomically } from '../store/local-file.js';
 import type { ObjectStore } from '../store/types.js';
 import type { CheckpointManifest, CheckpointRef } from '../types.js';
-import { badInput, isSha256, parseManifest, sha256Hex, sha256OfStream } from './manifest.js';
+import {
+  badInput,
+  huggingFaceFiles,
+  isSha256,
+  parseManifest,
+  sha256Hex,
+  sha256OfStream,
+} from './manifest.js';
 
 type ManifestFile = CheckpointManifest['files'][number];
 
@@ -193,4 +200,25 @@ export async function fetchCheckpointForRank(
     if (!(await matchesManifest(local, file))) await downloadVerified(store, ref, file, local);
   }
   await writeFileAtomically(join(dir, keys.manifestName), Buffer.from(text));
+}
+
+/**
+ * Fetches the Hugging Face directory a committed checkpoint holds (its manifest's
+ * `huggingFace.files`, each checked against the manifest) into `dir`, for the PyTorch trainer.
+ * A checkpoint without one (the native trainer's) is bad input.
+ */
+export async function fetchHuggingFaceForRank(
+  store: ObjectStore,
+  ref: CheckpointRef,
+  dir: string,
+): Promise<void> {
+  const { manifest } = await readRefManifest(store, ref);
+  const files = huggingFaceFiles(manifest, `${ref.key}/${keys.manifestName}`);
+  if (!files)
+    throw badInput(
+      `checkpoint ${ref.key} holds no Hugging Face directory: the native trainer wrote it, and the PyTorch trainer (engine.trainer pytorch) continues only from checkpoints of its own campaign's import or updates`,
+    );
+  await rm(dir, { recursive: true, force: true });
+  await mkdir(dir, { recursive: true });
+  for (const file of files) await downloadVerified(store, ref, file, join(dir, file.name));
 }

@@ -45,7 +45,50 @@ export function parseManifest(text: string, where: string): CheckpointManifest {
     if (!isSha256(f.sha256))
       throw badInput(`${at} (${f.name}): sha256 ${JSON.stringify(f.sha256)} is not 64 lowercase hex digits`);
   });
+  if (m.huggingFace !== undefined) huggingFaceFiles(m, where);
   return m;
+}
+
+/** Files of a moerl checkpoint proper: what moe_train and moe_generate read. */
+const moerlFilePattern = /^(dense|experts-rank\d+)\.safetensors$/;
+
+/**
+ * The files of the Hugging Face directory a checkpoint holds beside its moerl files (manifest
+ * field `huggingFace.files`: the PyTorch trainer's policy, docs/engines.md), or null when it holds
+ * none (the native trainer's checkpoints).
+ */
+export function huggingFaceFiles(m: CheckpointManifest, where: string): CheckpointManifest['files'] | null {
+  if (m.huggingFace === undefined) return null;
+  const names = (m.huggingFace as { files?: unknown } | null)?.files;
+  if (!Array.isArray(names) || names.length === 0)
+    throw badInput(`${where}: huggingFace.files must be a non-empty list of file names`);
+  return names.map((name) => {
+    const file = m.files.find((f) => f.name === name);
+    if (typeof name !== 'string' || !file || moerlFilePattern.test(name))
+      throw badInput(
+        `${where}: huggingFace.files names ${JSON.stringify(name)}, not a listed file of the Hugging Face directory`,
+      );
+    return file;
+  });
+}
+
+/**
+ * `m` with the Hugging Face directory's files added (`where` names the directory in errors): each
+ * must be a plain file name that is not one of the moerl checkpoint's own, and config.json must
+ * be there.
+ */
+export function withHuggingFaceFiles(
+  m: CheckpointManifest,
+  files: CheckpointManifest['files'],
+  where: string,
+): CheckpointManifest {
+  for (const f of files)
+    if (!fileNamePattern.test(f.name) || f.name === keys.manifestName || moerlFilePattern.test(f.name))
+      throw badInput(`${where}/${f.name}: a file of this name cannot join a moerl checkpoint`);
+  if (!files.some((f) => f.name === 'config.json'))
+    throw badInput(`${where} has no config.json, so it is not a Hugging Face model directory`);
+  const sorted = [...files].sort((a, b) => (a.name < b.name ? -1 : 1));
+  return { ...m, files: [...m.files, ...sorted], huggingFace: { files: sorted.map((f) => f.name) } };
 }
 
 /**
