@@ -6,7 +6,12 @@
 import { createHash } from 'node:crypto';
 import { isAbsolute, resolve } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
-import { committedCheckpoint, stageCopiedCheckpoint, stagedCheckpointFromManifest } from './checkpoints.js';
+import {
+  committedCheckpoint,
+  huggingFaceFiles,
+  stageCopiedCheckpoint,
+  stagedCheckpointFromManifest,
+} from './checkpoints.js';
 import { heartbeatUntilStopped } from './heartbeat.js';
 import { hfModelLocation } from './models/source.js';
 import * as keys from './layout.js';
@@ -16,8 +21,11 @@ import { StoreNotFoundError } from './store/errors.js';
 import type { ObjectStore } from './store/types.js';
 import { badInputErrorType } from './types.js';
 import type { CampaignSpec } from '../workflows/spec.js';
+import { trainerEngine } from '../workflows/spec-engine.js';
 import { isHfModel } from '../workflows/spec-model.js';
+import type { HfModelSpec } from '../workflows/spec-model.js';
 import type {
+  CheckpointRef,
   PrepareInput,
   PrepareOutput,
   StagedCheckpoint,
@@ -263,6 +271,32 @@ function trainOutputs(campaignId: string, iteration: number, prefix: string): Ra
   ];
 }
 
+/** moe_train init --from-hf's flags for the spec's model: the same for every import of a campaign. */
+const importArgs = (m: HfModelSpec) =>
+  m.contextLength === undefined ? [] : ['--max-seq-len', String(m.contextLength)];
+
+/**
+ * A PyTorch trainer's job: the Hugging Face directory `{work}/<dir>` joins checkpoint `iteration`
+ * beside the moerl checkpoint imported from it (docs/engines.md, "Checkpoints of the PyTorch
+ * trainer"), so native rollouts, exports and forks read it as any other.
+ */
+function huggingFaceCheckpoint(
+  spec: CampaignSpec,
+  campaignId: string,
+  iteration: number,
+  dir: string,
+  prefix: string,
+) {
+  if (!isHfModel(spec.model)) throw new Error('the PyTorch trainer trains a Hugging Face model only');
+  return {
+    hfCheckpoint: { dir, initArgs: importArgs(spec.model) },
+    outputs: [
+      ...trainOutputs(campaignId, iteration, prefix),
+      { dir, prefix: keys.checkpointKey(campaignId, iteration), rank: 0 },
+    ],
+  };
+}
+
 /**
  * The staged form of checkpoint `iteration` when it is already committed: a redo of a training
  * activity whose commit landed but whose answer did not must not overwrite a committed
@@ -271,6 +305,17 @@ function trainOutputs(campaignId: string, iteration: number, prefix: string): Ra
 async function alreadyCommitted(store: ObjectStore, campaignId: string, iteration: number) {
   const done = await committedCheckpoint(store, campaignId, iteration);
   return done && stagedCheckpointFromManifest(campaignId, iteration, JSON.stringify(done.manifest));
+}
+
+/** The PyTorch trainer continues only from a checkpoint that holds its Hugging Face directory. */
+async function checkHuggingFacePart(store: ObjectStore, ref: CheckpointRef): Promise<void> {
+  const found = await committedCheckpoint(store, ref.campaignId, ref.iteration);
+  if (found && !huggingFaceFiles(found.manifest, ref.key))
+    throw ApplicationFailure.create({
+      type: badInputErrorType,
+      nonRetryable: true,
+      message: `checkpoint ${ref.key} holds no Hugging Face directory (the native trainer wrote it): a campaign with engine.trainer pytorch forks only from checkpoints of the PyTorch trainer`,
+    });
 }
 
 export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Promise<UpdateOutput> {
@@ -298,11 +343,14 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
   );
   const hp = input.hyperparameters;
   const useReference = hp.klCoef > 0;
+  // The PyTorch trainer reads and writes Hugging Face directories (engine contract v1).
+  const pytorch = trainerEngine(spec) === 'pytorch';
+  const part = pytorch ? { part: 'huggingFace' as const } : {};
   // prettier-ignore
   const grpo = [
     'grpo',
     '--checkpoint', '{work}/policy',
-    '--out', '{work}/out',
+    '--out', pytorch ? '{work}/hf-out' : '{work}/out',
     '--rollouts-file', '{work}/rollouts.txt',
     '--rewards-file', '{work}/rewards.txt',
     '--iteration', String(iteration),
@@ -327,8 +375,8 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
     job: {
       store: absoluteStore(spec.store),
       checkpoints: [
-        { ref: input.policy, dir: 'policy' },
-        ...(useReference ? [{ ref: input.reference, dir: 'reference' }] : []),
+        { ref: input.policy, dir: 'policy', ...part },
+        ...(useReference ? [{ ref: input.reference, dir: 'reference', ...part }] : []),
       ],
       inputLists: [
         { indexKey: `${prefix}/rollouts.json`, dir: 'rollouts', listFile: 'rollouts.txt' },
@@ -336,6 +384,9 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
       ],
       steps: [grpo],
       outputs: trainOutputs(campaignId, iteration, prefix),
+      ...(pytorch
+        ? { trainer: 'pytorch', ...huggingFaceCheckpoint(spec, campaignId, iteration, 'hf-out', prefix) }
+        : {}),
     },
   });
   const out = await collectJobOutputs(store, { campaignId, iteration, prefix });
@@ -352,6 +403,7 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
   if (done) return { staged: done, metrics: {}, attempt: ctx.info.attempt };
   if (input.source.kind === 'fork') {
     const source = input.source.checkpoint;
+    if (trainerEngine(spec) === 'pytorch') await checkHuggingFacePart(store, source);
     // Copied within the store: the train worker's cache volume is smaller than a checkpoint may be.
     const stop = heartbeatUntilStopped(() => ({ fork: source.key }));
     try {
@@ -367,18 +419,20 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
   let steps: string[][];
   let hfModel: RankJob['hfModel'];
   let what: string;
-  if (isHfModel(m)) {
+  let pytorchJob: Partial<RankJob> = {};
+  if (isHfModel(m) && trainerEngine(spec) === 'pytorch') {
+    // The PyTorch trainer's first policy is the whole folder, kept in the checkpoint as it is.
+    const source = hfModelLocation(m, spec.store);
+    hfModel = { store: absoluteStore(source.location), prefix: source.prefix, dir: 'hf', whole: true };
+    what = `import of ${m.huggingFace} for the PyTorch trainer`;
+    steps = [];
+    pytorchJob = huggingFaceCheckpoint(spec, campaignId, 0, 'hf', prefix);
+  } else if (isHfModel(m)) {
     // Each rank fetches and imports only its own tensors (workers/rank.ts).
     const source = hfModelLocation(m, spec.store);
     hfModel = { store: absoluteStore(source.location), prefix: source.prefix, dir: 'hf' };
     what = `import of ${m.huggingFace}`;
-    // prettier-ignore
-    steps = [[
-      'init',
-      '--from-hf', '{work}/hf',
-      '--out', '{work}/out',
-      ...(m.contextLength === undefined ? [] : ['--max-seq-len', String(m.contextLength)]),
-    ]];
+    steps = [['init', '--from-hf', '{work}/hf', '--out', '{work}/out', ...importArgs(m)]];
   } else {
     const sft = spec.sftWarmStartSteps > 0 && 'builtin' in spec.task;
     what = sft ? 'SFT warm start' : 'policy initialisation';
@@ -422,6 +476,7 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
       ...(hfModel ? { hfModel } : {}),
       steps,
       outputs: trainOutputs(campaignId, 0, prefix),
+      ...pytorchJob,
     },
   });
   const out = await collectJobOutputs(store, { campaignId, iteration: 0, prefix });

@@ -1,12 +1,13 @@
 // The rank program: what every trainer rank runs, as a local process (LocalLauncher) or as the
 // command of a pod (KubernetesLauncher). It reads the rank contract from its environment,
-// fetches its own inputs from the store into its own scratch directory, runs the native steps,
-// and uploads its own outputs; it never reads the launching worker's files, so a rank behaves
+// fetches its own inputs from the store into its own scratch directory, runs the trainer's steps
+// (native moe_train, or the PyTorch trainer of engines/pytorch), and uploads its own outputs; it never reads the launching worker's files, so a rank behaves
 // the same on any node.
 //
 //   MOERL_RANK (or JOB_COMPLETION_INDEX in a pod)  MOERL_WORLD_SIZE  MOERL_COORDINATOR
 //   MOERL_FI_PROVIDER  MOERL_JOB (the RankJob as JSON)  MOERL_WORK_DIR (scratch; default a
 //   temporary directory)  MOERL_NATIVE_BIN (moe_train's directory; default this build's)
+//   MOERL_PYTORCH_PYTHON (the PyTorch trainer's interpreter; activities/engines/pytorch.ts)
 //   and, read by the native core only: MOERL_JOB_TOKEN  MOERL_STARTUP_TIMEOUT_S  MOERL_TIMEOUT_S
 //   MOERL_BIND_ADDRESS (docs/native-ep.md, "Rank env contract")
 //
@@ -15,14 +16,23 @@
 // rank's own retryable failure.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
-import { mkdir, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { createReadStream } from 'node:fs';
+import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { extname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { fetchCheckpointForRank } from '../activities/checkpoints.js';
+import {
+  fetchCheckpointForRank,
+  fetchHuggingFaceForRank,
+  parseManifest,
+  sha256OfStream,
+  withHuggingFaceFiles,
+} from '../activities/checkpoints.js';
 import { mapLimit } from '../activities/concurrency.js';
 import type { RankJob } from '../activities/launch/types.js';
 import { rankEnv, rankPeerLostExitCode, rankStoppedExitCode } from '../activities/launch/types.js';
+import { pytorchTrainer } from '../activities/engines/pytorch.js';
+import * as keys from '../activities/layout.js';
 import { fetchModelForRank } from '../activities/models/source.js';
 import { nativeToolPath } from '../activities/native.js';
 import { openStore, StoreKeyError, StoreNotFoundError } from '../activities/store/index.js';
@@ -102,12 +112,12 @@ let runningStep: ChildProcess | null = null;
 /** Set on SIGTERM: the rank then exits rankStoppedExitCode whatever its step does. */
 let stopped = false;
 
-/** Runs a native step, its output passed straight through as this rank's log. */
-function runStep(tool: string, args: string[]): Promise<number | null> {
+/** Runs a step, its output passed straight through as this rank's log. */
+function runStep(tool: string, args: string[], env: NodeJS.ProcessEnv = {}): Promise<number | null> {
   return new Promise((resolve, reject) => {
     const child = spawn(tool, args, {
       stdio: ['ignore', 'inherit', 'inherit'],
-      env: { ...process.env, OPENBLAS_NUM_THREADS: process.env.OPENBLAS_NUM_THREADS ?? '1' },
+      env: { ...process.env, OPENBLAS_NUM_THREADS: process.env.OPENBLAS_NUM_THREADS ?? '1', ...env },
     });
     runningStep = child;
     child.on('error', reject);
@@ -124,30 +134,76 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
   await removeDir(work);
   await mkdir(work, { recursive: true });
   for (const c of job.checkpoints)
-    await fetchCheckpointForRank(store, c.ref, join(work, c.dir), { rank, worldSize });
+    if (c.part === 'huggingFace') await fetchHuggingFaceForRank(store, c.ref, join(work, c.dir));
+    else await fetchCheckpointForRank(store, c.ref, join(work, c.dir), { rank, worldSize });
   for (const list of job.inputLists) await fetchInputList(store, work, list);
-  if (job.hfModel) {
+  if (job.hfModel && (!job.hfModel.whole || rank === 0)) {
     const model = { store: openStore(job.hfModel.store), prefix: job.hfModel.prefix };
-    await fetchModelForRank(model, join(work, job.hfModel.dir), rank, worldSize);
+    const [r, n] = job.hfModel.whole ? [0, 1] : [rank, worldSize];
+    await fetchModelForRank(model, join(work, job.hfModel.dir), r, n);
   }
   // The tools write into their output directories; they need not create them.
   for (const output of job.outputs) await mkdir(join(work, output.dir), { recursive: true });
-  const moeTrain = nativeToolPath('moe_train');
+  const trainer =
+    job.trainer === 'pytorch'
+      ? (() => {
+          const t = pytorchTrainer(process.env);
+          return { tool: t.python, prefix: ['-m', 'moerl_pytorch'], env: t.env, name: 'moerl-pytorch' };
+        })()
+      : { tool: nativeToolPath('moe_train'), prefix: [], env: {}, name: 'moe_train' };
   for (const step of job.steps) {
-    const code = await runStep(
-      moeTrain,
-      step.map((a) => a.replaceAll('{work}', work)),
-    );
+    const args = [...trainer.prefix, ...step.map((a) => a.replaceAll('{work}', work))];
+    const code = await runStep(trainer.tool, args, trainer.env);
     if (stopped) return rankStoppedExitCode;
     if (code !== 0) {
       console.error(
-        `rank ${rank}: moe_train ${step[0]} ${code === null ? 'was killed' : `exited with code ${code}`}`,
+        `rank ${rank}: ${trainer.name} ${step[0]} ${code === null ? 'was killed' : `exited with code ${code}`}`,
       );
       return code === 2 || code === rankPeerLostExitCode ? code : 1;
     }
   }
-  for (const output of job.outputs) await uploadOutputs(store, work, output);
+  if (job.hfCheckpoint && rank === 0) {
+    const code = await joinHuggingFace(work, job.hfCheckpoint);
+    if (stopped) return rankStoppedExitCode;
+    if (code !== 0) return code;
+  }
+  for (const output of job.outputs)
+    if (output.rank === undefined || output.rank === rank) await uploadOutputs(store, work, output);
   await removeDir(work);
+  return 0;
+}
+
+/**
+ * Makes the Hugging Face directory `{work}/<dir>` part of the checkpoint in `{work}/out`: the
+ * moerl checkpoint that native rollouts read is imported from it (moe_train init --from-hf, as a
+ * world of one: the directory is whole on rank 0 only), then its files are hashed into the
+ * manifest. A directory moe_train cannot import is bad input (2), named in the log.
+ */
+async function joinHuggingFace(work: string, hf: NonNullable<RankJob['hfCheckpoint']>): Promise<number> {
+  const dir = join(work, hf.dir);
+  const out = join(work, 'out');
+  // prettier-ignore
+  const code = await runStep(
+    nativeToolPath('moe_train'),
+    ['init', '--from-hf', dir, '--out', out, ...hf.initArgs],
+    { [rankEnv.rank]: '0', [rankEnv.worldSize]: '1', [rankEnv.coordinator]: '' },
+  );
+  if (code !== 0) {
+    console.error(
+      `rank 0: the Hugging Face directory ${dir} ${code === 2 ? 'is not a model moerl can import' : 'was not imported'}: moe_train init ${code === null ? 'was killed' : `exited with code ${code}`}`,
+    );
+    return code === 2 ? 2 : 1;
+  }
+  const files: { name: string; bytes: number; sha256: string }[] = [];
+  for (const name of (await readdir(dir)).sort()) {
+    const path = join(dir, name);
+    if (!(await stat(path)).isFile())
+      throw new RankInputError(`${path} is not a file: a Hugging Face directory is flat`);
+    files.push({ name, ...(await sha256OfStream(createReadStream(path))) });
+  }
+  const manifestPath = join(out, keys.manifestName);
+  const manifest = parseManifest(await readFile(manifestPath, 'utf8'), manifestPath);
+  await writeFile(manifestPath, JSON.stringify(withHuggingFaceFiles(manifest, files, dir)));
   return 0;
 }
 

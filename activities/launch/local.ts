@@ -42,9 +42,20 @@ const finishedJobKeepMs = 10 * 60_000;
  */
 export function rankEnvironment(env: NodeJS.ProcessEnv): Record<string, string> {
   const keep = (name: string) =>
-    ['PATH', 'HOME', 'LANG', 'LC_ALL', 'TZ', 'TMPDIR', 'MOERL_NATIVE_BIN', 'MOERL_CACHE_DIR'].includes(
-      name,
-    ) || /^(AWS_|FI_|OPENBLAS_|MOERL_FI_)/.test(name);
+    [
+      'PATH',
+      'HOME',
+      'LANG',
+      'LC_ALL',
+      'TZ',
+      'TMPDIR',
+      'MOERL_NATIVE_BIN',
+      'MOERL_CACHE_DIR',
+      // where the PyTorch trainer's interpreter is (activities/engines/pytorch.ts)
+      'MOERL_PYTORCH_PYTHON',
+      'MOERL_TOOLS_DIR',
+      'XDG_CACHE_HOME',
+    ].includes(name) || /^(AWS_|FI_|OPENBLAS_|MOERL_FI_)/.test(name);
   return Object.fromEntries(
     Object.entries(env).filter((e): e is [string, string] => keep(e[0]) && e[1] !== undefined),
   );

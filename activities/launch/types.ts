@@ -2,6 +2,7 @@
 // rank contract in each rank's environment and the job's description. Local processes
 // (local.ts) and a Kubernetes Indexed Job with one pod per rank (kubernetes.ts) implement it;
 // both run the same rank program, so a rank behaves the same wherever it runs.
+import type { TrainerEngine } from '../../workflows/spec-engine.js';
 import type { CheckpointRef, StoreLocation } from '../types.js';
 
 export type FabricProvider = 'shm' | 'tcp' | 'efa';
@@ -14,8 +15,12 @@ export type FabricProvider = 'shm' | 'tcp' | 'efa';
  */
 export interface RankJob {
   store: StoreLocation;
-  /** Committed checkpoints, each fetched (this rank's files only) into `{work}/<dir>`. */
-  checkpoints: { ref: CheckpointRef; dir: string }[];
+  /**
+   * Committed checkpoints, each fetched into `{work}/<dir>`: the moerl checkpoint files this rank
+   * reads, or with `part: 'huggingFace'` the whole Hugging Face directory the checkpoint holds
+   * beside them (the PyTorch trainer's policy: weights, config.json, optimizer.moerl).
+   */
+  checkpoints: { ref: CheckpointRef; dir: string; part?: 'huggingFace' }[];
   /**
    * Index objects (`{ "keys": [...] }`) naming input objects: each object is fetched into
    * `{work}/<dir>/<n>.<ext>` and the local paths, one a line, are written to `{work}/<listFile>`.
@@ -24,16 +29,27 @@ export interface RankJob {
   /**
    * A Hugging Face model folder to import: config.json, the index and only the safetensors
    * shards holding this rank's tensors are fetched into `{work}/<dir>` under their own names.
+   * With `whole`, rank 0 fetches every shard and the other ranks nothing (the PyTorch trainer's
+   * first policy is the whole folder).
    */
-  hfModel?: { store: StoreLocation; prefix: string; dir: string };
-  /** moe_train argument lists run one after the other; `{work}` is the rank's scratch directory. */
+  hfModel?: { store: StoreLocation; prefix: string; dir: string; whole?: boolean };
+  /** The program the steps run: moe_train (native, the default) or the PyTorch trainer. */
+  trainer?: TrainerEngine;
+  /** Argument lists run one after the other; `{work}` is the rank's scratch directory. */
   steps: string[][];
   /**
-   * After every step succeeded: the files of `{work}/<dir>` (not recursive; those named in
-   * `only` if given, less those in `exclude`) uploaded under `prefix/`. A rank without the
-   * directory uploads nothing from it.
+   * Rank 0, after the steps: the Hugging Face directory `{work}/<dir>` joins the checkpoint in
+   * `{work}/out`, which `moe_train init --from-hf` makes of it (as a world of one rank, with
+   * `initArgs` added) for the native rollouts; its files are added to the manifest.
    */
-  outputs: { dir: string; prefix: string; only?: string[]; exclude?: string[] }[];
+  hfCheckpoint?: { dir: string; initArgs: string[] };
+  /**
+   * After every step succeeded: the files of `{work}/<dir>` (not recursive; those named in
+   * `only` if given, less those in `exclude`) uploaded under `prefix/`, by rank `rank` only when
+   * given (the PyTorch trainer's directory is rank 0's). A rank without the directory uploads
+   * nothing from it.
+   */
+  outputs: { dir: string; prefix: string; only?: string[]; exclude?: string[]; rank?: number }[];
 }
 
 export interface TrainJobSpec {

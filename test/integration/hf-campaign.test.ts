@@ -8,7 +8,7 @@
 // the rollout worker changes not one byte of the rollouts; bad folders and datasets pause the
 // campaign naming the file.
 import assert from 'node:assert/strict';
-import { cp, mkdir, rm, writeFile } from 'node:fs/promises';
+import { cp, rm, writeFile } from 'node:fs/promises';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -21,7 +21,6 @@ import * as keys from '../../activities/layout.js';
 import { exportCheckpoint } from '../../activities/models/export.js';
 import { loadTokenizer } from '../../activities/models/tokenizer.js';
 import { openStore } from '../../activities/store/index.js';
-import type { CampaignSpec, CampaignSpecInput } from '../../workflows/spec.js';
 import type { CampaignState } from '../../workflows/types.js';
 import {
   artifacts,
@@ -29,28 +28,26 @@ import {
   rolloutChunksStored,
   spawnRolloutWorker,
   startCampaign,
-  testSpec,
   uniqueTaskQueues,
   waitFor,
   waitForState,
   withWorkers,
 } from '../support/campaign-harness.js';
 import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
+import {
+  expectedUserScore,
+  hfCampaignRows as rows,
+  hfCampaignSpec,
+  writeHfCampaignFixture,
+} from '../support/hf-campaign-fixtures.js';
 import { nativeTools } from '../support/native-tools.js';
 import { pythonReference } from '../support/python-reference.js';
 import { startTestEnvironment } from '../support/temporal.js';
+import type { CampaignSpec } from '../../workflows/spec.js';
 import type { TestEnvironment } from '../support/temporal.js';
 
 const pyref = pythonReference();
 const native = nativeTools(['moe_train', 'moe_generate']);
-const rows = 10;
-
-// The user's reward function, verl's signature: a score any reader can recompute from the text.
-const userFunction = `
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return {"score": (len(solution_str) % 4) / 4 + (0.5 if data_source == "arith" else 0.0)}
-`;
-const expectedUserScore = (text: string) => ([...text].length % 4) / 4; // Python counts code points
 
 describe('campaigns on a Hugging Face model and a dataset', { skip: pyref.skip || native.skip }, () => {
   let t: TestEnvironment;
@@ -62,43 +59,16 @@ describe('campaigns on a Hugging Face model and a dataset', { skip: pyref.skip |
     t = await startTestEnvironment();
     dir = mkdtempSync(join(tmpdir(), 'moerl-hf-campaign-'));
     store = openStore({ kind: 'fs', path: join(dir, 'store') });
-    const model = join(dir, 'qwen3');
-    await pyref.run('hf_models.py', ['make', model, '--family', 'qwen3_moe']);
-    await cp(model, join(dir, 'store', 'models', 'tiny-qwen3'), { recursive: true });
-    await mkdir(join(dir, 'store', 'datasets'), { recursive: true });
-    writeVerlParquet(
-      join(dir, 'store', 'datasets', 'train.parquet'),
-      Array.from({ length: rows }, (_, i) => arithmeticRow(i)),
-      4,
-    );
-    await writeFile(join(dir, 'score.py'), userFunction);
+    await writeHfCampaignFixture(dir, pyref);
   });
   after(async () => {
     await t?.teardown();
     rmSync(dir, { recursive: true, force: true });
   });
 
-  const spec = (name: string, overrides: Partial<CampaignSpecInput> = {}): CampaignSpec =>
-    testSpec({
-      name,
-      task: { dataset: { train: 'datasets/train.parquet', format: 'parquet' } },
-      model: { huggingFace: 'models/tiny-qwen3/' },
-      rewards: {
-        default: { kind: 'python', file: join(dir, 'score.py') },
-        bySource: { 'arith/hard': { kind: 'match' } },
-      },
-      iterations: 2,
-      // 2 iterations × 8 prompts of 10 rows: iteration 2 rolls over into epoch 1.
-      promptsPerIteration: 8,
-      groupSize: 2,
-      rolloutShards: 2,
-      chunkSize: 1,
-      epWorldSize: 2,
-      store: { kind: 'fs', path: join(dir, 'store') },
-      hyperparameters: { maxNewTokens: 24, minibatches: 1, epochs: 1 },
-      ...overrides,
-      orchestration: { continueAsNewEvery: 1, rolloutHeartbeatSeconds: 3, ...overrides.orchestration },
-    });
+  // 2 iterations × 8 prompts of 10 rows: iteration 2 rolls over into epoch 1.
+  const spec = (name: string, overrides: Parameters<typeof hfCampaignSpec>[2] = {}) =>
+    hfCampaignSpec(dir, name, overrides);
 
   let reference: string;
 
