@@ -4,6 +4,10 @@
 # pod), with the native tools at native/build/bin where activities/native.ts looks for them.
 #
 #   docker buildx build --platform linux/amd64 -t <registry>/moerl:<version> --push .
+#   docker buildx build --platform linux/amd64 --target pytorch -t <registry>/moerl:<version>-pytorch --push .
+#
+# The second is the same image with the PyTorch trainer (engines/pytorch) and its pinned torch:
+# the trainer pods of a campaign with `engine.trainer: pytorch` (launcher.image) need it.
 #
 # Three stages: the native core and the TypeScript are built on the full Debian image, the
 # runtime is the slim one plus the shared libraries the native tools load. Not built by this
@@ -45,7 +49,7 @@ RUN npm run build \
  && npm prune --omit=dev --no-audit --no-fund
 
 # ---- runtime ----
-FROM ${NODE_IMAGE}-slim
+FROM ${NODE_IMAGE}-slim AS runtime
 # The libraries the native tools load (ldd of moe_train, moe_generate, moe_reward and moe_hf):
 # libfabric with its providers (efa through rdma-core's libefa), OpenBLAS, libcrypto.
 RUN apt-get update \
@@ -68,3 +72,22 @@ ENV NODE_ENV=production \
 # Numeric, so that runAsNonRoot can verify it without reading /etc/passwd.
 USER 65532:65532
 ENTRYPOINT ["node", "dist/workers/main.js"]
+
+# ---- pytorch: the runtime plus the PyTorch trainer, for engine.trainer pytorch ----
+# A virtual environment of engines/pytorch with requirements.txt's pins; the rank program runs
+# MOERL_PYTORCH_PYTHON -m moerl_pytorch (docs/engines.md).
+FROM runtime AS pytorch
+USER root
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+COPY engines/pytorch/ /tmp/moerl-pytorch/
+RUN python3 -m venv /opt/moerl-pytorch \
+ && /opt/moerl-pytorch/bin/pip install --no-cache-dir --no-input \
+      -r /tmp/moerl-pytorch/requirements.txt /tmp/moerl-pytorch \
+ && rm -rf /tmp/moerl-pytorch
+ENV MOERL_PYTORCH_PYTHON=/opt/moerl-pytorch/bin/python
+USER 65532:65532
+
+# The default target: the image without torch.
+FROM runtime
