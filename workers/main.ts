@@ -15,6 +15,7 @@ import {
 import { parsePort } from './metrics.js';
 import type { MetricsServer } from './metrics.js';
 import { demandIntervalMsFromEnv } from './demand.js';
+import { podBusyMarker, podFromEnv } from './pod-deletion-cost.js';
 import { sdkTelemetryOptions, startWorkerMetrics } from './telemetry.js';
 import { campaignEndedFrom, runSweeper, sweepSettingsFromEnv } from './sweeper.js';
 import { expandRoles, roles, runWorkers } from './worker.js';
@@ -31,6 +32,7 @@ env: MOERL_WORKER_ROLES (comma list), MOERL_SHUTDOWN_GRACE_SECONDS, MOERL_TASK_Q
      TEMPORAL_DEPLOYMENT_NAME, TEMPORAL_WORKER_BUILD_ID,
      MOERL_METRICS_PORT, MOERL_SDK_METRICS_PORT, MOERL_METRICS_HOST (default 127.0.0.1),
      MOERL_DEMAND_INTERVAL_SECONDS (control with metrics: rollout demand read every N s, default 10),
+     MOERL_POD_NAME, MOERL_POD_NAMESPACE (rollout in a pod: marks it busy for scale-in),
      TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_API_KEY_FILE, TEMPORAL_TLS_*
 (--api-key KEY works too, but shows the key in the process list)`;
 
@@ -87,6 +89,8 @@ export function parseWorkerArgs(argv: string[], env: NodeJS.ProcessEnv = process
       values['rollout-ranks'] ?? env[rolloutRanksEnv],
       `--rollout-ranks (${rolloutRanksEnv})`,
     ),
+    /** The worker's own pod, which a rollout worker marks busy or idle (workers/pod-deletion-cost.ts). */
+    pod: podFromEnv(env),
     /** Namespaces whose trainer Jobs of ended campaigns a control worker deletes, and how often. */
     sweep: sweepSettingsFromEnv(env),
     /** Lines for stderr before the worker starts. */
@@ -174,6 +178,9 @@ async function main(): Promise<void> {
       ({ activities, server } = started);
       console.error(`moerl-worker: metrics at ${server.url}`);
     }
+    // A scale-in deletes idle rollout pods first, pods mid-shard last.
+    if (args.pod && expandRoles(args.roles).includes('rollout'))
+      activities = podBusyMarker({ pod: args.pod }).instrument(activities);
     const build = args.deployment
       ? `build ${args.deployment.deploymentName}:${args.deployment.buildId}`
       : 'unversioned';

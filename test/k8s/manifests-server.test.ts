@@ -167,7 +167,7 @@ describe('RBAC of the base, before the real authorizer', () => {
     );
   });
 
-  it('the rollout workers and the trainer pods may not touch the API', async () => {
+  it('the rollout workers may patch pods in their namespace only (their deletion cost), the trainer pods nothing', async () => {
     const anything = [
       ...inNs('batch', 'jobs', ['create', 'list']),
       ...inNs('', 'pods', ['get', 'list', 'delete']),
@@ -176,5 +176,16 @@ describe('RBAC of the base, before the real authorizer', () => {
       ...inNs('', 'secrets', ['get']),
     ];
     for (const account of ['moerl-rollout', 'moerl-trainer']) await expectAll(account, anything, false);
+    await expectAll('moerl-rollout', inNs('', 'pods', ['patch']), true);
+    await expectAll(
+      'moerl-rollout',
+      [
+        ...inNs('', 'pods', ['update', 'create']),
+        ...inNs('', 'pods', ['patch'], 'status'),
+        { group: '', resource: 'pods', verb: 'patch', namespace: 'default' },
+      ],
+      false,
+    );
+    await expectAll('moerl-trainer', inNs('', 'pods', ['patch']), false);
   });
 });

@@ -227,22 +227,20 @@ describe('every kustomization', () => {
           }
       });
 
-      it('gives an API token to the train worker (trainer Jobs) and the control worker (their sweep) only', () => {
+      it('gives an API token to the train worker (trainer Jobs), the control worker (their sweep) and the rollout worker (its pod deletion cost) only', () => {
         const { objects } = rendered[name];
-        const withToken = ['moerl-control', 'moerl-train'];
+        const withToken = ['moerl-control', 'moerl-rollout', 'moerl-train'];
         for (const sa of objects.filter((o) => o.kind === 'ServiceAccount')) {
           const automount = (sa as K8sObject & { automountServiceAccountToken?: boolean })
             .automountServiceAccountToken;
           assert.equal(automount, withToken.includes(sa.metadata.name), `${sa.metadata.name} token`);
         }
         for (const role of roles)
-          assert.equal(
-            deploymentFor(objects, role).spec.template.spec.automountServiceAccountToken,
-            role !== 'rollout',
-          );
+          assert.equal(deploymentFor(objects, role).spec.template.spec.automountServiceAccountToken, true);
         const bindings = objects.filter((o) => o.kind === 'RoleBinding' || o.kind === 'ClusterRoleBinding');
         assert.deepEqual(bindings.map((b) => `${b.kind}/${b.metadata.name}`).sort(), [
           'RoleBinding/moerl-control',
+          'RoleBinding/moerl-rollout',
           'RoleBinding/moerl-train',
         ]);
         assert.ok(!objects.some((o) => o.kind === 'ClusterRole'), 'no cluster-wide permissions');

@@ -31,6 +31,18 @@ describe('worker options', () => {
     assert.equal(parseWorkerArgs([], { MOERL_SHUTDOWN_GRACE_SECONDS: '7.5' }).shutdownGraceMs, 7500);
   });
 
+  test("the worker's own pod: both Downward API values or neither", () => {
+    assert.equal(parseWorkerArgs([], {}).pod, undefined);
+    assert.deepEqual(parseWorkerArgs([], { MOERL_POD_NAME: 'p-1', MOERL_POD_NAMESPACE: 'moerl' }).pod, {
+      name: 'p-1',
+      namespace: 'moerl',
+    });
+    assert.throws(
+      () => parseWorkerArgs([], { MOERL_POD_NAME: 'p-1' }),
+      /MOERL_POD_NAME and MOERL_POD_NAMESPACE go together/,
+    );
+  });
+
   test('the rollout demand interval: 10 s by default, a bad value named', () => {
     assert.equal(parseWorkerArgs([], {}).metrics.demandIntervalMs, 10_000);
     assert.equal(
