@@ -12,7 +12,8 @@ import { exportPolicy } from './export.js';
 import { prepareInputs } from './inputs.js';
 import { computeRewards } from './reward.js';
 import { BadInputError, RewardModelError, toApplicationFailure } from './rewards/errors.js';
-import { rolloutShard } from './rollout.js';
+import { rolloutShard, validationShard } from './rollout.js';
+import { scoreValidation } from './validation.js';
 import { StoreAuthError, StoreError, StoreNotFoundError } from './store/index.js';
 import { badInputErrorType } from './types.js';
 import type { CampaignActivities, CheckpointInput, CheckpointOutput } from './types.js';
@@ -90,6 +91,8 @@ export function createActivities(deps: ActivityDeps): CampaignActivities {
     preparePolicy: mapped(preparePolicy, deps),
     rolloutShard: mapped(rolloutShard, deps),
     computeRewards: mapped(computeRewards, deps),
+    validationShard: mapped(validationShard, deps),
+    scoreValidation: mapped(scoreValidation, deps),
     updatePolicy: mapped(updatePolicy, deps),
     commitCheckpoint: mapped(commit, deps),
     exportPolicy: mapped(exportPolicy, deps),

@@ -4,10 +4,12 @@
 // training dataset is validated whole — every row's fields, every data_source's reward, every
 // prompt's length under the model's own chat template — with every problem named at once. The
 // dataset's identity (sha256, bytes, rows) is what the workflow then holds: shards draw their rows
-// from it, and a file that changes under the campaign is refused by its hash.
+// from it, and a file that changes under the campaign is refused by its hash. A validation file
+// is checked the same way, against the validation's maxNewTokens.
 import { join } from 'node:path';
 import { Context } from '@temporalio/activity';
 import { isHfModel } from '../workflows/spec-model.js';
+import { campaignValidation } from '../workflows/spec-validation.js';
 import { validateDataset } from './datasets/index.js';
 import type { DatasetIdentity } from './datasets/index.js';
 import { withHeartbeat } from './heartbeat.js';
@@ -28,9 +30,9 @@ export async function prepareInputs(
   const { spec, campaignId } = input;
   const store = deps.openStore(spec.store);
   const progress = { step: 'model' };
-  const dataset = await withHeartbeat(
+  const datasets = await withHeartbeat(
     () => progress,
-    async (): Promise<DatasetIdentity | null> => {
+    async (): Promise<{ train: DatasetIdentity; validation: DatasetIdentity | null } | null> => {
       const model = spec.model;
       if (!isHfModel(model)) return null;
       const from = input.forkFrom
@@ -41,7 +43,6 @@ export async function prepareInputs(
           })();
       await copyModelFiles(from, { store, campaignId }, { checkWeights: !input.forkFrom });
       if (!('dataset' in spec.task)) return null;
-      progress.step = 'dataset';
       const tokenizer = await campaignTokenizer(store, campaignId, deps.cacheDir);
       const config = JSON.parse(
         (await store.get(`${keys.modelPrefix(campaignId)}/config.json`)).toString('utf8'),
@@ -52,33 +53,47 @@ export async function prepareInputs(
           typeof config.max_position_embeddings === 'number' ? config.max_position_embeddings : Infinity,
           defaultHfContextLength,
         );
-      const maxNewTokens = spec.hyperparameters.maxNewTokens;
       const d = datasetSpecOf(spec);
       const rewards = spec.rewards;
-      return validateDataset(datasetInput(spec, 'train', deps.openStore), {
-        format: d.format,
-        columns: d,
-        cacheDir: join(deps.cacheDir, 'datasets'),
-        ...(rewards
-          ? {
-              rewards: {
-                mapped: Object.keys(rewards.bySource ?? {}),
-                hasDefault: rewards.default !== undefined,
-                field: 'rewards.bySource',
-              },
-            }
-          : {}),
-        promptLimit: {
-          countTokens: (messages) =>
-            tokenizer.renderChat(
-              messages.map((m) => ({ ...m })),
-              { addGenerationPrompt: true },
-            ).ids.length,
-          maxTokens: positions - maxNewTokens,
-          why: `a context of ${positions} positions less maxNewTokens ${maxNewTokens}`,
-        },
-      });
+      const check = (which: 'train' | 'validation', maxNewTokens: number) => {
+        progress.step = `dataset ${which}`;
+        return validateDataset(datasetInput(spec, which, deps.openStore), {
+          format: d.format,
+          columns: d,
+          cacheDir: join(deps.cacheDir, 'datasets'),
+          ...(rewards
+            ? {
+                rewards: {
+                  mapped: Object.keys(rewards.bySource ?? {}),
+                  hasDefault: rewards.default !== undefined,
+                  field: 'rewards.bySource',
+                },
+              }
+            : {}),
+          promptLimit: {
+            countTokens: (messages) =>
+              tokenizer.renderChat(
+                messages.map((m) => ({ ...m })),
+                { addGenerationPrompt: true },
+              ).ids.length,
+            maxTokens: positions - maxNewTokens,
+            why: `a context of ${positions} positions less maxNewTokens ${maxNewTokens}`,
+          },
+        });
+      };
+      const train = await check('train', spec.hyperparameters.maxNewTokens);
+      const validation = campaignValidation(spec);
+      return {
+        train,
+        validation: validation
+          ? await check('validation', validation.maxNewTokens ?? spec.hyperparameters.maxNewTokens)
+          : null,
+      };
     },
   );
-  return { dataset, attempt: ctx.info.attempt };
+  return {
+    dataset: datasets?.train ?? null,
+    validationDataset: datasets?.validation ?? null,
+    attempt: ctx.info.attempt,
+  };
 }

@@ -36,6 +36,14 @@ export const rolloutShardPrefix = (campaignId: string, iteration: number, shard:
 export const rolloutChunkKey = (campaignId: string, iteration: number, shard: number, chunk: number) =>
   `${rolloutShardPrefix(campaignId, iteration, shard)}/chunk-${chunk}.jsonl`;
 
+// A validated checkpoint's completions and scores, kept with the campaign (they are its record).
+export const validationPrefix = (campaignId: string, iteration: number) =>
+  `${campaignPrefix(campaignId)}/validation/${pad6(iteration)}`;
+export const validationChunkKey = (campaignId: string, iteration: number, shard: number, chunk: number) =>
+  `${validationPrefix(campaignId, iteration)}/shard-${shard}/chunk-${chunk}.jsonl`;
+export const validationScoresKey = (campaignId: string, iteration: number) =>
+  `${validationPrefix(campaignId, iteration)}/scores.json`;
+
 export const rewardKey = (campaignId: string, iteration: number, shard: number) =>
   `${campaignPrefix(campaignId)}/rewards/${pad6(iteration)}/shard-${shard}.jsonl`;
 export const metricsKey = (campaignId: string, iteration: number) =>

@@ -12,6 +12,7 @@ import {
   datasetLocation,
   readDatasetRows,
   shardPrompts,
+  type DatasetIdentity,
   type DatasetInput,
   type DatasetRow,
 } from './datasets/index.js';
@@ -64,6 +65,28 @@ export async function iterationRows(
       columns: d,
       cacheDir: join(cacheDir, 'datasets'),
       expectedSha256: dataset.identity.sha256,
+    },
+  );
+}
+
+/**
+ * Rows [promptStart, promptStart + promptCount) of the validation file, in order (a validation's
+ * prompt id is its row number); bytes that are not the campaign's are a DatasetChangedError.
+ */
+export async function validationRows(
+  deps: { openStore: (location: StoreLocation) => ObjectStore; cacheDir: string },
+  input: { spec: CampaignSpec; dataset: DatasetIdentity },
+  range: { promptStart: number; promptCount: number },
+): Promise<DatasetRow[]> {
+  const d = datasetSpecOf(input.spec);
+  return readDatasetRows(
+    datasetInput(input.spec, 'validation', deps.openStore),
+    Array.from({ length: range.promptCount }, (_, i) => range.promptStart + i),
+    {
+      format: d.format,
+      columns: d,
+      cacheDir: join(deps.cacheDir, 'datasets'),
+      expectedSha256: input.dataset.sha256,
     },
   );
 }

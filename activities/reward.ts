@@ -18,6 +18,7 @@ import { formatRewardsJsonl, rewardStats, scoreRollouts } from './rewards/score.
 import type { RewardRow } from './rewards/score.js';
 import type { ParseOptions } from './rewards/rollout-record.js';
 import type { SandboxOptions } from './rewards/user-function.js';
+import type { DatasetRow } from './datasets/index.js';
 import type { ObjectStore } from './store/types.js';
 import type { ActivityDeps } from './deps.js';
 import type { CampaignSpec } from '../workflows/spec.js';
@@ -76,23 +77,44 @@ export function rewardFunctionsSpec(rewards: RewardsSpec): RewardFunctionsSpec {
   };
 }
 
-interface Scoring {
+export interface Scoring {
   reward: RewardFunction;
   parse: ParseOptions;
   tally?: RewardTally;
   close(): void;
 }
 
-/** How a dataset task's iteration is scored: every row of the iteration, the model's stop ids. */
-async function datasetScoring(deps: ActivityDeps, store: ObjectStore, input: RewardInput): Promise<Scoring> {
-  const { spec } = input;
-  const tokenizer = await campaignTokenizer(store, input.campaignId, deps.cacheDir);
+/** How a dataset task's records are scored: by the function of their row's data_source, or the http reward model. */
+export async function datasetScoring(
+  deps: ActivityDeps,
+  store: ObjectStore,
+  spec: CampaignSpec,
+  campaignId: string,
+  rowOf: (promptId: number) => DatasetRow,
+): Promise<Scoring> {
+  const tokenizer = await campaignTokenizer(store, campaignId, deps.cacheDir);
   const parse = { eosIds: tokenizer.eosTokenIds };
   if (spec.reward.kind === 'http')
     return { reward: rewardFunction(spec, Context.current().cancellationSignal), parse, close: () => {} };
-  if (!input.dataset || !spec.rewards)
+  if (!spec.rewards)
+    throw new BadInputError('a dataset task needs its rewards section (or an http reward model)');
+  const functions = new RewardFunctions(rewardFunctionsSpec(spec.rewards), {
+    sandbox: rewardSandboxFromEnv(),
+  });
+  const tally = new RewardTally();
+  return { reward: datasetReward(functions, rowOf, tally), parse, tally, close: () => functions.close() };
+}
+
+/** The iteration's rows, each by its prompt id. */
+async function iterationScoring(
+  deps: ActivityDeps,
+  store: ObjectStore,
+  input: RewardInput,
+): Promise<Scoring> {
+  const { spec } = input;
+  if (!input.dataset)
     throw new BadInputError(
-      `reward of iteration ${input.iteration}: a dataset task needs its rewards section and the dataset's position from the workflow`,
+      `reward of iteration ${input.iteration}: a dataset task needs the dataset's position from the workflow`,
     );
   const rows = await iterationRows(
     spec,
@@ -102,20 +124,41 @@ async function datasetScoring(deps: ActivityDeps, store: ObjectStore, input: Rew
     deps.cacheDir,
   );
   const first = (input.iteration - 1) * spec.promptsPerIteration;
-  const rowOf = (promptId: number) => {
+  return datasetScoring(
+    deps,
+    store,
+    spec,
+    input.campaignId,
+    rowAt(rows, first, `iteration ${input.iteration}`),
+  );
+}
+
+/** Looks up a record's row: prompt id `first + i` is `rows[i]`; any other id is a malformed rollout. */
+export function rowAt(
+  rows: readonly DatasetRow[],
+  first: number,
+  whose: string,
+): (promptId: number) => DatasetRow {
+  return (promptId) => {
     const row = rows[promptId - first];
     if (!row)
       throw new BadRolloutError(
-        `prompt ${promptId} is not one of iteration ${input.iteration}'s (${first} to ${first + rows.length - 1})`,
+        `prompt ${promptId} is not one of ${whose}'s (${first} to ${first + rows.length - 1})`,
         { field: 'prompt_id', prompt_id: promptId },
       );
     return row;
   };
-  const functions = new RewardFunctions(rewardFunctionsSpec(spec.rewards), {
-    sandbox: rewardSandboxFromEnv(),
-  });
-  const tally = new RewardTally();
-  return { reward: datasetReward(functions, rowOf, tally), parse, tally, close: () => functions.close() };
+}
+
+/** Training on an iteration of zeros would teach nothing and hide the broken function. */
+export function throwIfAllFailing(tally: RewardTally | undefined, where: string): void {
+  const failing = tally?.allFailing()[0];
+  if (failing)
+    throw ApplicationFailure.create({
+      type: 'RewardFunctionFailing',
+      nonRetryable: true,
+      message: `reward function ${failing.function} failed on all ${failing.samples} samples it scored in ${where}; the first: ${failing.first.reason}: ${printable(failing.first.message)}`,
+    });
 }
 
 export async function computeRewards(deps: ActivityDeps, input: RewardInput): Promise<RewardOutput> {
@@ -123,7 +166,7 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
   const store = deps.openStore(input.spec.store);
   const scoring: Scoring =
     'dataset' in input.spec.task
-      ? await datasetScoring(deps, store, input)
+      ? await iterationScoring(deps, store, input)
       : { reward: rewardFunction(input.spec, ctx.cancellationSignal), parse: {}, close: () => {} };
   const { reward, tally } = scoring;
   const all: RewardRow[] = [];
@@ -150,14 +193,7 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
   } finally {
     scoring.close();
   }
-  // Training on an iteration of zeros would teach nothing and hide the broken function.
-  const failing = tally?.allFailing()[0];
-  if (failing)
-    throw ApplicationFailure.create({
-      type: 'RewardFunctionFailing',
-      nonRetryable: true,
-      message: `reward function ${failing.function} failed on all ${failing.samples} samples it scored in iteration ${input.iteration}; the first: ${failing.first.reason}: ${printable(failing.first.message)}`,
-    });
+  throwIfAllFailing(tally, `iteration ${input.iteration}`);
   const stats = rewardStats(all, reward.kind);
   return {
     meanReward: stats.meanReward,

@@ -1,7 +1,8 @@
-// The rollout activity: one shard of an iteration's prompts, sampled from the policy checkpoint
-// by native moe_generate, stored chunk by chunk under deterministic keys. A retry (after a Spot
-// reclaim, a crash, a deploy) resumes from the chunks already in the store — each one checked,
-// not trusted — so at most the chunk that was in flight is generated again.
+// The rollout activities: one shard of an iteration's prompts (or of a checkpoint's validation
+// set), sampled from the policy checkpoint by native moe_generate, stored chunk by chunk under
+// deterministic keys. A retry (after a Spot reclaim, a crash, a deploy) resumes from the chunks
+// already in the store — each one checked, not trusted — so at most the chunk that was in flight
+// is generated again.
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
@@ -11,14 +12,14 @@ import * as keys from './layout.js';
 import { nativeToolPath } from './native.js';
 import { campaignTokenizer } from './models/source.js';
 import type { HfTokenizer } from './models/tokenizer.js';
-import { datasetInput, iterationRows, promptLine } from './prompts.js';
+import { datasetInput, iterationRows, promptLine, validationRows } from './prompts.js';
 import { BadInputError } from './rewards/errors.js';
 import { parseRolloutLine, type ParseOptions } from './rewards/rollout-record.js';
 import { rolloutRanksEnv } from './rollout-capacity.js';
 import { runGenerateRanks } from './rollout-ranks.js';
 import type { ActivityDeps } from './deps.js';
 import type { ObjectStore } from './store/types.js';
-import type { RolloutShardInput, RolloutShardOutput } from './types.js';
+import type { CheckpointRef, RolloutShardInput, RolloutShardOutput, ValidationShardInput } from './types.js';
 import type { CampaignSpec } from '../workflows/spec.js';
 
 /** Progress carried in heartbeat details from one attempt to the next. */
@@ -35,8 +36,30 @@ interface RolloutProgress {
   inChunk?: { chunk: number; step: number; steps: number; tokens: number };
 }
 
-export function chunkCount(input: RolloutShardInput): number {
-  return Math.ceil(input.promptCount / input.spec.chunkSize);
+/**
+ * What one shard generates and where it keeps it: a training iteration's prompts or a checkpoint's
+ * validation prompts. Everything else — resuming from stored chunks, heartbeats, rank slots,
+ * interruptions — is one code path for both (generateShard).
+ */
+interface ShardPlan {
+  campaignId: string;
+  spec: CampaignSpec;
+  /** "rollout of iteration 3 shard 1": how messages name the shard. */
+  what: string;
+  /** moe_generate's --iteration, which every record carries (a validation: the checkpoint's). */
+  iteration: number;
+  shard: number;
+  policy: CheckpointRef;
+  /** Global id of the shard's first prompt; its prompts' ids are consecutive. */
+  firstPromptId: number;
+  promptCount: number;
+  samples: number;
+  sampling: { temperature: number; topP: number; maxNewTokens: number };
+  chunkKey(chunk: number): string;
+  /** Writes the prompts file of a dataset shard into `dir` and returns moe_generate's prompt flags. */
+  prompts(dir: string, tokenizer: HfTokenizer | null): Promise<string[]>;
+  /** Labels the shard's temporary folder (unique per campaign and attempt). */
+  label: string;
 }
 
 /** Global id of the shard's first prompt: iterations take consecutive blocks of prompts. */
@@ -47,24 +70,37 @@ export function firstPromptId(input: RolloutShardInput): number {
 /** A stored chunk is whole when it has every sample of its prompts, each line valid. */
 async function storedChunkIsWhole(
   store: ObjectStore,
-  input: RolloutShardInput,
+  plan: ShardPlan,
   chunk: number,
   parse: ParseOptions,
 ): Promise<boolean> {
-  const key = keys.rolloutChunkKey(input.campaignId, input.iteration, input.shard, chunk);
+  const key = plan.chunkKey(chunk);
   if ((await store.head(key)) === null) return false;
-  const first = firstPromptId(input) + chunk * input.spec.chunkSize;
-  const prompts = Math.min(input.spec.chunkSize, input.promptCount - chunk * input.spec.chunkSize);
+  const { chunkSize } = plan.spec;
+  const first = plan.firstPromptId + chunk * chunkSize;
+  const prompts = Math.min(chunkSize, plan.promptCount - chunk * chunkSize);
   const lines = (await store.get(key)).toString('utf8').split('\n').filter(Boolean);
-  if (lines.length !== prompts * input.spec.groupSize) return false;
+  if (lines.length !== prompts * plan.samples) return false;
   try {
     return lines.every((line, i) => {
       const r = parseRolloutLine(line, { source: key, line: i + 1 }, parse);
-      return r.prompt_id >= first && r.prompt_id < first + prompts && r.iteration === input.iteration;
+      return r.prompt_id >= first && r.prompt_id < first + prompts && r.iteration === plan.iteration;
     });
   } catch {
     return false;
   }
+}
+
+/** moe_generate's flags that make it read a prompts file written at `path` (ids from its lines). */
+function promptsFileFlags(path: string, tokenizer: HfTokenizer): string[] {
+  // --first-prompt indexes the file's lines; the ids come from the lines.
+  // prettier-ignore
+  return [
+    '--task', 'dataset',
+    '--prompts', path,
+    '--first-prompt', '0',
+    '--eos-ids', tokenizer.eosTokenIds.join(','),
+  ];
 }
 
 /**
@@ -90,14 +126,7 @@ async function writeDatasetPrompts(
   );
   const first = firstPromptId(input);
   await writeFile(path, rows.map((row, i) => promptLine(first + i, row, tokenizer) + '\n').join(''));
-  // --first-prompt indexes the file's lines; the ids come from the lines.
-  // prettier-ignore
-  return [
-    '--task', 'dataset',
-    '--prompts', path,
-    '--first-prompt', '0',
-    '--eos-ids', tokenizer.eosTokenIds.join(','),
-  ];
+  return promptsFileFlags(path, tokenizer);
 }
 
 /**
@@ -118,25 +147,91 @@ export async function rolloutShard(
   deps: ActivityDeps,
   input: RolloutShardInput,
 ): Promise<RolloutShardOutput> {
+  const { spec, iteration, shard } = input;
+  const hp = input.hyperparameters;
+  const task = spec.task;
+  return generateShard(deps, {
+    campaignId: input.campaignId,
+    spec,
+    what: `rollout of iteration ${iteration} shard ${shard}`,
+    iteration,
+    shard,
+    policy: input.policy,
+    firstPromptId: firstPromptId(input),
+    promptCount: input.promptCount,
+    samples: spec.groupSize,
+    sampling: { temperature: hp.temperature, topP: hp.topP, maxNewTokens: hp.maxNewTokens },
+    chunkKey: (chunk) => keys.rolloutChunkKey(input.campaignId, iteration, shard, chunk),
+    // prettier-ignore
+    prompts: (dir, tokenizer) => 'builtin' in task
+      ? Promise.resolve(['--task', task.builtin, '--split', 'train', '--first-prompt', String(firstPromptId(input))])
+      : writeDatasetPrompts(deps, input, tokenizer, join(dir, 'prompts.jsonl')),
+    label: `${iteration}-${shard}`,
+  });
+}
+
+/**
+ * One shard of a checkpoint's validation: rows [promptStart, promptStart + promptCount) of the
+ * validation file, their row numbers as prompt ids, sampled with the validation's own settings.
+ */
+export async function validationShard(
+  deps: ActivityDeps,
+  input: ValidationShardInput,
+): Promise<RolloutShardOutput> {
+  const { spec, validation, shard } = input;
+  const iteration = input.policy.iteration;
+  const what = `validation of checkpoint ${iteration} shard ${shard}`;
+  return generateShard(deps, {
+    campaignId: input.campaignId,
+    spec,
+    what,
+    iteration,
+    shard,
+    policy: input.policy,
+    firstPromptId: input.promptStart,
+    promptCount: input.promptCount,
+    samples: validation.samples,
+    sampling: {
+      temperature: validation.temperature,
+      topP: validation.topP,
+      maxNewTokens: validation.maxNewTokens ?? spec.hyperparameters.maxNewTokens,
+    },
+    chunkKey: (chunk) => keys.validationChunkKey(input.campaignId, iteration, shard, chunk),
+    prompts: async (dir, tokenizer) => {
+      if (!tokenizer) throw new BadInputError(`${what}: validation needs a dataset task`);
+      const rows = await validationRows(deps, input, input);
+      const path = join(dir, 'prompts.jsonl');
+      await writeFile(
+        path,
+        rows.map((row, i) => promptLine(input.promptStart + i, row, tokenizer) + '\n').join(''),
+      );
+      return promptsFileFlags(path, tokenizer);
+    },
+    label: `v${iteration}-${shard}`,
+  });
+}
+
+async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<RolloutShardOutput> {
   const ctx = Context.current();
-  const store = deps.openStore(input.spec.store);
-  const total = chunkCount(input);
+  const { spec } = plan;
+  const store = deps.openStore(spec.store);
+  const total = Math.ceil(plan.promptCount / spec.chunkSize);
   const previous = (ctx.info.heartbeatDetails as Partial<RolloutProgress> | undefined) ?? null;
   // An earlier attempt that ended on this very worker process was not lost with its machine: it
   // failed or timed out while the worker lived. A few of those in a row will not pass by
   // retrying (a chunk too slow for the heartbeat, a tool that keeps crashing): stop and say so.
   const failuresOnLiveWorker =
     previous?.worker === deps.workerId ? (previous.failuresOnLiveWorker ?? 0) + 1 : 0;
-  const maxFailures = input.spec.orchestration.rolloutMaxFailuresOnLiveWorker;
+  const maxFailures = spec.orchestration.rolloutMaxFailuresOnLiveWorker;
   if (failuresOnLiveWorker >= maxFailures)
     throw ApplicationFailure.create({
       type: 'RolloutFailingOnLiveWorker',
       nonRetryable: true,
-      message: `rollout of iteration ${input.iteration} shard ${input.shard} failed ${failuresOnLiveWorker} attempts in a row on worker ${deps.workerId}, which stayed alive (attempt ${ctx.info.attempt}); a heartbeat timeout this often means a chunk takes longer than the worker can report (orchestration.rolloutHeartbeatSeconds ${input.spec.orchestration.rolloutHeartbeatSeconds} s, chunkSize ${input.spec.chunkSize}); look at the worker's log, then resume`,
+      message: `${plan.what} failed ${failuresOnLiveWorker} attempts in a row on worker ${deps.workerId}, which stayed alive (attempt ${ctx.info.attempt}); a heartbeat timeout this often means a chunk takes longer than the worker can report (orchestration.rolloutHeartbeatSeconds ${spec.orchestration.rolloutHeartbeatSeconds} s, chunkSize ${spec.chunkSize}); look at the worker's log, then resume`,
     });
 
   // Specs of campaigns started before the field existed lack it: one rank, as then.
-  const worldSize = (input.spec as Partial<CampaignSpec>).rolloutEpWorldSize ?? 1;
+  const worldSize = (spec as Partial<CampaignSpec>).rolloutEpWorldSize ?? 1;
   const capacity = deps.rolloutRanks.capacity;
   // Retrying elsewhere may find a larger worker, but a fleet is sized as a whole: say so now
   // rather than let the shard bounce until it lands on one.
@@ -144,12 +239,9 @@ export async function rolloutShard(
     throw ApplicationFailure.create({
       type: 'RolloutRanksExceedCapacity',
       nonRetryable: true,
-      message: `rollout of iteration ${input.iteration} shard ${input.shard} needs rolloutEpWorldSize ${worldSize} moe_generate ranks at once, but rollout worker ${deps.workerId} runs at most ${capacity} (${rolloutRanksEnv} or --rollout-ranks; default the CPUs it may use); give rollout workers at least ${worldSize} CPUs and ${rolloutRanksEnv}=${worldSize} (k8s/README.md, "Sizing rollout pods") or lower rolloutEpWorldSize, then resume`,
+      message: `${plan.what} needs rolloutEpWorldSize ${worldSize} moe_generate ranks at once, but rollout worker ${deps.workerId} runs at most ${capacity} (${rolloutRanksEnv} or --rollout-ranks; default the CPUs it may use); give rollout workers at least ${worldSize} CPUs and ${rolloutRanksEnv}=${worldSize} (k8s/README.md, "Sizing rollout pods") or lower rolloutEpWorldSize, then resume`,
     });
 
-  const chunkKeys = Array.from({ length: total }, (_, k) =>
-    keys.rolloutChunkKey(input.campaignId, input.iteration, input.shard, k),
-  );
   const progress: RolloutProgress = {
     chunksStored: 0,
     chunksRedone: previous?.chunksRedone ?? 0,
@@ -164,13 +256,12 @@ export async function rolloutShard(
   try {
     // A dataset's prompts are chat messages in the model's own template and tokens; a built-in
     // task's are made by moe_generate with its own tokenizer.
-    const task = input.spec.task;
     const tokenizer =
-      'dataset' in task ? await campaignTokenizer(store, input.campaignId, deps.cacheDir) : null;
+      'dataset' in spec.task ? await campaignTokenizer(store, plan.campaignId, deps.cacheDir) : null;
     const parse = tokenizer ? { eosIds: tokenizer.eosTokenIds } : {};
     while (
       progress.chunksStored < total &&
-      (await storedChunkIsWhole(store, input, progress.chunksStored, parse))
+      (await storedChunkIsWhole(store, plan, progress.chunksStored, parse))
     )
       progress.chunksStored++;
     const stored = progress.chunksStored;
@@ -189,18 +280,13 @@ export async function rolloutShard(
       deps.shutdown.addEventListener('abort', onShutdown, { once: true });
       ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
       if (deps.shutdown.aborted || ctx.cancellationSignal.aborted) stop.abort();
-      const outDir = join(
-        deps.cacheDir,
-        'rollouts',
-        `${input.campaignId}-${input.iteration}-${input.shard}-${ctx.info.attempt}`,
-      );
-      const hp = input.hyperparameters;
+      const outDir = join(deps.cacheDir, 'rollouts', `${plan.campaignId}-${plan.label}-${ctx.info.attempt}`);
       let policy: Awaited<ReturnType<typeof acquireCheckpoint>> | null = null;
       // The shard's ranks take their CPUs of the worker; a shard waits (beating) while other
       // shards hold them, and is released from the wait by the same shutdown or cancellation.
       let releaseRanks: (() => void) | null = null;
       try {
-        policy = await acquireCheckpoint(store, input.policy, deps.checkpoints, {
+        policy = await acquireCheckpoint(store, plan.policy, deps.checkpoints, {
           signal: stop.signal,
         }).catch((err: unknown) => {
           if (!stop.signal.aborted) throw err;
@@ -209,10 +295,7 @@ export async function rolloutShard(
         const policyDir = policy?.dir ?? '';
         await rm(outDir, { recursive: true, force: true });
         await mkdir(outDir, { recursive: true });
-        // prettier-ignore
-        const prompts = 'builtin' in task
-          ? ['--task', task.builtin, '--split', 'train', '--first-prompt', String(firstPromptId(input))]
-          : await writeDatasetPrompts(deps, input, tokenizer, join(outDir, 'prompts.jsonl'));
+        const prompts = await plan.prompts(outDir, tokenizer);
         if (policy !== null) releaseRanks = await deps.rolloutRanks.acquire(worldSize, stop.signal);
         // prettier-ignore
         if (releaseRanks !== null) await runGenerateRanks(
@@ -221,19 +304,19 @@ export async function rolloutShard(
             '--checkpoint', policyDir,
             ...prompts,
             '--out-dir', outDir,
-            '--seed', String(input.spec.seed),
-            '--iteration', String(input.iteration),
-            '--num-prompts', String(input.promptCount),
-            '--samples', String(input.spec.groupSize),
-            '--chunk-size', String(input.spec.chunkSize),
+            '--seed', String(spec.seed),
+            '--iteration', String(plan.iteration),
+            '--num-prompts', String(plan.promptCount),
+            '--samples', String(plan.samples),
+            '--chunk-size', String(spec.chunkSize),
             '--start-chunk', String(stored),
-            '--temperature', String(hp.temperature),
-            '--top-p', String(hp.topP),
-            '--max-new-tokens', String(hp.maxNewTokens),
+            '--temperature', String(plan.sampling.temperature),
+            '--top-p', String(plan.sampling.topP),
+            '--max-new-tokens', String(plan.sampling.maxNewTokens),
           ],
           {
             worldSize,
-            what: `moe_generate (iteration ${input.iteration}, shard ${input.shard})`,
+            what: `moe_generate (${plan.what})`,
             // One thread per rank, as each holds one CPU slot (why not more: rollout-capacity.ts).
             env: { OPENBLAS_NUM_THREADS: '1' },
             signal: stop.signal,
@@ -248,7 +331,7 @@ export async function rolloutShard(
               if (rec.done !== true) return;
               const file = join(outDir, `chunk-${k}.jsonl`);
               if (tokenizer) await decodeCompletions(file, tokenizer);
-              await store.putFile(chunkKeys[k]!, file);
+              await store.putFile(plan.chunkKey(k), file);
               if (startedBefore.has(k)) progress.chunksRedone++;
               tokens += Number(rec.new_tokens ?? 0);
               seconds += Number(rec.seconds ?? 0);
@@ -261,7 +344,7 @@ export async function rolloutShard(
           const why = deps.shutdown.aborted ? 'the worker is shutting down' : 'the activity was cancelled';
           throw ApplicationFailure.create({
             type: 'RolloutInterrupted',
-            message: `rollout of iteration ${input.iteration} shard ${input.shard} stopped at chunk ${progress.chunksStored}/${total}: ${why}`,
+            message: `${plan.what} stopped at chunk ${progress.chunksStored}/${total}: ${why}`,
           });
         }
       } finally {
@@ -282,9 +365,9 @@ export async function rolloutShard(
       type: 'RolloutIncomplete',
       message: `moe_generate exited after ${progress.chunksStored} of ${total} chunks`,
     });
-  const samples = input.promptCount * input.spec.groupSize;
+  const samples = plan.promptCount * plan.samples;
   return {
-    shard: input.shard,
+    shard: plan.shard,
     chunks: total,
     samples,
     tokens,

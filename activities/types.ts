@@ -1,6 +1,7 @@
 // The contract between the campaign workflow and its activities: inputs and outputs carry keys
 // and small summaries only (each payload well under 64 KB); bulk data lives in the object store.
 import type { CampaignSpec, Hyperparameters } from '../workflows/spec.js';
+import type { ValidationSpec } from '../workflows/spec-validation.js';
 import type { StageName } from '../workflows/types.js';
 import type { DatasetIdentity, DatasetPosition } from './datasets/index.js';
 
@@ -53,6 +54,8 @@ export interface PrepareInputsInput {
 export interface PrepareInputsOutput extends ActivityOutcome {
   /** The training dataset's identity, when the task is a dataset. */
   dataset: DatasetIdentity | null;
+  /** The validation file's, when the dataset names one (absent from workers older than validation). */
+  validationDataset?: DatasetIdentity | null;
 }
 
 /** A dataset task's prompts of one iteration: the dataset's identity and where the iteration starts in it. */
@@ -148,6 +151,48 @@ export interface UpdateOutput extends ActivityOutcome, TrainJobTimes {
   metrics: Record<string, number>;
 }
 
+/** One shard of a checkpoint's validation: rows [promptStart, promptStart + promptCount) of the file. */
+export interface ValidationShardInput {
+  campaignId: string;
+  spec: CampaignSpec;
+  /** The checkpoint validated; its iteration keys the outputs (layout.ts, validationChunkKey). */
+  policy: CheckpointRef;
+  validation: ValidationSpec;
+  /** The validation file as the campaign started with it. */
+  dataset: DatasetIdentity;
+  shard: number;
+  promptStart: number;
+  promptCount: number;
+}
+
+export interface ScoreValidationInput {
+  campaignId: string;
+  spec: CampaignSpec;
+  policy: CheckpointRef;
+  validation: ValidationSpec;
+  dataset: DatasetIdentity;
+  chunksPerShard: ChunksPerShard;
+}
+
+/** Validation scores of one group of prompts: all of them, or one data_source's. */
+export interface ValidationScores {
+  prompts: number;
+  meanReward: number;
+  /** Fraction of prompts with at least one of their k samples passing (docs/rewards.md, "Pass rate"). */
+  passAtK: number;
+}
+
+/** A checkpoint's validation, also stored as `validationScoresKey` (layout.ts). */
+export interface ValidationOutput extends ActivityOutcome, ValidationScores {
+  iteration: number;
+  /** Samples per prompt: the k of pass@k. */
+  k: number;
+  bySource: Record<string, ValidationScores>;
+  /** Samples whose reward function failed (scored 0), and why; absent when none did. */
+  failedSamples?: number;
+  failuresByReason?: Partial<Record<string, number>>;
+}
+
 export interface CheckpointInput {
   campaignId: string;
   spec: CampaignSpec;
@@ -186,6 +231,8 @@ export interface CampaignActivities {
   preparePolicy(input: PrepareInput): Promise<PrepareOutput>;
   rolloutShard(input: RolloutShardInput): Promise<RolloutShardOutput>;
   computeRewards(input: RewardInput): Promise<RewardOutput>;
+  validationShard(input: ValidationShardInput): Promise<RolloutShardOutput>;
+  scoreValidation(input: ScoreValidationInput): Promise<ValidationOutput>;
   updatePolicy(input: UpdateInput): Promise<UpdateOutput>;
   commitCheckpoint(input: CheckpointInput): Promise<CheckpointOutput>;
   exportPolicy(input: ExportInput): Promise<ExportOutput>;
@@ -197,6 +244,8 @@ export const stageOfActivity: Record<keyof CampaignActivities, StageName> = {
   preparePolicy: 'prepare',
   rolloutShard: 'rollout',
   computeRewards: 'reward',
+  validationShard: 'validation',
+  scoreValidation: 'validation',
   updatePolicy: 'update',
   commitCheckpoint: 'checkpoint',
   exportPolicy: 'checkpoint',

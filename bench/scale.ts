@@ -74,6 +74,8 @@ const medians: StageMedians = {
   preparePolicy: 50,
   rolloutShard: 0,
   computeRewards: 0,
+  validationShard: 0,
+  scoreValidation: 0,
   updatePolicy: 0,
   commitCheckpoint: 0,
   exportPolicy: 0,

@@ -10,9 +10,16 @@ import type {
   RewardOutput,
   RolloutShardOutput,
   UpdateOutput,
+  ValidationOutput,
 } from '../activities/types.js';
 import { stageOfActivity } from '../activities/types.js';
-import type { CampaignInput, HyperparameterChange, StageName } from '../workflows/types.js';
+import { stageNames } from '../workflows/types.js';
+import type {
+  CampaignInput,
+  HyperparameterChange,
+  StageName,
+  ValidationSummary,
+} from '../workflows/types.js';
 import { isNotFound, notFound } from './campaigns.js';
 
 type History = Awaited<ReturnType<WorkflowHandle['fetchHistory']>>;
@@ -77,6 +84,8 @@ export interface IterationHistory {
   chunksRedone: number | null;
   /** The update's scalar metrics (its last optimizer step); null until the update completed. */
   trainMetrics: Record<string, number> | null;
+  /** This iteration's checkpoint's validation scores; null when it was not validated (yet). */
+  validation: ValidationSummary | null;
 }
 
 /** One workflow run of the campaign (continue-as-new starts the next). */
@@ -143,6 +152,11 @@ function iterationOf(
   if (activity === 'preparePolicy') {
     const source = (i as Partial<PrepareInput>).source;
     return { iteration: source?.kind === 'fork' ? source.checkpoint.iteration : 0 };
+  }
+  if (activity === 'validationShard' || activity === 'scoreValidation') {
+    const policy = i.policy as { iteration?: number } | undefined;
+    const iteration = policy?.iteration ?? -1;
+    return typeof i.shard === 'number' ? { iteration, shard: i.shard } : { iteration };
   }
   if (activity === 'commitCheckpoint') {
     const staged = i.staged as { iteration?: number } | undefined;
@@ -292,7 +306,7 @@ export function iterationsFrom(
     .map((iteration) => {
       const records = byIteration.get(iteration) ?? [];
       const stages: Partial<Record<StageName, StageHistory>> = {};
-      for (const stage of ['prepare', 'rollout', 'reward', 'update', 'checkpoint'] as const) {
+      for (const stage of stageNames) {
         const rs = records.filter((r) => r.stage === stage);
         if (rs.length === 0) continue;
         const running = rs.some((r) => r.closedAt === null);
@@ -320,6 +334,9 @@ export function iterationsFrom(
         .filter((r) => r.activity === 'commitCheckpoint' && r.outcome === 'completed')
         .pop();
       const update = records.filter((r) => r.activity === 'updatePolicy' && r.outcome === 'completed').pop();
+      const validation = records
+        .filter((r) => r.activity === 'scoreValidation' && r.outcome === 'completed')
+        .pop()?.result as ValidationOutput | undefined;
       const rollout = rolloutFigures(records);
       return {
         iteration,
@@ -331,8 +348,13 @@ export function iterationsFrom(
         rewardFailures: rewardFailures(reward?.result as RewardOutput | undefined),
         ...rollout,
         trainMetrics: (update?.result as UpdateOutput | undefined)?.metrics ?? null,
+        validation: validation ? validationSummary(validation) : null,
       };
     });
+}
+
+function validationSummary({ attempt: _attempt, ...summary }: ValidationOutput): ValidationSummary {
+  return summary;
 }
 
 function rewardFailures(reward: RewardOutput | undefined): IterationHistory['rewardFailures'] {

@@ -15,6 +15,7 @@ import type {
   CheckpointInput,
   RolloutShardOutput,
   UpdateOutput,
+  ValidationOutput,
 } from '../activities/types.js';
 import { badInputErrorType, stageOfActivity } from '../activities/types.js';
 import { campaignStatusKey } from '../workflows/search-attributes.js';
@@ -58,6 +59,8 @@ type StatusLabel = (typeof campaignStatuses)[number];
 
 /** Per-campaign gauges keep the campaigns most recently committed on this worker, no more. */
 const maxCampaigns = 64;
+/** Validation gauges keep this many data sources of a campaign (its first, by name), no more. */
+const maxValidationSources = 32;
 /** A scrape re-reads campaign statuses at most this often, and waits this long for an answer. */
 const statusRefreshMs = 10_000;
 const describeTimeoutMs = 3_000;
@@ -236,6 +239,54 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
     labelNames: ['campaign'] as const,
     registers,
   });
+  // The validation gauges live on the rollout workers that score validations; the overall figure
+  // has an empty data_source (in PromQL, the same as no label).
+  const validationLabels = ['campaign', 'data_source'] as const;
+  const validationIteration = new Gauge({
+    name: 'moerl_validation_iteration',
+    help: 'Iteration of the latest checkpoint whose validation this worker scored, per campaign.',
+    labelNames: ['campaign'] as const,
+    registers,
+  });
+  const validationReward = new Gauge({
+    name: 'moerl_validation_mean_reward',
+    help: 'Mean validation reward of that checkpoint, per campaign and data_source ("" for all prompts).',
+    labelNames: validationLabels,
+    registers,
+  });
+  const validationPassAtK = new Gauge({
+    name: 'moerl_validation_pass_at_k',
+    help: 'Validation pass@k of that checkpoint (k: the validation samples per prompt), per campaign and data_source.',
+    labelNames: validationLabels,
+    registers,
+  });
+  /** Campaigns with validation series, oldest first, and the data sources each has series for. */
+  const validated = new Map<string, string[]>();
+  function forgetValidation(campaign: string) {
+    validationIteration.remove(campaign);
+    for (const source of validated.get(campaign) ?? []) {
+      validationReward.remove({ campaign, data_source: source });
+      validationPassAtK.remove({ campaign, data_source: source });
+    }
+    validated.delete(campaign);
+  }
+  function recordValidation(campaign: string, out: ValidationOutput) {
+    forgetValidation(campaign);
+    if (validated.size >= maxCampaigns) forgetValidation(validated.keys().next().value!);
+    const groups: [string, { meanReward: number; passAtK: number }][] = [
+      ['', out],
+      ...Object.entries(out.bySource).slice(0, maxValidationSources),
+    ];
+    validated.set(
+      campaign,
+      groups.map(([source]) => source),
+    );
+    validationIteration.set({ campaign }, out.iteration);
+    for (const [source, scores] of groups) {
+      validationReward.set({ campaign, data_source: source }, scores.meanReward);
+      validationPassAtK.set({ campaign, data_source: source }, scores.passAtK);
+    }
+  }
   const campaigns: string[] = [];
   let statusesReadAt = 0;
 
@@ -316,6 +367,8 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
       if (m.mismatch_kl !== undefined) mismatchKl.set(m.mismatch_kl);
       if (m.tis_clip_frac !== undefined) tisClipFraction.set(m.tis_clip_frac);
     },
+    scoreValidation: (input, output) =>
+      recordValidation((input as { campaignId: string }).campaignId, output as ValidationOutput),
     commitCheckpoint: (input, _output, seconds) => {
       const { campaignId, staged, meanReward } = input as CheckpointInput;
       commitBytes.inc(staged.manifest.files.reduce((sum, f) => sum + f.bytes, 0));
@@ -360,6 +413,8 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
       preparePolicy: wrap('preparePolicy', a.preparePolicy),
       rolloutShard: wrap('rolloutShard', a.rolloutShard),
       computeRewards: wrap('computeRewards', a.computeRewards),
+      validationShard: wrap('validationShard', a.validationShard),
+      scoreValidation: wrap('scoreValidation', a.scoreValidation),
       updatePolicy: wrap('updatePolicy', a.updatePolicy),
       commitCheckpoint: wrap('commitCheckpoint', a.commitCheckpoint),
       exportPolicy: wrap('exportPolicy', a.exportPolicy),

@@ -18,11 +18,14 @@ import {
 } from '@temporalio/workflow';
 import type { ActivityOptions } from '@temporalio/workflow';
 import { badInputErrorType } from '../activities/types.js';
+import type { DatasetIdentity } from '../activities/datasets/index.js';
 import type { CampaignActivities, CheckpointRef, StagedCheckpoint } from '../activities/types.js';
 import { pauseSignal, resumeSignal, setHyperparametersUpdate, statusQuery } from './messages.js';
 import { campaignStatusKey, iterationKey, meanRewardKey } from './search-attributes.js';
 import { defaultCommitHeartbeatSeconds, validateHyperparameterChange } from './spec.js';
 import { isHfModel } from './spec-model.js';
+import { campaignValidation, validatesCheckpoint, validationPromptCount } from './spec-validation.js';
+import type { ValidationSpec } from './spec-validation.js';
 import type { CampaignSpec } from './spec.js';
 import * as st from './state.js';
 import * as summaries from './summaries.js';
@@ -85,8 +88,13 @@ const secondsSince = (start: Date) => (Date.now() - start.getTime()) / 1000;
 
 export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   const { spec, campaignId } = input;
+  // A state carried from a run before the validation stage existed counts no retries of it yet.
   const state: CampaignState = input.state
-    ? { ...input.state, runs: input.state.runs + 1 }
+    ? {
+        ...input.state,
+        runs: input.state.runs + 1,
+        retries: { ...input.state.retries, validation: input.state.retries.validation ?? 0 },
+      }
     : st.initialState(input);
   const acts = stageActivities(spec, input.taskQueues);
 
@@ -222,6 +230,67 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     return out;
   }
 
+  /**
+   * Validations in flight, by the iteration of the checkpoint each scores: they run beside the
+   * training loop (on the rollout workers), and retention keeps their checkpoints until they end.
+   * No patched() gate: only campaigns whose prepareInputs reported a validation file (code newer
+   * than this) ever schedule one, so no recorded history changes.
+   */
+  const validating = new Map<number, Promise<void>>();
+
+  function startValidation(checkpoint: CheckpointRef): void {
+    const v = campaignValidation(spec);
+    const dataset = state.validationDataset;
+    if (!v || !dataset || !validatesCheckpoint(v, checkpoint.iteration, spec.iterations)) return;
+    if (validating.has(checkpoint.iteration)) return;
+    const run = validate(checkpoint, v, dataset).finally(() => validating.delete(checkpoint.iteration));
+    run.catch(() => undefined); // its failure surfaces where it is awaited
+    validating.set(checkpoint.iteration, run);
+  }
+
+  /**
+   * Generates the validation prompts' completions from `checkpoint` and scores them. A score that
+   * fails for good (a chunk that does not verify) generates again on resume: the shards keep the
+   * chunks that verify.
+   */
+  async function validate(checkpoint: CheckpointRef, v: ValidationSpec, dataset: DatasetIdentity) {
+    const { iteration } = checkpoint;
+    const ranges = st.splitPrompts(validationPromptCount(v, dataset.rows), v.shards);
+    const common = { campaignId, spec, policy: checkpoint, validation: v, dataset };
+    for (;;) {
+      const shards = await Promise.all(
+        ranges.map((range) =>
+          runStage(
+            iteration,
+            'validation',
+            () =>
+              acts.rollout.validationShard.executeWithOptions(
+                { summary: summaries.validationShardSummary(iteration, range.shard, ranges.length) },
+                [{ ...common, ...range }],
+              ),
+            `shard-${range.shard}`,
+          ),
+        ),
+      );
+      const scored = await attemptStage(
+        iteration,
+        'validation',
+        () =>
+          acts.rollout.scoreValidation.executeWithOptions(
+            { summary: summaries.validationScoreSummary(iteration) },
+            [{ ...common, chunksPerShard: st.chunksPerShard(shards) }],
+          ),
+        'score',
+      );
+      if (scored) {
+        const { attempt: _attempt, ...summary } = scored;
+        st.validationFinished(state, summary);
+        showDetails();
+        return;
+      }
+    }
+  }
+
   async function prepare(): Promise<void> {
     const source = input.forkFrom
       ? { kind: 'fork' as const, checkpoint: input.forkFrom }
@@ -239,6 +308,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
         'inputs',
       );
       if (inputs.dataset) state.dataset = inputs.dataset;
+      if (inputs.validationDataset) state.validationDataset = inputs.validationDataset;
     }
     // A commit that fails for good (a staged file corrupt) means preparing again.
     for (;;) {
@@ -251,6 +321,8 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       const committed = await commit(out.staged, null);
       if (committed) {
         state.referenceCheckpoint = committed.checkpoint;
+        // A fork's first checkpoint is its parent's, scored there if the parent wanted it.
+        if (!input.forkFrom) startValidation(committed.checkpoint);
         return;
       }
     }
@@ -355,7 +427,11 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     if (!update) return false;
     const updateSeconds = secondsSince(started);
     const commitStarted = new Date();
-    const protect = [phase.policy.iteration, ...(aheadPolicy === null ? [] : [aheadPolicy])];
+    const protect = [
+      phase.policy.iteration,
+      ...(aheadPolicy === null ? [] : [aheadPolicy]),
+      ...validating.keys(),
+    ];
     const committed = await commit(update.staged, phase.reward.meanReward, protect);
     if (!committed) return false;
     // Before the next commit, so retention cannot remove the checkpoint under the export.
@@ -369,6 +445,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
           ]),
         'export',
       );
+    startValidation(committed.checkpoint);
     const sum = (f: (s: RolloutPhaseResult['shards'][number]) => number) =>
       phase.shards.reduce((acc, s) => acc + f(s), 0);
     st.iterationFinished(state, {
@@ -422,10 +499,12 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       iterationsThisRun++;
       if (i < spec.iterations && shouldContinueAsNew(iterationsThisRun)) {
         state.carriedRollout = ahead ? await ahead : null;
+        await Promise.all(validating.values());
         await condition(allHandlersFinished);
         await continueAsNew<typeof campaign>({ ...input, state });
       }
     }
+    await Promise.all(validating.values());
     state.status = 'completed';
     publishStatus();
     await condition(allHandlersFinished);

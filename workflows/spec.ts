@@ -8,6 +8,7 @@ import { kubernetesLauncherSchema, kubernetesStoreProblems } from './spec-kubern
 import { exportSchema, isHfModel, modelSchema } from './spec-model.js';
 import { rendezvousFields } from './spec-rendezvous.js';
 import { rewardsSchema } from './spec-rewards.js';
+import { validationSchema } from './spec-validation.js';
 
 /** Names of the verifiable tasks the native core generates prompts for (docs/tasks.md). */
 export const builtinTasks = ['add', 'sort', 'reverse'] as const;
@@ -160,6 +161,9 @@ export const campaignSpecSchema = z
       .optional()
       .describe("a dataset task's reward per data_source: built-in verifiers or your own functions"),
     sftWarmStartSteps: z.number().int().min(0).max(1_000_000).default(0),
+    validation: validationSchema
+      .optional()
+      .describe("when and how task.dataset.validation is generated and scored (docs/tasks.md, 'Validation')"),
     export: exportSchema
       .optional()
       .describe(
@@ -228,6 +232,8 @@ export const campaignSpecSchema = z
         ['rewards'],
         'a dataset task needs its rewards (default and/or bySource), or an http reward model',
       );
+    if (s.validation !== undefined && !('dataset' in s.task && s.task.dataset.validation !== undefined))
+      problem(['validation'], 'schedules the validation of task.dataset.validation: name that file too');
     if ('builtin' in s.task && s.rewards !== undefined)
       problem(['rewards'], 'is for dataset tasks; a built-in task is scored by its own verifier');
     if (s.reward.kind === 'http' && s.rewards !== undefined)

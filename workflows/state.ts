@@ -16,6 +16,7 @@ import type {
   IterationSummary,
   StageFailure,
   StageName,
+  ValidationSummary,
 } from './types.js';
 
 /** How many iteration summaries the state keeps; the rest is in the workflow history. */
@@ -36,7 +37,7 @@ export function initialState(input: CampaignInput): CampaignState {
     referenceCheckpoint: null,
     checkpoints: [],
     activeStages: [],
-    retries: { prepare: 0, rollout: 0, reward: 0, update: 0, checkpoint: 0 },
+    retries: { prepare: 0, rollout: 0, reward: 0, update: 0, checkpoint: 0, validation: 0 },
     lastFailure: null,
     recentIterations: [],
     carriedRollout: null,
@@ -120,6 +121,12 @@ export function iterationFinished(state: CampaignState, summary: IterationSummar
   state.recentIterations = [...state.recentIterations, summary].slice(-recentIterationsKept);
 }
 
+export function validationFinished(state: CampaignState, summary: ValidationSummary): void {
+  state.validations = [...(state.validations ?? []).filter((v) => v.iteration !== summary.iteration), summary]
+    .sort((a, b) => a.iteration - b.iteration)
+    .slice(-recentIterationsKept);
+}
+
 /** A dataset task's prompts of iteration `iteration`: none for a built-in task. */
 export function iterationDataset(
   state: CampaignState,
@@ -137,11 +144,20 @@ export function iterationDataset(
 export function shardRanges(
   spec: CampaignSpec,
 ): { shard: number; promptStart: number; promptCount: number }[] {
-  const base = Math.floor(spec.promptsPerIteration / spec.rolloutShards);
-  const extra = spec.promptsPerIteration % spec.rolloutShards;
+  return splitPrompts(spec.promptsPerIteration, spec.rolloutShards);
+}
+
+/** Splits `prompts` prompts into at most `shards` contiguous ranges, sizes differing by at most one. */
+export function splitPrompts(
+  prompts: number,
+  shards: number,
+): { shard: number; promptStart: number; promptCount: number }[] {
+  const n = Math.max(1, Math.min(shards, prompts));
+  const base = Math.floor(prompts / n);
+  const extra = prompts % n;
   const ranges = [];
   let start = 0;
-  for (let shard = 0; shard < spec.rolloutShards; shard++) {
+  for (let shard = 0; shard < n; shard++) {
     const count = base + (shard < extra ? 1 : 0);
     ranges.push({ shard, promptStart: start, promptCount: count });
     start += count;

@@ -36,6 +36,14 @@ export function rewardSummary(spec: CampaignSpec, iteration: number): string {
   return `reward it ${iteration} (${spec.rolloutShards} shards)`;
 }
 
+export function validationShardSummary(iteration: number, shard: number, shards: number): string {
+  return `validate it ${iteration} shard ${shard} (of ${shards})`;
+}
+
+export function validationScoreSummary(iteration: number): string {
+  return `score validation it ${iteration}`;
+}
+
 export function updateSummary(spec: CampaignSpec, iteration: number): string {
   return `update it ${iteration} (${spec.epWorldSize} ranks)`;
 }

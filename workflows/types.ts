@@ -1,11 +1,23 @@
 // Campaign workflow input and state. The state is one plain JSON-safe object (no Map/Set): it
 // is the query answer and travels whole across continue-as-new.
 import type { DatasetIdentity } from '../activities/datasets/index.js';
-import type { CheckpointRef, RewardOutput, RolloutShardOutput } from '../activities/types.js';
+import type {
+  CheckpointRef,
+  RewardOutput,
+  RolloutShardOutput,
+  ValidationOutput,
+} from '../activities/types.js';
 import type { CampaignSpec, Hyperparameters } from './spec.js';
 
-export type StageName = 'prepare' | 'rollout' | 'reward' | 'update' | 'checkpoint';
-export const stageNames: readonly StageName[] = ['prepare', 'rollout', 'reward', 'update', 'checkpoint'];
+export type StageName = 'prepare' | 'rollout' | 'reward' | 'update' | 'checkpoint' | 'validation';
+export const stageNames: readonly StageName[] = [
+  'prepare',
+  'rollout',
+  'reward',
+  'update',
+  'checkpoint',
+  'validation',
+];
 
 export type CampaignStatus = 'running' | 'pausing' | 'paused' | 'completed' | 'cancelled';
 
@@ -76,6 +88,9 @@ export interface RolloutPhaseResult {
   stageSeconds: Partial<Record<StageName, number>>;
 }
 
+/** A validated checkpoint's scores (the activity's output less its attempt). */
+export type ValidationSummary = Omit<ValidationOutput, 'attempt'>;
+
 export interface CampaignState {
   campaignId: string;
   name: string;
@@ -110,4 +125,8 @@ export interface CampaignState {
    * iteration's prompts follow from it and the iteration number. Absent: a built-in task.
    */
   dataset?: DatasetIdentity;
+  /** The validation file as the campaign started with it; absent without one. */
+  validationDataset?: DatasetIdentity;
+  /** The last few validated checkpoints' scores, oldest first (all of them are in the history). */
+  validations?: ValidationSummary[];
 }

@@ -90,6 +90,8 @@ export function createFastActivities(opts: FastActivityOptions): {
 
   const activities: CampaignActivities = {
     prepareInputs: (input) => base.prepareInputs(input),
+    validationShard: (input) => base.validationShard(input),
+    scoreValidation: (input) => base.scoreValidation(input),
     exportPolicy: (input) => base.exportPolicy(input),
     preparePolicy: async (input) => {
       await wait('preparePolicy', input.spec, 0);

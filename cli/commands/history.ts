@@ -5,6 +5,7 @@ import { describeCampaign } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { decimal, keyValues, seconds, table, timestamp } from '../format.js';
 import { readCampaignHistory, type CampaignHistory } from '../history.js';
+import { validationText } from './status.js';
 
 /** KL(rollout || trainer) of the update's first step: from rounding (1e-13) to real mismatch. */
 const mismatch = (kl: number | undefined) => (kl === undefined ? '-' : kl.toExponential(1));
@@ -35,7 +36,8 @@ export function historyText(history: CampaignHistory): string {
     table(
       ['ITER', ...stageNames.map((s) => s.toUpperCase()), 'ATTEMPTS', 'REWARD', 'MISMATCH KL', 'CHANGES'],
       rows,
-      new Set([0, 1, 2, 3, 4, 5, 7, 8]),
+      // Numbers right-aligned: the iteration, stage times, reward and mismatch.
+      new Set([0, ...stageNames.map((_, i) => i + 1), stageNames.length + 2, stageNames.length + 3]),
     ),
   ];
   const failures = history.iterations.flatMap((it) =>
@@ -52,6 +54,10 @@ export function historyText(history: CampaignHistory): string {
       : [],
   );
   if (rewardFailures.length) out.push('reward function failures:', ...rewardFailures);
+  const validations = history.iterations.flatMap((it) =>
+    it.validation ? [`  ${printable(validationText(it.validation))}`] : [],
+  );
+  if (validations.length) out.push('validation:', ...validations);
   if (history.hyperparameterChanges.length)
     out.push(
       'hyperparameter changes:',

@@ -3,7 +3,7 @@ import type { WorkflowExecutionDescription } from '@temporalio/client';
 import { printable } from '../../activities/printable.js';
 import { stageOfActivity } from '../../activities/types.js';
 import type { CampaignActivities } from '../../activities/types.js';
-import type { CampaignState, StageName } from '../../workflows/types.js';
+import type { CampaignState, StageName, ValidationSummary } from '../../workflows/types.js';
 import { describeCampaign, executionStatus, queryState, type CampaignMemo } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { decimal, keyValues, seconds, timestamp } from '../format.js';
@@ -38,6 +38,17 @@ export function retriesNow(
     if (stage) retries[stage] += Math.max(0, (p.attempt ?? 1) - 1);
   }
   return retries;
+}
+
+/** "checkpoint 4: mean reward 0.420, pass@1 0.400 over 80 prompts; gsm8k 0.500 / 0.450, …" */
+export function validationText(v: ValidationSummary): string {
+  const sources = Object.entries(v.bySource);
+  const bySource =
+    sources.length > 1
+      ? `; by data_source (mean reward / pass@${v.k}): ${sources.map(([s, x]) => `${s} ${decimal(x.meanReward)} / ${decimal(x.passAtK)}`).join(', ')}`
+      : '';
+  const failed = v.failedSamples ? `; ${v.failedSamples} samples failed to score` : '';
+  return `checkpoint ${v.iteration}: mean reward ${decimal(v.meanReward)}, pass@${v.k} ${decimal(v.passAtK)} over ${v.prompts} prompts${bySource}${failed}`;
 }
 
 export function statusText(state: CampaignState, description: WorkflowExecutionDescription): string {
@@ -101,6 +112,8 @@ export function statusText(state: CampaignState, description: WorkflowExecutionD
       `${last.iteration}: mean reward ${decimal(last.meanReward)}, pass rate ${decimal(last.passRate)}, ${last.samples} samples; ${stageTimes}`,
     ]);
   }
+  const validated = state.validations?.at(-1);
+  if (validated) lines.push(['validation', validationText(validated)]);
   if (state.forkedFrom)
     lines.push(['forked from', `${state.forkedFrom.campaignId} at iteration ${state.forkedFrom.iteration}`]);
   lines.push(['workflow runs', String(state.runs)]);

@@ -90,6 +90,10 @@ export function charts(model: ReportModel): Chart[] {
       ? [{ iteration: it.iteration, value: it.train.mismatchKl, tisClipFrac: it.train.tisClipFrac }]
       : [],
   );
+  const validation = model.validations.flatMap((v) => [
+    { iteration: v.iteration, source: v.dataSource, series: 'mean reward', value: v.meanReward },
+    { iteration: v.iteration, source: v.dataSource, series: `pass@${v.k}`, value: v.passAtK },
+  ]);
   const load = its.flatMap((it) =>
     (it.train?.expertLoadLayers ?? []).flatMap((row, layer) =>
       row.map((share, expert) => ({ iteration: it.iteration, layer: `layer ${layer}`, expert, share })),
@@ -319,6 +323,40 @@ export function charts(model: ReportModel): Chart[] {
                 { field: 'value', title: 'mismatch KL', format: '.2e' },
                 { field: 'tisClipFrac', title: 'TIS capped', format: '.3f' },
               ],
+            },
+          }
+        : null,
+    },
+    {
+      id: 'validation',
+      title: 'Validation by data source',
+      caption:
+        "The held-out prompts (task.dataset.validation) generated from each validated checkpoint, the initial policy's included, and scored with the campaign's rewards: mean reward over every sample and pass@k (prompts with at least one passing sample of k). One panel for all prompts, then one per data_source.",
+      spec: has(validation)
+        ? {
+            data: { values: validation },
+            facet: {
+              field: 'source',
+              type: 'nominal',
+              title: null,
+              sort: [...new Set(model.validations.map((v) => v.dataSource))],
+            },
+            columns: 3,
+            spec: {
+              width: 230,
+              height: 140,
+              mark: { type: 'line', point: true },
+              encoding: {
+                x: iterationAxis,
+                y: { field: 'value', type: 'quantitative', title: null },
+                color: { field: 'series', type: 'nominal', title: null },
+                tooltip: [
+                  { field: 'source' },
+                  { field: 'iteration' },
+                  { field: 'series' },
+                  { field: 'value', format: '.3f' },
+                ],
+              },
             },
           }
         : null,

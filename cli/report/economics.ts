@@ -59,6 +59,8 @@ type Pool = 'rollout' | 'train' | 'control';
 const poolOf: Record<ActivityRecord['activity'], Pool> = {
   rolloutShard: 'rollout',
   computeRewards: 'rollout',
+  validationShard: 'rollout',
+  scoreValidation: 'rollout',
   prepareInputs: 'rollout',
   preparePolicy: 'train',
   updatePolicy: 'train',

@@ -92,9 +92,20 @@ export interface ReportHeader {
   temporalUi: string | null;
 }
 
+/** One validated checkpoint's scores on one data_source ("all" for every prompt). */
+export interface ReportValidation {
+  iteration: number;
+  dataSource: string;
+  meanReward: number;
+  passAtK: number;
+  k: number;
+}
+
 export interface ReportModel {
   header: ReportHeader;
   iterations: ReportIteration[];
+  /** Validated checkpoints (the initial policy's included), all prompts first, then per data_source. */
+  validations: ReportValidation[];
   hyperparameterChanges: { iteration: number; label: string; reason: string; at: string }[];
   pauses: ReportPause[];
   runs: ReportRun[];
@@ -259,6 +270,26 @@ export function buildModel(source: ReportSource, temporalUi: string | null): Rep
       temporalUi,
     },
     iterations,
+    validations: history.iterations.flatMap(({ validation: v }) =>
+      v
+        ? [
+            {
+              iteration: v.iteration,
+              dataSource: 'all',
+              meanReward: v.meanReward,
+              passAtK: v.passAtK,
+              k: v.k,
+            },
+            ...Object.entries(v.bySource).map(([dataSource, s]) => ({
+              iteration: v.iteration,
+              dataSource,
+              meanReward: s.meanReward,
+              passAtK: s.passAtK,
+              k: v.k,
+            })),
+          ]
+        : [],
+    ),
     hyperparameterChanges: history.hyperparameterChanges.map((c) => ({
       iteration: c.iteration,
       label: keyValues(c.changes),

@@ -17,10 +17,14 @@ import type {
   RewardOutput,
   RolloutShardInput,
   RolloutShardOutput,
+  ScoreValidationInput,
   StagedCheckpoint,
   UpdateInput,
   UpdateOutput,
+  ValidationOutput,
+  ValidationShardInput,
 } from '../../activities/types.js';
+import type { DatasetIdentity } from '../../activities/datasets/index.js';
 
 export type ActivityName = keyof CampaignActivities;
 
@@ -48,6 +52,8 @@ export interface RecordingOptions {
   silentMsWhen?: (call: RecordedCall) => number | undefined;
   /** Mean reward reported for an iteration; default rises with the iteration. */
   rewardFor?: (iteration: number) => number;
+  /** What prepareInputs reports of a dataset task's files; default none (a built-in task). */
+  datasets?: { train: DatasetIdentity; validation?: DatasetIdentity };
 }
 
 export function badInput(message: string): ApplicationFailure {
@@ -108,7 +114,8 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
   const activities: CampaignActivities = {
     prepareInputs: (input: PrepareInputsInput): Promise<PrepareInputsOutput> =>
       record('prepareInputs', { campaignId: input.campaignId, iteration: 0 }, input, () => ({
-        dataset: null,
+        dataset: opts.datasets?.train ?? null,
+        validationDataset: opts.datasets?.validation ?? null,
       })),
     preparePolicy: (input: PrepareInput): Promise<PrepareOutput> => {
       const iteration = input.source.kind === 'fork' ? input.source.checkpoint.iteration : 0;
@@ -132,6 +139,31 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
         stdReward: 0.1,
         passRate: rewardFor(input.iteration),
       })),
+    validationShard: (input: ValidationShardInput): Promise<RolloutShardOutput> =>
+      record('validationShard', { ...input, iteration: input.policy.iteration }, input, () => ({
+        shard: input.shard,
+        chunks: Math.ceil(input.promptCount / input.spec.chunkSize),
+        samples: input.promptCount * input.validation.samples,
+        tokens: input.promptCount * input.validation.samples * 10,
+        tokensPerSecond: 1000,
+        chunksRedone: 0,
+      })),
+    scoreValidation: (input: ScoreValidationInput): Promise<ValidationOutput> =>
+      record(
+        'scoreValidation',
+        { campaignId: input.campaignId, iteration: input.policy.iteration },
+        input,
+        () => ({
+          iteration: input.policy.iteration,
+          k: input.validation.samples,
+          prompts: input.dataset.rows,
+          meanReward: rewardFor(input.policy.iteration),
+          passAtK: rewardFor(input.policy.iteration),
+          bySource: {
+            all: { prompts: input.dataset.rows, meanReward: rewardFor(input.policy.iteration), passAtK: 1 },
+          },
+        }),
+      ),
     updatePolicy: (input: UpdateInput): Promise<UpdateOutput> =>
       record('updatePolicy', input, input, () => ({
         staged: staged(input.campaignId, input.iteration),

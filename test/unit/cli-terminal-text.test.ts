@@ -41,6 +41,19 @@ function hostileState(): CampaignState {
     reason: hostile,
     at: new Date(0).toISOString(),
   });
+  state.validations = [
+    {
+      iteration: 0,
+      k: 1,
+      prompts: 1,
+      meanReward: 0,
+      passAtK: 0,
+      bySource: {
+        [hostile]: { prompts: 1, meanReward: 0, passAtK: 0 },
+        b: { prompts: 0, meanReward: 0, passAtK: 0 },
+      },
+    },
+  ];
   state.lastFailure = {
     iteration: 1,
     stage: 'update',
@@ -111,6 +124,17 @@ describe('terminal output holds no control characters from reasons and failure m
           rolloutTokensPerSecond: null,
           chunksRedone: null,
           trainMetrics: null,
+          validation: {
+            iteration: 1,
+            k: 4,
+            prompts: 3,
+            meanReward: 0.25,
+            passAtK: 2 / 3,
+            bySource: {
+              [`gsm8k${hostile}`]: { prompts: 2, meanReward: 0.375, passAtK: 1 },
+              other: { prompts: 1, meanReward: 0, passAtK: 0 },
+            },
+          },
         },
       ],
       hyperparameterChanges: [
@@ -123,6 +147,10 @@ describe('terminal output holds no control characters from reasons and failure m
     assert.match(
       text,
       /reward function failures:\n {2}iteration 1: 3 samples scored 0 \(timeout=2 exception=1\)/,
+    );
+    assert.match(
+      text,
+      /validation:\n {2}checkpoint 1: mean reward 0\.250, pass@4 0\.667 over 3 prompts; by data_source \(mean reward \/ pass@4\): gsm8k.* 0\.375 \/ 1\.000, other 0\.000 \/ 0\.000/,
     );
   });
 });

@@ -43,7 +43,7 @@ function state(overrides: Partial<CampaignState> = {}): CampaignState {
       { iteration: 4, stage: 'rollout', startedAt: '2026-12-01T00:00:01.000Z' },
       { iteration: 4, stage: 'rollout', startedAt: '2026-12-01T00:00:01.000Z' },
     ],
-    retries: { prepare: 0, rollout: 0, reward: 0, update: 0, checkpoint: 0 },
+    retries: { prepare: 0, rollout: 0, reward: 0, update: 0, checkpoint: 0, validation: 0 },
     lastFailure: null,
     recentIterations: [
       iteration(1, { rollout: 2, reward: 1, update: 4, checkpoint: 1 }),

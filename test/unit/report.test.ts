@@ -9,6 +9,9 @@ import { after, describe, it } from 'node:test';
 import { UsageError } from '../../cli/errors.js';
 import { historyFromRecords, type ActivityRecord, type CampaignRecords } from '../../cli/history.js';
 import type { ReportSource } from '../../cli/report/collect.js';
+import { parse, View } from 'vega';
+import { compile } from 'vega-lite';
+import { charts } from '../../cli/report/charts.js';
 import { buildReport, iterationsCsv } from '../../cli/report/index.js';
 import { unionSeconds } from '../../cli/report/economics.js';
 import { resolvePrices } from '../../cli/report/prices.js';
@@ -214,6 +217,55 @@ describe('report formulas', () => {
     assert.equal(r.economics.totalCost, null);
     assert.equal(r.economics.interruptions.lostCost, null);
     assert.equal(r.economics.pools.train.busySeconds, 20);
+  });
+
+  it('validated checkpoints become the validation chart: all prompts, then each data_source', async () => {
+    const scored = (iteration: number, meanReward: number) =>
+      act({
+        activity: 'scoreValidation',
+        stage: 'validation',
+        iteration,
+        scheduledAt: s(iteration * 20 + 11),
+        closedAt: s(iteration * 20 + 12),
+        result: {
+          iteration,
+          k: 4,
+          prompts: 3,
+          meanReward,
+          passAtK: 2 * meanReward,
+          bySource: { gsm8k: { prompts: 2, meanReward: meanReward + 0.1, passAtK: 1 } },
+          attempt: 1,
+        },
+      });
+    const withValidation = { ...records, activities: [...activities, scored(0, 0.1), scored(1, 0.3)] };
+    const r = buildReport(
+      { ...source, records: withValidation, history: historyFromRecords(withValidation) },
+      resolvePrices({}, spec),
+      null,
+    );
+    assert.deepEqual(
+      r.validations.map((v) => [v.iteration, v.dataSource, v.meanReward, v.passAtK, v.k]),
+      [
+        [0, 'all', 0.1, 0.2, 4],
+        [0, 'gsm8k', 0.2, 1, 4],
+        [1, 'all', 0.3, 0.6, 4],
+        [1, 'gsm8k', 0.4, 1, 4],
+      ],
+    );
+    const chart = charts(r).find((c) => c.id === 'validation');
+    const rows = (chart?.spec?.data as { values: { series: string }[] } | undefined)?.values ?? [];
+    assert.equal(rows.length, 8, 'mean reward and pass@4 per checkpoint and source');
+    assert.deepEqual([...new Set(rows.map((v) => v.series))], ['mean reward', 'pass@4']);
+    // Vega-Lite compiles it and Vega draws a panel per source, a point per row.
+    const view = new View(parse(compile(chart!.spec as never).spec), { renderer: 'none' });
+    await view.runAsync();
+    const svg = await view.toSVG();
+    assert.equal(svg.match(/aria-roledescription="point"/g)?.length, 8, 'eight points');
+    assert.ok(svg.includes('gsm8k') && svg.includes('all'), 'a panel per source');
+    assert.equal(
+      charts(buildReport(source, resolvePrices({}, spec), null)).find((c) => c.id === 'validation')?.spec,
+      null,
+    );
   });
 
   it('bad prices name the flag or the file and field', () => {

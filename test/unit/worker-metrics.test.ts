@@ -32,6 +32,22 @@ function fakeActivities(failure: { current: unknown }): CampaignActivities {
       }) as never,
     commitCheckpoint: async () => (maybeFail(), {}) as never,
     exportPolicy: async () => (maybeFail(), {}) as never,
+    validationShard: async () => (maybeFail(), {}) as never,
+    scoreValidation: async (input) => (
+      maybeFail(),
+      {
+        attempt: 1,
+        iteration: input.policy.iteration,
+        k: 1,
+        prompts: 3,
+        meanReward: 0.5,
+        passAtK: 2 / 3,
+        bySource: {
+          a: { prompts: 2, meanReward: 0.75, passAtK: input.policy.iteration === 1 ? 1 : 2 / 3 },
+          ...(input.policy.iteration === 1 ? { b: { prompts: 1, meanReward: 0, passAtK: 0 } } : {}),
+        },
+      }
+    ),
   };
 }
 
@@ -122,6 +138,35 @@ describe('worker metrics wrapper (fake activities)', () => {
     assert.ok(!iterations.some((v) => v.labels.campaign === 'c0'), 'the oldest campaign is dropped');
     assert.equal(await value(m, 'moerl_campaign_iteration', { campaign: 'c69' }), 70);
     assert.equal(await value(m, 'moerl_campaign_mean_reward', { campaign: 'c69' }), 0.25);
+  });
+
+  test('validation gauges: the latest checkpoint per campaign and data_source, a source no longer scored dropped', async () => {
+    const m = createWorkerMetrics();
+    const a = m.instrument(fakeActivities({ current: undefined }));
+    const score = (campaignId: string, iteration: number) =>
+      new MockActivityEnvironment().run(a.scoreValidation, {
+        campaignId,
+        policy: { iteration },
+      } as never);
+    await score('c1', 1);
+    assert.equal(await value(m, 'moerl_validation_iteration', { campaign: 'c1' }), 1);
+    assert.equal(await value(m, 'moerl_validation_mean_reward', { campaign: 'c1', data_source: '' }), 0.5);
+    assert.equal(await value(m, 'moerl_validation_pass_at_k', { campaign: 'c1', data_source: 'a' }), 1);
+    assert.equal(await value(m, 'moerl_validation_pass_at_k', { campaign: 'c1', data_source: 'b' }), 0);
+    await score('c1', 2);
+    const sources = (await m.registry.getSingleMetric('moerl_validation_mean_reward')!.get()).values.map(
+      (v) => v.labels.data_source,
+    );
+    assert.deepEqual(sources.sort(), ['', 'a'], 'source b is gone with checkpoint 1');
+    assert.equal(await value(m, 'moerl_validation_pass_at_k', { campaign: 'c1', data_source: 'a' }), 2 / 3);
+    for (let c = 0; c < 70; c++) await score(`x${c}`, 3);
+    const campaigns = new Set(
+      (await m.registry.getSingleMetric('moerl_validation_mean_reward')!.get()).values.map(
+        (v) => v.labels.campaign,
+      ),
+    );
+    assert.equal(campaigns.size, 64);
+    assert.ok(!campaigns.has('c1') && campaigns.has('x69'), 'the campaign validated longest ago is dropped');
   });
 
   test('fake server: a retry counts under how the server says the previous attempt ended', async () => {
