@@ -114,6 +114,17 @@ describe('kubernetes launcher manifests', () => {
     assert.equal(new Set(names).size, names.length, `duplicate variables: ${names.join(' ')}`);
   });
 
+  it("runs a PyTorch trainer's job as any other: the spec's image, the rank program, the interpreter the image's", () => {
+    const job = { ...spec.job, trainer: 'pytorch' as const, hfCheckpoint: { dir: 'hf-out', initArgs: [] } };
+    const image = 'registry.example/moerl:0.1.0-pytorch';
+    const rank = jobManifest({ ...spec, job }, { ...settings, image }).spec!.template.spec!.containers[0]!;
+    assert.equal(rank.image, image);
+    assert.deepEqual(rank.command, ['node', 'dist/workers/rank.js']);
+    const vars = Object.fromEntries((rank.env ?? []).map((e) => [e.name, e.value]));
+    assert.deepEqual(JSON.parse(vars.MOERL_JOB!), job);
+    assert.equal(vars.MOERL_PYTORCH_PYTHON, undefined, 'the image sets it (the Dockerfile pytorch target)');
+  });
+
   it('requests the spec resources, limits equal to requests', () => {
     const amounts = {
       cpu: '16',
