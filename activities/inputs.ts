@@ -5,22 +5,32 @@
 // prompt's length under the model's own chat template — with every problem named at once. The
 // dataset's identity (sha256, bytes, rows) is what the workflow then holds: shards draw their rows
 // from it, and a file that changes under the campaign is refused by its hash. A validation file
-// is checked the same way, against the validation's maxNewTokens.
+// is checked the same way, against the validation's maxNewTokens. The rows an SFT warm start
+// learns are rendered here too, where the tokenizer is: the prompt with the chat template, the
+// row's reference completion (task.dataset.responseKey) then the eos token, as the token ids
+// moe_train sft reads (keys.sftExamplesKey).
 import { join } from 'node:path';
 import { Context } from '@temporalio/activity';
+import type { CampaignSpec } from '../workflows/spec.js';
 import { isHfModel } from '../workflows/spec-model.js';
 import { campaignValidation } from '../workflows/spec-validation.js';
-import { validateDataset } from './datasets/index.js';
-import type { DatasetIdentity } from './datasets/index.js';
+import { DatasetError, epochPermutation, readDatasetRows, validateDataset } from './datasets/index.js';
+import { ProblemList } from './datasets/errors.js';
+import type { DatasetIdentity, DatasetInput } from './datasets/index.js';
 import { withHeartbeat } from './heartbeat.js';
 import * as keys from './layout.js';
 import { campaignTokenizer, copyModelFiles, hfModelLocation } from './models/source.js';
+import type { HfTokenizer } from './models/tokenizer.js';
 import { datasetInput, datasetSpecOf } from './prompts.js';
 import type { ActivityDeps } from './deps.js';
+import type { ObjectStore } from './store/types.js';
 import type { PrepareInputsInput, PrepareInputsOutput } from './types.js';
 
 /** moe_train init --from-hf's context without --max-seq-len: min(max_position_embeddings, this). */
 export const defaultHfContextLength = 4096;
+
+/** Rows per optimizer step of a Hugging Face model's SFT warm start (moe_train sft --batch-size). */
+export const sftBatchSize = 64;
 
 export async function prepareInputs(
   deps: ActivityDeps,
@@ -55,12 +65,15 @@ export async function prepareInputs(
         );
       const d = datasetSpecOf(spec);
       const rewards = spec.rewards;
+      // The warm start learns each training row's reference completion: every row needs one.
+      const warmStart = spec.sftWarmStartSteps > 0 && !input.forkFrom;
       const check = (which: 'train' | 'validation', maxNewTokens: number) => {
         progress.step = `dataset ${which}`;
         return validateDataset(datasetInput(spec, which, deps.openStore), {
           format: d.format,
           columns: d,
           cacheDir: join(deps.cacheDir, 'datasets'),
+          ...(warmStart && which === 'train' ? { responseKey: d.responseKey } : {}),
           ...(rewards
             ? {
                 rewards: {
@@ -82,6 +95,14 @@ export async function prepareInputs(
         });
       };
       const train = await check('train', spec.hyperparameters.maxNewTokens);
+      if (warmStart) {
+        progress.step = 'sft examples';
+        const trainFile = datasetInput(spec, 'train', deps.openStore);
+        await writeSftExamples(
+          { store, campaignId, spec, input: trainFile, identity: train, tokenizer, positions },
+          deps,
+        );
+      }
       const validation = campaignValidation(spec);
       return {
         train,
@@ -96,4 +117,52 @@ export async function prepareInputs(
     validationDataset: datasets?.validation ?? null,
     attempt: ctx.info.attempt,
   };
+}
+
+/**
+ * The rows an SFT warm start learns, one `{"prompt_tokens","tokens"}` line each: the first
+ * min(rows, steps × sftBatchSize) rows of the dataset's epoch-0 order, which moe_train sft cycles
+ * through. A row too long for the model's context is named with its field.
+ */
+async function writeSftExamples(
+  req: {
+    store: ObjectStore;
+    campaignId: string;
+    spec: CampaignSpec;
+    input: DatasetInput;
+    identity: DatasetIdentity;
+    tokenizer: HfTokenizer;
+    positions: number;
+  },
+  deps: ActivityDeps,
+): Promise<void> {
+  const { spec, identity, tokenizer, positions } = req;
+  const d = datasetSpecOf(spec);
+  const responseKey = d.responseKey as string; // the spec refuses a warm start without it
+  const count = Math.min(identity.rows, spec.sftWarmStartSteps * sftBatchSize);
+  const order = epochPermutation({ seed: spec.seed, rows: identity.rows }, 0).subarray(0, count);
+  const rows = await readDatasetRows(req.input, [...order], {
+    format: d.format,
+    columns: d,
+    cacheDir: join(deps.cacheDir, 'datasets'),
+    expectedSha256: identity.sha256,
+    responseKey,
+  });
+  const problems = new ProblemList();
+  const lines = rows.map((row) => {
+    const prompt = tokenizer.renderChat(
+      row.prompt.map((m) => ({ ...m })),
+      { addGenerationPrompt: true },
+    ).ids;
+    const completion = [...tokenizer.encode(row.response as string), tokenizer.eosTokenId];
+    if (prompt.length + completion.length > positions)
+      problems.add(
+        `row ${row.row}: ${responseKey}: the prompt and this completion are ${prompt.length + completion.length} tokens, over the model's context of ${positions} positions`,
+      );
+    return JSON.stringify({ prompt_tokens: prompt, tokens: completion });
+  });
+  if (problems.count > 0) throw new DatasetError(`${d.train} (SFT warm start)`, problems.list());
+  await req.store.put(keys.sftExamplesKey(req.campaignId), lines.join('\n') + '\n', {
+    contentType: 'application/x-ndjson',
+  });
 }

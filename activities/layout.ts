@@ -31,6 +31,9 @@ export const hfModelFiles = [
   'added_tokens.json',
 ] as const;
 
+/** A Hugging Face model's SFT warm start examples as token ids (moe_train sft --data), rendered once. */
+export const sftExamplesKey = (campaignId: string) => `${campaignPrefix(campaignId)}/sft/examples.jsonl`;
+
 export const rolloutShardPrefix = (campaignId: string, iteration: number, shard: number) =>
   `${campaignPrefix(campaignId)}/rollouts/${pad6(iteration)}/shard-${shard}`;
 export const rolloutChunkKey = (campaignId: string, iteration: number, shard: number, chunk: number) =>

@@ -13,6 +13,7 @@ import {
   stagedCheckpointFromManifest,
 } from './checkpoints.js';
 import { heartbeatUntilStopped } from './heartbeat.js';
+import { sftBatchSize } from './inputs.js';
 import { hfModelLocation } from './models/source.js';
 import * as keys from './layout.js';
 import type { ActivityDeps } from './deps.js';
@@ -394,6 +395,20 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
   return { ...out, ...jobTimes, attempt: ctx.info.attempt };
 }
 
+/** moe_train sft on the policy init made, from `examples` (a built-in task or a file of them). */
+// prettier-ignore
+const sftStep = (spec: CampaignSpec, examples: string[]) => [
+  'sft',
+  '--checkpoint', '{work}/init',
+  '--out', '{work}/out',
+  ...examples,
+  '--steps', String(spec.sftWarmStartSteps),
+  '--seed', String(spec.seed),
+  '--lr', '3e-3',
+  '--warmup-steps', '10',
+  '--metrics', '{work}/metrics/metrics.jsonl',
+];
+
 export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Promise<PrepareOutput> {
   const ctx = Context.current();
   const { spec, campaignId } = input;
@@ -417,6 +432,7 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
   const prefix = keys.jobPrefix(campaignId, name);
   const m = spec.model;
   let steps: string[][];
+  const inputLists: RankJob['inputLists'] = [];
   let hfModel: RankJob['hfModel'];
   let what: string;
   let pytorchJob: Partial<RankJob> = {};
@@ -431,8 +447,17 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
     // Each rank fetches and imports only its own tensors (workers/rank.ts).
     const source = hfModelLocation(m, spec.store);
     hfModel = { store: absoluteStore(source.location), prefix: source.prefix, dir: 'hf' };
-    what = `import of ${m.huggingFace}`;
-    steps = [['init', '--from-hf', '{work}/hf', '--out', '{work}/out', ...importArgs(m)]];
+    // The warm start learns the dataset's rows as prepareInputs rendered them (token ids).
+    const sft = spec.sftWarmStartSteps > 0;
+    what = sft ? `import of ${m.huggingFace} and SFT warm start` : `import of ${m.huggingFace}`;
+    steps = [
+      ['init', '--from-hf', '{work}/hf', '--out', sft ? '{work}/init' : '{work}/out', ...importArgs(m)],
+    ];
+    if (sft) {
+      await store.put(`${prefix}/sft.json`, JSON.stringify({ keys: [keys.sftExamplesKey(campaignId)] }));
+      inputLists.push({ indexKey: `${prefix}/sft.json`, dir: 'sft', listFile: 'sft.txt' });
+      steps.push(sftStep(spec, ['--data', '{work}/sft/0.jsonl', '--batch-size', String(sftBatchSize)]));
+    }
   } else {
     const sft = spec.sftWarmStartSteps > 0 && 'builtin' in spec.task;
     what = sft ? 'SFT warm start' : 'policy initialisation';
@@ -449,19 +474,7 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
       '--expert-dim', String(m.expertHidden ?? m.hidden),
       '--max-seq-len', String(m.contextLength),
     ];
-    // prettier-ignore
-    const warmStart = sft && 'builtin' in spec.task ? [[
-      'sft',
-      '--checkpoint', '{work}/init',
-      '--out', '{work}/out',
-      '--task', spec.task.builtin,
-      '--steps', String(spec.sftWarmStartSteps),
-      '--seed', String(spec.seed),
-      '--lr', '3e-3',
-      '--warmup-steps', '10',
-      '--metrics', '{work}/metrics/metrics.jsonl',
-    ]] : [];
-    steps = [init, ...warmStart];
+    steps = [init, ...(sft && 'builtin' in spec.task ? [sftStep(spec, ['--task', spec.task.builtin])] : [])];
   }
   const jobTimes = await runTrainJob(deps, store, {
     name,
@@ -472,7 +485,7 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
     job: {
       store: absoluteStore(spec.store),
       checkpoints: [],
-      inputLists: [],
+      inputLists,
       ...(hfModel ? { hfModel } : {}),
       steps,
       outputs: trainOutputs(campaignId, 0, prefix),

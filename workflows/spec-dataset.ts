@@ -52,15 +52,14 @@ const datasetRef = (what: string) =>
     .describe(`${what}: a key of the campaign's store (datasets/train.parquet) or s3://bucket/key`);
 
 // A column, or a dotted path into a struct column: reward_model.ground_truth.
+const path = z
+  .string()
+  .regex(
+    /^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$/,
+    'must be a column name or a dotted path into one, e.g. reward_model.ground_truth',
+  );
 const fieldPath = (what: string, fallback: string) =>
-  z
-    .string()
-    .regex(
-      /^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$/,
-      'must be a column name or a dotted path into one, e.g. reward_model.ground_truth',
-    )
-    .default(fallback)
-    .describe(`${what} (default ${fallback})`);
+  path.default(fallback).describe(`${what} (default ${fallback})`);
 
 export const datasetSchema = z.strictObject({
   train: datasetRef('the training prompts'),
@@ -74,5 +73,10 @@ export const datasetSchema = z.strictObject({
   ),
   abilityKey: fieldPath('the task category, copied into the records', 'ability'),
   extraInfoKey: fieldPath("an object handed to the row's reward function as is", 'extra_info'),
+  responseKey: path
+    .optional()
+    .describe(
+      "the reference completion of a row (a string), learned by the SFT warm start (sftWarmStartSteps); verl's SFT layout keeps it at extra_info.answer",
+    ),
 });
 export type DatasetSpec = z.output<typeof datasetSchema>;

@@ -193,10 +193,10 @@ export const campaignSpecSchema = z
           ['task'],
           'a Hugging Face model trains on a dataset (task.dataset): the built-in tasks have their own tokenizer',
         );
-      if (s.sftWarmStartSteps > 0)
+      if (s.sftWarmStartSteps > 0 && 'dataset' in s.task && s.task.dataset.responseKey === undefined)
         problem(
-          ['sftWarmStartSteps'],
-          'the SFT warm start is for the built-in tasks; a Hugging Face model starts trained',
+          ['task', 'dataset', 'responseKey'],
+          "the SFT warm start learns each row's reference completion: name its field (verl's SFT layout: extra_info.answer)",
         );
       if (s.engine.trainer === 'pytorch' && s.sftWarmStartSteps > 0)
         problem(

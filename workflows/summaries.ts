@@ -8,13 +8,12 @@ import { isHfModel } from './spec-model.js';
 import type { CampaignState, StageName } from './types.js';
 
 export function prepareSummary(spec: CampaignSpec, iteration: number, forkFrom?: CheckpointRef): string {
+  const sft = spec.sftWarmStartSteps > 0 ? ` + SFT ${spec.sftWarmStartSteps} steps` : '';
   const source = forkFrom
     ? `fork of ${forkFrom.campaignId} at iteration ${forkFrom.iteration}`
     : isHfModel(spec.model)
-      ? `import ${spec.model.huggingFace}`
-      : spec.sftWarmStartSteps > 0
-        ? `init + SFT ${spec.sftWarmStartSteps} steps`
-        : 'init';
+      ? `import ${spec.model.huggingFace}${sft}`
+      : `init${sft}`;
   return `prepare it ${iteration} (${source}, ${spec.epWorldSize} ranks)`;
 }
 

@@ -24,6 +24,8 @@ export interface ReadRowsOptions {
    */
   expectedSha256?: string;
   maxLineBytes?: number;
+  /** Read each row's reference completion too (task.dataset.responseKey), required. */
+  responseKey?: string;
 }
 
 /** The rows at `indices` (any order, repeats allowed), in that order. */
@@ -40,7 +42,7 @@ export async function readDatasetRows(
   const source = describeInput(input);
   const problems: string[] = [];
   const keep = (row: number, record: unknown, where: string) => {
-    const got = toDatasetRow(record, row, opts.columns);
+    const got = toDatasetRow(record, row, opts.columns, opts.responseKey);
     if (got.problems) problems.push(...got.problems.map((p) => `${where}: ${p}`));
     else found.set(row, got.row);
   };
@@ -48,7 +50,10 @@ export async function readDatasetRows(
   else {
     const local = await localCopy(input, opts.cacheDir, opts.expectedSha256);
     const pq = await openParquet(local.path);
-    const columns = topLevelColumns(opts.columns).filter((c) => pq.columns.includes(c));
+    const columns = [
+      ...topLevelColumns(opts.columns),
+      ...(opts.responseKey ? [opts.responseKey.split('.')[0] as string] : []),
+    ].filter((c, i, all) => pq.columns.includes(c) && all.indexOf(c) === i);
     const cache = await parquetRowCache(local.path, local.sha256, columns, opts.cacheDir);
     const records = await readCachedRecords(
       cache,

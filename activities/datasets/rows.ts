@@ -20,6 +20,8 @@ export interface DatasetRow {
   /** The reference answer for the reward function (any JSON value); absent when the row has none. */
   groundTruth?: unknown;
   extraInfo?: Record<string, unknown>;
+  /** The reference completion an SFT warm start learns; read only when asked for (responseKey). */
+  response?: string;
 }
 
 /** The spec's column names (task.dataset.*Key). */
@@ -108,12 +110,14 @@ function readPrompt(value: unknown): ChatMessage[] | string {
 
 /**
  * The row, or the problems of the record (each `FIELD: what is wrong`, without the row number,
- * which the caller knows). `record` is JSON-safe (see jsonSafe).
+ * which the caller knows). `record` is JSON-safe (see jsonSafe). With `responseKey` (the spec's
+ * task.dataset.responseKey) the row's reference completion is read too, and required.
  */
 export function toDatasetRow(
   record: unknown,
   row: number,
   columns: DatasetColumns,
+  responseKey?: string,
 ): { row: DatasetRow; problems?: undefined } | { row?: undefined; problems: string[] } {
   if (record === null || typeof record !== 'object' || Array.isArray(record))
     return { problems: [`${describe(record)}, expected an object`] };
@@ -140,6 +144,12 @@ export function toDatasetRow(
   if (!missing(extraInfo) && (typeof extraInfo !== 'object' || Array.isArray(extraInfo)))
     problems.push(`${fieldName(columns, 'extraInfoKey')}: ${describe(extraInfo)}, expected an object`);
 
+  const response = responseKey === undefined ? undefined : valueAtPath(r, responseKey);
+  if (responseKey !== undefined && (typeof response !== 'string' || response === ''))
+    problems.push(
+      `${responseKey} (task.dataset.responseKey): ${missing(response) ? 'missing' : describe(response)}, expected the reference completion, a non-empty string`,
+    );
+
   if (problems.length > 0) return { problems };
   const groundTruth = valueAtPath(r, columns.groundTruthKey);
   return {
@@ -150,6 +160,7 @@ export function toDatasetRow(
       ...(missing(ability) ? {} : { ability: ability as string }),
       ...(missing(groundTruth) ? {} : { groundTruth }),
       ...(missing(extraInfo) ? {} : { extraInfo: extraInfo as Record<string, unknown> }),
+      ...(typeof response === 'string' ? { response } : {}),
     },
   };
 }

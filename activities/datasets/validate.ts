@@ -47,6 +47,8 @@ export interface ValidateOptions {
   cacheDir: string;
   rewards?: RewardMapping;
   promptLimit?: PromptLimit;
+  /** Every row needs its reference completion here (task.dataset.responseKey: an SFT warm start). */
+  responseKey?: string;
   maxProblems?: number;
   maxLineBytes?: number;
 }
@@ -71,7 +73,7 @@ class RowChecks {
   }
 
   async record(row: number, record: unknown): Promise<void> {
-    const got = toDatasetRow(record, row, this.opts.columns);
+    const got = toDatasetRow(record, row, this.opts.columns, this.opts.responseKey);
     if (got.problems) {
       for (const p of got.problems) this.problems.add(`${rowName(this.opts.format, row)}: ${p}`);
       return;
@@ -169,12 +171,18 @@ async function validateParquet(
     return { ...identity, rows: 0 };
   }
   // A required column the file lacks is one problem, not one per row.
-  const wanted = topLevelColumns(opts.columns);
-  const required = [opts.columns.promptKey, opts.columns.dataSourceKey].map((p) => p.split('.')[0] as string);
-  const absent = required.filter((c) => !pq.columns.includes(c));
+  const { promptKey, dataSourceKey } = opts.columns;
+  const requiredKeys = {
+    promptKey,
+    dataSourceKey,
+    ...(opts.responseKey ? { responseKey: opts.responseKey } : {}),
+  };
+  const column = (path: string) => path.split('.')[0] as string;
+  const wanted = [...topLevelColumns(opts.columns), ...(opts.responseKey ? [column(opts.responseKey)] : [])];
+  const absent = Object.entries(requiredKeys).filter(([, path]) => !pq.columns.includes(column(path)));
   if (absent.length > 0) {
     checks.problems.add(
-      `no column ${absent.map((c) => `"${c}"`).join(' or ')} (the file's columns: ${pq.columns.join(', ')}); map the names with task.dataset.promptKey / dataSourceKey`,
+      `no column ${absent.map(([, path]) => `"${column(path)}"`).join(' or ')} (the file's columns: ${pq.columns.join(', ')}); map the names with task.dataset.${absent.map(([key]) => key).join(' / ')}`,
     );
     return { ...identity, rows: pq.rows };
   }

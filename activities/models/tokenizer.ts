@@ -68,6 +68,9 @@ export class HfTokenizer {
     private readonly chatTemplate: ChatTemplate,
     eosTokenIds: number[],
     private readonly cleanUpSpaces: boolean,
+    /** The id a completion moerl writes ends with (an SFT example's): the tokenizer's own
+     * eos_token, else the first eos_token_id of the generation config. */
+    readonly eosTokenId: number,
   ) {
     this.vocabSize = vocabSizeOf(tokenizer);
     this.eosTokenIds = eosTokenIds;
@@ -167,6 +170,7 @@ export async function loadTokenizer(dir: string): Promise<HfTokenizer> {
     }
     eos.add(id);
   }
+  let ownEos: number | undefined;
   if (specialTokens.eos_token !== undefined) {
     const id = tokenizer.token_to_id(specialTokens.eos_token);
     if (id === undefined) {
@@ -176,6 +180,7 @@ export async function loadTokenizer(dir: string): Promise<HfTokenizer> {
       );
     }
     eos.add(id);
+    ownEos = id;
   }
   if (eos.size === 0) {
     throw new TokenizerFileError(
@@ -190,6 +195,7 @@ export async function loadTokenizer(dir: string): Promise<HfTokenizer> {
     chatTemplate,
     eosTokenIds,
     config.clean_up_tokenization_spaces === true,
+    ownEos ?? (generation?.ids[0] as number),
   );
 }
 

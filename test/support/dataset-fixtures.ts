@@ -1,7 +1,8 @@
 // Prompt datasets in verl's row schema for tests and benchmarks: arithmetic word problems with
-// `\boxed{}` answers, written as JSONL (streamed) and as Parquet the way pyarrow lays verl's
-// files out (prompt a list of {content, role} structs, reward_model and extra_info structs),
-// a batch of rows at a time so a million rows never sit in memory at once.
+// `\boxed{}` answers and a worked answer in extra_info.answer (where verl's gsm8k keeps it),
+// written as JSONL (streamed) and as Parquet the way pyarrow lays verl's files out (prompt a
+// list of {content, role} structs, reward_model and extra_info structs), a batch of rows at a
+// time so a million rows never sit in memory at once.
 //   node dist/test/support/dataset-fixtures.js OUT_DIR [ROWS]
 // writes OUT_DIR/{train,validation}.{parquet,jsonl} (ROWS train rows, default 64; a tenth as
 // many validation rows).
@@ -18,7 +19,7 @@ export interface VerlRow {
   prompt: { role: string; content: string }[];
   ability: string;
   reward_model: { style: string; ground_truth: string };
-  extra_info: { split: string; index: number };
+  extra_info: { split: string; index: number; answer: string };
 }
 
 /** Row `index` of a split: a + b with a, b from the index, so every row differs and is known. */
@@ -36,7 +37,7 @@ export function arithmeticRow(index: number, split = 'train'): VerlRow {
     ],
     ability: 'math',
     reward_model: { style: 'rule', ground_truth: String(a + b) },
-    extra_info: { split, index },
+    extra_info: { split, index, answer: `${a} + ${b} = ${a + b}. The answer is \\boxed{${a + b}}.` },
   };
 }
 
@@ -72,7 +73,8 @@ const verlSchema = [
   { name: 'reward_model', repetition_type: 'OPTIONAL' as const, num_children: 2 },
   text('ground_truth'),
   text('style'),
-  { name: 'extra_info', repetition_type: 'OPTIONAL' as const, num_children: 2 },
+  { name: 'extra_info', repetition_type: 'OPTIONAL' as const, num_children: 3 },
+  text('answer'),
   { name: 'index', type: 'INT64' as const, repetition_type: 'OPTIONAL' as const },
   text('split'),
 ];

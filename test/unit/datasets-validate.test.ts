@@ -1,7 +1,8 @@
 // Dataset validation on local files: verl-schema Parquet and JSONL validate with their identity
 // (sha256 of the bytes, size, rows); every malformed case is named with its row and field —
 // a missing prompt, wrong types, an empty file, a data_source without a reward function, a
-// prompt over the context length — all at once, capped with "and N more"; mapped column names.
+// prompt over the context length, a reference completion missing where an SFT warm start needs
+// one — all at once, capped with "and N more"; mapped column names.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -244,5 +245,34 @@ describe('datasets: malformed rows, all named at once', () => {
     assert.deepEqual(await problemsOf(path, options('jsonl', { maxLineBytes: 4096 })), [
       'row 1 (line 2): longer than 4096 bytes',
     ]);
+  });
+  it("an SFT warm start needs every row's reference completion at responseKey", async () => {
+    const rows = [
+      arithmeticRow(0),
+      { ...arithmeticRow(1), extra_info: { split: 'train', index: 1 } },
+      { ...arithmeticRow(2), extra_info: { split: 'train', index: 2, answer: 7 } },
+    ];
+    const jsonl = join(dir, 'answers.jsonl');
+    await writeJsonl(jsonl, rows);
+    const parquet = join(dir, 'answers.parquet');
+    writeVerlParquet(parquet, rows.slice(0, 2) as never);
+    const sft = { responseKey: 'extra_info.answer' };
+    assert.deepEqual(await problemsOf(jsonl, options('jsonl', sft)), [
+      'row 1 (line 2): extra_info.answer (task.dataset.responseKey): missing, expected the reference completion, a non-empty string',
+      'row 2 (line 3): extra_info.answer (task.dataset.responseKey): number 7, expected the reference completion, a non-empty string',
+    ]);
+    assert.deepEqual(await problemsOf(parquet, options('parquet', sft)), [
+      'row 1: extra_info.answer (task.dataset.responseKey): missing, expected the reference completion, a non-empty string',
+    ]);
+    // Without a warm start nothing asks for it.
+    assert.equal((await validateDataset({ path: jsonl }, options('jsonl'))).rows, 3);
+    const [noColumn] = await problemsOf(
+      join(dir, 'train.parquet'),
+      options('parquet', { responseKey: 'solution' }),
+    );
+    assert.match(
+      noColumn as string,
+      /^no column "solution" .*map the names with task\.dataset\.responseKey$/,
+    );
   });
 });

@@ -104,6 +104,11 @@ describe('HF tokenizer against the Python tokenizers library and transformers', 
   it('eosTokenIds: every eos_token_id of generation_config.json (a list or an int) plus the eos token', async () => {
     assert.deepEqual(tokenizer.eosTokenIds, [4093, 4095]);
     assert.equal(tokenizer.tokenId('<|im_end|>'), 4095);
+    assert.equal(
+      tokenizer.eosTokenId,
+      4095,
+      "the tokenizer's own eos_token ends the completions moerl writes",
+    );
     const single = join(work, 'single-eos');
     cpSync(dir, single, { recursive: true });
     writeFileSync(join(single, 'generation_config.json'), JSON.stringify({ eos_token_id: 4093 }));

@@ -1,13 +1,14 @@
 // The `model: { huggingFace }` and `rewards` sections of the spec: a model folder named like a
 // dataset (a store key prefix or s3://), the combinations a campaign cannot run refused with
-// their field, the rewards map's forms checked (a regex that does not compile, a Python function
-// named twice), and every problem reported at once.
+// their field, an SFT warm start only with the dataset's completion field named, the rewards
+// map's forms checked (a regex that does not compile, a Python function named twice), and every
+// problem reported at once.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { rewardFunctionsSpec } from '../../activities/reward.js';
 import { parseCampaignSpec } from '../../workflows/spec.js';
 import { isHfModel, parseModelRef } from '../../workflows/spec-model.js';
-import { hfSpecDoc, specProblems, validSpecDoc } from '../support/spec-docs.js';
+import { datasetTaskDoc, hfSpecDoc, specProblems, validSpecDoc } from '../support/spec-docs.js';
 
 const problems = specProblems;
 
@@ -41,11 +42,10 @@ describe('spec: Hugging Face models', () => {
     );
   });
 
-  it('trains on a dataset, with rewards, and without the built-in SFT warm start', () => {
+  it('trains on a dataset, with rewards', () => {
     const found = problems({
       ...validSpecDoc(),
       model: { huggingFace: 'models/q' },
-      sftWarmStartSteps: 10,
       rewards: { default: { kind: 'math' } },
     });
     assert.ok(
@@ -53,13 +53,31 @@ describe('spec: Hugging Face models', () => {
       found.join('\n'),
     );
     assert.ok(
-      found.some((p) => p.startsWith('sftWarmStartSteps:')),
-      found.join('\n'),
-    );
-    assert.ok(
       found.some((p) => p.startsWith('rewards:') && /for dataset tasks/.test(p)),
       found.join('\n'),
     );
+  });
+
+  it("warms up with SFT on the dataset's own completions: only when the spec names their field", () => {
+    const sft = (dataset: Record<string, unknown>) => ({
+      ...hfSpecDoc(),
+      task: { dataset: { ...(datasetTaskDoc().dataset as object), ...dataset } },
+      sftWarmStartSteps: 10,
+    });
+    const spec = parseCampaignSpec(sft({ responseKey: 'extra_info.answer' }));
+    assert.equal(spec.sftWarmStartSteps, 10);
+    assert.ok('dataset' in spec.task && spec.task.dataset.responseKey === 'extra_info.answer');
+    assert.match(
+      problems(sft({}))[0]!,
+      /^task\.dataset\.responseKey: got missing; the SFT warm start learns .*extra_info\.answer/,
+    );
+    assert.match(
+      problems(sft({ responseKey: 'extra info' }))[0]!,
+      /^task\.dataset\.responseKey: .*dotted path/,
+    );
+    // Without a warm start the field is optional, and nothing needs it.
+    const rl = parseCampaignSpec(hfSpecDoc());
+    assert.ok('dataset' in rl.task && rl.task.dataset.responseKey === undefined);
   });
 
   it("a dataset needs a model's chat template and its rewards (or an http reward model)", () => {
