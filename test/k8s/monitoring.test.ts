@@ -66,7 +66,12 @@ describe('k8s/monitoring added to an overlay', () => {
         const c = pod.spec.containers[0]!;
         const env = Object.fromEntries((c.env ?? []).map((e) => [e.name, e.value ?? '']));
         // What the worker makes of its environment, by its own parser.
-        assert.deepEqual(parseWorkerArgs([], env).metrics, { port: 9464, sdkPort: 9465, host: '0.0.0.0' });
+        assert.deepEqual(parseWorkerArgs([], env).metrics, {
+          port: 9464,
+          sdkPort: 9465,
+          host: '0.0.0.0',
+          demandIntervalMs: 10_000,
+        });
         const ports = (c as { ports?: { name: string; containerPort: number }[] }).ports ?? [];
         assert.deepEqual(
           ports.map((p) => [p.name, p.containerPort]),

@@ -261,12 +261,13 @@ describe('worker metrics wrapper (fake activities)', () => {
       port: undefined,
       sdkPort: undefined,
       host: '127.0.0.1',
+      demandIntervalMs: 10_000,
     });
     assert.deepEqual(
       parseWorkerArgs(['--metrics-port', '9464', '--metrics-host', '0.0.0.0'], {
         MOERL_SDK_METRICS_PORT: '9465',
       }).metrics,
-      { port: 9464, sdkPort: 9465, host: '0.0.0.0' },
+      { port: 9464, sdkPort: 9465, host: '0.0.0.0', demandIntervalMs: 10_000 },
     );
     assert.throws(
       () => parseWorkerArgs([], { MOERL_METRICS_PORT: 'x' }),
