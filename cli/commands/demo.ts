@@ -21,10 +21,15 @@ const pollMs = 500;
 export const demoCommand: Command = {
   name: 'demo',
   summary: 'run the demo campaign end to end on this machine (dev server + worker included)',
-  usage: 'demo [--set key=value]... [--state-dir DIR]',
-  options: { set: { type: 'string', multiple: true }, 'state-dir': { type: 'string' } },
+  usage: 'demo [--spec FILE] [--set key=value]... [--state-dir DIR]',
+  options: {
+    spec: { type: 'string' },
+    set: { type: 'string', multiple: true },
+    'state-dir': { type: 'string' },
+  },
   optionHelp: {
-    '--set key=value': 'override a field of examples/demo.yaml (repeatable), e.g. --set iterations=5',
+    '--spec FILE': 'run this campaign spec instead of examples/demo.yaml (e.g. examples/hf-arith/spec.yaml)',
+    '--set key=value': 'override a field of the spec (repeatable), e.g. --set iterations=5',
     '--state-dir DIR': 'where the dev server keeps its database and log (default .moerl/demo)',
   },
   details: `Needs the native tools (npm run setup builds them). Reward is the exact-match rate of the
@@ -32,7 +37,7 @@ sampled answers; it rises as GRPO trains the policy. With --json the last line i
 campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
   positionals: { min: 0, max: 0 },
   async run(ctx: CommandContext) {
-    const spec = loadSpecFile(demoSpecPath, ctx.strings('set').map(parseOverride));
+    const spec = loadSpecFile(ctx.string('spec') ?? demoSpecPath, ctx.strings('set').map(parseOverride));
     const stateDir = resolve(ctx.string('state-dir') ?? join('.moerl', 'demo'));
     mkdirSync(stateDir, { recursive: true });
     const stop = new AbortController();
