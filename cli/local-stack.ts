@@ -86,7 +86,8 @@ export async function withLocalStack<T>(
   }
   try {
     const connection = await connectWorkerConnection({ address: server.address, namespace: opts.namespace });
-    let activities = createActivities(workerActivityDeps(opts.stop.signal));
+    const deps = workerActivityDeps(opts.stop.signal);
+    let activities = createActivities(deps);
     let metricsServer: MetricsServer | undefined;
     try {
       if (opts.metrics?.port !== undefined) {
@@ -101,6 +102,7 @@ export async function withLocalStack<T>(
             intervalMs: opts.metrics.demandIntervalMs,
             signal: opts.stop.signal,
           },
+          rolloutRanks: deps.rolloutRanks.capacity,
         });
         ({ activities, server: metricsServer } = started);
       }

@@ -148,11 +148,12 @@ step_tools() {
 }
 
 # The test cluster: control plane (one build gives all five Kubernetes binaries), etcd, kwok,
-# the real node's containerd, CNI plugins and CoreDNS, and Kueue for the queueing tests. Built
+# the real node's containerd, CNI plugins and CoreDNS, Kueue for the queueing tests, and KEDA's CRDs
+# for the autoscaling manifests (a module download, nothing built). Built
 # once into the tools cache.
 step_kube_tools() {
   local tool path
-  for tool in kube-apiserver etcd kwok containerd cni-plugins coredns kueue; do
+  for tool in kube-apiserver etcd kwok containerd cni-plugins coredns kueue keda-crds; do
     path="$(run_tool "$tool")" || return 1
     say "tools: $tool $path"
   done

@@ -15,6 +15,8 @@
 #                                           kueue-crds/), the job queue of the queueing tests
 #   prometheus                              a Prometheus server without service discovery
 #                                           (static targets), for the opt-in scrape test
+#   keda-crds                               KEDA's CustomResourceDefinitions (a folder; nothing
+#                                           is built), for the autoscaling manifests' tests
 #
 # Order: the override variable (the name upper-cased with - as _, plus _PATH: KUBELET_PATH,
 # KUBE_APISERVER_PATH, ...; but TEMPORAL_CLI_PATH, and CNI_PLUGINS_DIR for the folder), then
@@ -39,6 +41,8 @@ COREDNS_VERSION=v1.15.0
 KUEUE_VERSION=v0.17.0
 # Prometheus 3's Go module versions are v0.3MM.P for v3.MM.P: v0.316.0 is Prometheus 3.16.0.
 PROMETHEUS_VERSION=v0.316.0
+# The KEDA release whose ScaledObject and TriggerAuthentication k8s/autoscaling is written for.
+KEDA_VERSION=v2.21.0
 # Kubernetes and etcd replace their own sub-modules with local paths, so `go install` refuses
 # them; they are built from wrapper modules whose go.mod (with go.sum) pins them instead:
 # k8s.io/kubernetes in scripts/kube-tools/kubernetes/go.mod, which also replaces each staging
@@ -63,7 +67,7 @@ usage() {
 # The build (a cache folder) that provides a tool, and the files that build must produce.
 build_of() {
   case "$1" in
-    temporal | versitygw | kwok | etcd | coredns | kueue | prometheus) echo "$1" ;;
+    temporal | versitygw | kwok | etcd | coredns | kueue | prometheus | keda-crds) echo "$1" ;;
     kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl) echo kubernetes ;;
     containerd | ctr) echo containerd ;;
     cni-plugins) echo cni-plugins ;;
@@ -77,6 +81,7 @@ build_outputs() {
     containerd) echo containerd ctr containerd-shim-runc-v2 ;;
     cni-plugins) basename -a "${CNI_PLUGINS[@]}" | tr '\n' ' ' ;;
     kueue) echo kueue kueue-crds ;;
+    keda-crds) echo crds ;;
     *) echo "$1" ;;
   esac
 }
@@ -109,6 +114,7 @@ build_version() {
     coredns) echo "$COREDNS_VERSION" ;;
     kueue) echo "$KUEUE_VERSION" ;;
     prometheus) echo "$PROMETHEUS_VERSION" ;;
+    keda-crds) echo "$KEDA_VERSION" ;;
     kubernetes) wrapper_version kubernetes k8s.io/kubernetes ;;
     etcd) wrapper_version etcd go.etcd.io/etcd/server/v3 ;;
   esac
@@ -166,6 +172,8 @@ go_command() {
       printf '%s\n' build -trimpath "-ldflags=$ldflags" -o "$out/" "${pkgs[@]}"
       ;;
     etcd) printf '%s\n' build -trimpath '-ldflags=-s -w' -o "$out/etcd" go.etcd.io/etcd/server/v3 ;;
+    # Only the module's source: its CRDs are copied out below (copy_module_crds).
+    keda-crds) printf '%s\n' mod download "github.com/kedacore/keda/v2@$version" ;;
   esac
 }
 
@@ -205,6 +213,8 @@ build_with_go() {
   chmod 755 "$tmp"
   mapfile -t args < <(go_command "$build" "$version" "$tmp")
   [[ "$build" == kubernetes || "$build" == etcd ]] && workdir="$KUBE_TOOLS_DIR/$build"
+  # Outside any module: a download must not touch a go.mod.
+  [[ "$build" == keda-crds ]] && workdir="$tmp"
   started=$SECONDS
   log "building $build $version from Go modules into $final_dir (takes a few minutes once)"
   # go runs in its own process group so that an interrupted build stops go and the compiler
@@ -222,7 +232,12 @@ build_with_go() {
     die "building $build $version failed (see the go output above)."
   fi
   trap - TERM INT HUP
-  if [[ "$build" == kueue ]]; then copy_kueue_crds "$version" "$tmp/kueue-crds"; fi
+  if [[ "$build" == kueue ]]; then
+    copy_module_crds "sigs.k8s.io/kueue@$version" config/components/crd/bases '*.yaml' "$tmp/kueue-crds"
+  fi
+  if [[ "$build" == keda-crds ]]; then
+    copy_module_crds "github.com/kedacore/keda/v2@$version" config/crd/bases 'keda.sh_*.yaml' "$tmp/crds"
+  fi
   build_complete "$tmp" "$build" || die "go finished but did not produce all of: $(build_outputs "$build") (in $tmp)."
   # Another process may have finished the same build meanwhile; its binaries are as good.
   if ! build_complete "$final_dir" "$build"; then
@@ -234,16 +249,18 @@ build_with_go() {
   log "built $build $version in $((SECONDS - started))s"
 }
 
-# Kueue's CustomResourceDefinitions, from the module `go install` just fetched, kept beside the
-# binary so a cached build needs neither the module cache nor the network.
-copy_kueue_crds() {
+# copy_module_crds <module@version> <folder in it> <file glob> <destination>: the
+# CustomResourceDefinitions of a module `go` just fetched, kept in the tools cache so a cached
+# build needs neither the module cache nor the network.
+copy_module_crds() {
   local dir
   # Outside any module: the download must not touch a go.mod.
-  dir="$(cd "$(dirname "$2")" && GOWORK=off go mod download -json "sigs.k8s.io/kueue@$1" |
+  dir="$(cd "$(dirname "$4")" && GOWORK=off go mod download -json "$1" |
     sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  [[ -d "$dir/config/components/crd/bases" ]] || die "the sigs.k8s.io/kueue@$1 module has no config/components/crd/bases."
-  mkdir -p "$2"
-  cp "$dir"/config/components/crd/bases/*.yaml "$2/"
+  [[ -d "$dir/$2" ]] || die "the $1 module has no $2."
+  mkdir -p "$4"
+  # shellcheck disable=SC2086 # the glob is meant to expand here
+  cp "$dir/$2"/$3 "$4/"
 }
 
 resolve() {
@@ -274,6 +291,8 @@ resolve() {
   build_complete "$final_dir" "$build" || build_with_go "$name" "$build" "$version" "$final_dir" "$override_var"
   if [[ "$name" == cni-plugins ]]; then
     echo "$final_dir"
+  elif [[ "$name" == keda-crds ]]; then
+    echo "$final_dir/crds"
   else
     absolute_executable "$final_dir/$name"
   fi

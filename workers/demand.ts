@@ -23,6 +23,9 @@ export type DemandService = Pick<
   'listWorkflowExecutions' | 'describeWorkflowExecution' | 'getWorkflowExecutionHistory'
 >;
 
+/** The gauge's name, which k8s/autoscaling's ScaledObject reads. */
+export const rolloutRanksWantedMetric = 'moerl_rollout_ranks_wanted';
+
 /** PendingActivityState wire numbers: scheduled, started, cancel requested (still running). */
 const pendingStates = new Set([1, 2, 3]);
 /** Describes in flight at once. */
@@ -118,7 +121,7 @@ export async function trackRolloutDemand(opts: {
   const { registry, signal } = opts;
   const log = opts.log ?? ((line: string) => console.error(`moerl-worker: ${line}`));
   const gauge = new Gauge({
-    name: 'moerl_rollout_ranks_wanted',
+    name: rolloutRanksWantedMetric,
     help: 'moe_generate ranks the running campaigns want now: rollout shards scheduled or running × their rolloutEpWorldSize, plus 1 per other rollout-queue activity.',
     registers: [registry],
   });

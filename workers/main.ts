@@ -174,6 +174,7 @@ async function main(): Promise<void> {
               },
             }
           : {}),
+        ...(expandRoles(args.roles).includes('rollout') ? { rolloutRanks: args.rolloutRanks } : {}),
       });
       ({ activities, server } = started);
       console.error(`moerl-worker: metrics at ${server.url}`);

@@ -2,6 +2,7 @@
 // stack of `moerl dev` (cli/local-stack.ts): moerl's /metrics on one port, the Temporal SDK's
 // Prometheus exporter on another (docs/metrics.md).
 import type { NativeConnection, RuntimeOptions } from '@temporalio/worker';
+import { Gauge } from 'prom-client';
 import type { CampaignActivities } from '../activities/types.js';
 import type { TaskQueues } from '../workflows/types.js';
 import { rolloutDemandReader, trackRolloutDemand } from './demand.js';
@@ -49,12 +50,20 @@ export async function startWorkerMetrics(opts: {
   port: number;
   host: string;
   demand?: { taskQueues: TaskQueues; intervalMs: number; signal: AbortSignal };
+  /** A rollout worker's rank capacity, exported beside the demand it answers. */
+  rolloutRanks?: number;
 }): Promise<{ activities: CampaignActivities; server: MetricsServer }> {
   const { connection, namespace, demand } = opts;
   const workerMetrics = createWorkerMetrics((workflowId, runId) =>
     connection.workflowService.describeWorkflowExecution({ namespace, execution: { workflowId, runId } }),
   );
   const activities = workerMetrics.instrument(opts.activities);
+  if (opts.rolloutRanks !== undefined)
+    new Gauge({
+      name: 'moerl_rollout_rank_capacity',
+      help: 'moe_generate ranks this rollout worker runs at once (MOERL_ROLLOUT_RANKS).',
+      registers: [workerMetrics.registry],
+    }).set(opts.rolloutRanks);
   if (demand)
     void trackRolloutDemand({
       registry: workerMetrics.registry,

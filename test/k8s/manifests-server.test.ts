@@ -1,12 +1,17 @@
 // moerl's manifests before a real kube-apiserver (test/support/kube-cluster.ts, on 127.0.0.1):
 // every overlay's rendered output passes a server-side dry run, with no Pod Security warning
-// where the namespace asks for the restricted standard; and the RBAC objects of the base,
+// where the namespace asks for the restricted standard (eks's KEDA objects against KEDA's CRDs
+// of the pinned release, scripts/tools.sh keda-crds); and the RBAC objects of the base,
 // created for real, give the train worker exactly what the Kubernetes launcher needs in its
 // namespace and nothing else (SubjectAccessReviews), and the other accounts nothing at all.
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { AuthorizationV1Api, type V1ResourceAttributes } from '@kubernetes/client-node';
 import { stringify } from 'yaml';
+import { repoRoot, resolveTool, type ToolName } from '../../cli/temporal-tools.js';
 import { startKubeCluster, type KubeCluster } from '../support/kube-cluster.js';
 import { parseObjects, render, type K8sObject, type KustomizationName } from './render.js';
 
@@ -15,6 +20,18 @@ let cluster: KubeCluster;
 before(
   async () => {
     cluster = await startKubeCluster({ kwok: false });
+    // The eks overlay's autoscaling (k8s/autoscaling) is KEDA's: its CRDs, from the pinned module.
+    const crds = await resolveTool('keda-crds' as unknown as ToolName);
+    const apply = await cluster.kubectl(['apply', '--server-side', '-f', crds]);
+    assert.equal(apply.code, 0, apply.stderr);
+    const established = await cluster.kubectl([
+      'wait',
+      '--for=condition=Established',
+      '--timeout=60s',
+      'crd/scaledobjects.keda.sh',
+      'crd/triggerauthentications.keda.sh',
+    ]);
+    assert.equal(established.code, 0, established.stderr);
   },
   { timeout: 600_000 },
 );
@@ -53,6 +70,34 @@ describe('server-side dry run of every overlay', () => {
       assert.equal(accepted.length, rest.length, out.stdout);
     });
   }
+
+  it("eks with KEDA's Temporal scaler (k8s/autoscaling/temporal-backlog): the API server accepts the trigger and its TriggerAuthentication", async () => {
+    const at = mkdtempSync(join(tmpdir(), 'moerl-eks-backlog-'));
+    try {
+      const k8s = relative(at, join(repoRoot(), 'k8s'));
+      writeFileSync(
+        join(at, 'kustomization.yaml'),
+        `resources:\n  - ${k8s}/overlays/eks\ncomponents:\n  - ${k8s}/autoscaling/temporal-backlog\n`,
+      );
+      const rendered = await cluster.kubectl(['kustomize', at]);
+      assert.equal(rendered.code, 0, rendered.stderr);
+      const keda = parseObjects(rendered.stdout).filter((o) => o.apiVersion.startsWith('keda.sh/'));
+      assert.deepEqual(keda.map((o) => o.kind).sort(), ['ScaledObject', 'TriggerAuthentication']);
+      await applyForReal(parseObjects(await render('eks')).filter((o) => o.kind === 'Namespace'));
+      const out = await dryRun(keda);
+      assert.equal(out.code, 0, out.stderr);
+      assert.equal(out.stderr.trim(), '', 'no warnings');
+    } finally {
+      rmSync(at, { recursive: true, force: true });
+    }
+  });
+
+  it("a ScaledObject that breaks KEDA's schema is refused: the CRDs are really checked", async () => {
+    const so = parseObjects(await render('eks')).find((o) => o.kind === 'ScaledObject')!;
+    const out = await dryRun([{ ...so, spec: { ...(so.spec as object), minReplicaCount: 'none' } }]);
+    assert.notEqual(out.code, 0);
+    assert.match(out.stderr, /minReplicaCount/);
+  });
 
   it('a Pod Security violation is reported: the host-network local workers in the eks namespace', async () => {
     await applyForReal(parseObjects(await render('eks')).filter((o) => o.kind === 'Namespace'));

@@ -74,7 +74,7 @@ describe('k8s/monitoring added to an overlay', () => {
         });
         const ports = (c as { ports?: { name: string; containerPort: number }[] }).ports ?? [];
         assert.deepEqual(
-          ports.map((p) => [p.name, p.containerPort]),
+          ports.map((p) => [p.name, p.containerPort]).sort(), // k8s/autoscaling may have added the first
           [
             ['metrics', 9464],
             ['sdk-metrics', 9465],
