@@ -15,6 +15,7 @@ import { Counter, Gauge } from 'prom-client';
 import type { Registry } from 'prom-client';
 import { mapLimit } from '../activities/concurrency.js';
 import type { CampaignInput, TaskQueues } from '../workflows/types.js';
+import { activitiesByRole } from './worker.js';
 
 type Service = NativeConnection['workflowService'];
 /** The three calls the reader makes. */
@@ -28,6 +29,7 @@ export const rolloutRanksWantedMetric = 'moerl_rollout_ranks_wanted';
 
 /** PendingActivityState wire numbers: scheduled, started, cancel requested (still running). */
 const pendingStates = new Set([1, 2, 3]);
+const rolloutActivities = new Set<string>(activitiesByRole.rollout);
 /** Describes in flight at once. */
 const describeConcurrency = 8;
 
@@ -93,9 +95,12 @@ export function rolloutDemandReader(
       const d = await service.describeWorkflowExecution({ namespace, execution: { workflowId, runId } });
       let ranks = 0;
       for (const p of d.pendingActivities ?? []) {
-        if (!pendingStates.has(p.state ?? 0) || p.activityOptions?.taskQueue?.name !== taskQueues.rollout)
-          continue;
-        ranks += p.activityType?.name === 'rolloutShard' ? await worldSizeOf(workflowId, runId) : 1;
+        const type = p.activityType?.name ?? '';
+        // Servers before 1.27 do not show an activity's task queue: then its type says where it runs.
+        const queue = p.activityOptions?.taskQueue?.name || undefined;
+        const onRollout = queue === undefined ? rolloutActivities.has(type) : queue === taskQueues.rollout;
+        if (!pendingStates.has(p.state ?? 0) || !onRollout) continue;
+        ranks += type === 'rolloutShard' ? await worldSizeOf(workflowId, runId) : 1;
       }
       return ranks;
     });

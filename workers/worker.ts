@@ -15,7 +15,7 @@ export type Role = (typeof roles)[number];
 type QueueRole = Exclude<Role, 'all'>;
 
 /** Which activities each queue serves; the workflow schedules each activity on exactly one. */
-const activitiesByRole: Record<QueueRole, (keyof CampaignActivities)[]> = {
+export const activitiesByRole: Record<QueueRole, (keyof CampaignActivities)[]> = {
   control: ['commitCheckpoint'],
   rollout: ['prepareInputs', 'rolloutShard', 'computeRewards', 'validationShard', 'scoreValidation'],
   train: ['preparePolicy', 'updatePolicy', 'exportPolicy'],
