@@ -12,6 +12,8 @@ import { trainerPolicyFromEnv } from './launch/kubernetes/manifests.js';
 import { LocalLauncher } from './launch/local.js';
 import type { Launcher } from './launch/types.js';
 import { nativeBinDir } from './native.js';
+import { rolloutServerHost } from './engines/rollout-server.js';
+import type { RolloutServerHost } from './engines/rollout-server.js';
 import { RankSlots, rolloutRankCapacity, rolloutRanksEnv } from './rollout-capacity.js';
 import { openStore } from './store/index.js';
 import type { ObjectStore } from './store/types.js';
@@ -34,6 +36,8 @@ export interface ActivityDeps {
   workerId: string;
   /** The moe_generate ranks this worker runs at once, shared by its rollout shards. */
   rolloutRanks: RankSlots;
+  /** The OpenAI-compatible server of `engine.rollout: openai` shards (absent: this worker has none). */
+  rolloutServer?: RolloutServerHost;
 }
 
 export function newWorkerId(): string {
@@ -66,6 +70,7 @@ export function workerActivityDeps(
     binDir,
     workerId: newWorkerId(),
     rolloutRanks: new RankSlots(rolloutRankCapacity(env[rolloutRanksEnv], rolloutRanksEnv)),
+    rolloutServer: rolloutServerHost(env, cacheDir, binDir),
     launcherFor: (launcher) => {
       if (launcher.kind === 'local') {
         const key = JSON.stringify(launcher);

@@ -1,26 +1,26 @@
 // The rollout activities: one shard of an iteration's prompts (or of a checkpoint's validation
-// set), sampled from the policy checkpoint by native moe_generate, stored chunk by chunk under
+// set), sampled from the policy checkpoint by the spec's rollout engine (rollout-generators.ts:
+// native moe_generate or an OpenAI-compatible server), stored chunk by chunk under
 // deterministic keys. A retry (after a Spot reclaim, a crash, a deploy) resumes from the chunks
 // already in the store — each one checked, not trusted — so at most the chunk that was in flight
 // is generated again.
 import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApplicationFailure, Context } from '@temporalio/activity';
-import { acquireCheckpoint } from './checkpoints.js';
 import { heartbeatUntilStopped } from './heartbeat.js';
 import * as keys from './layout.js';
-import { nativeToolPath } from './native.js';
 import { campaignTokenizer } from './models/source.js';
 import type { HfTokenizer } from './models/tokenizer.js';
 import { datasetInput, iterationRows, promptLine, validationRows } from './prompts.js';
 import { BadInputError } from './rewards/errors.js';
 import { parseRolloutLine, type ParseOptions } from './rewards/rollout-record.js';
 import { rolloutRanksEnv } from './rollout-capacity.js';
-import { runGenerateRanks } from './rollout-ranks.js';
+import { nativeChunks, openAiChunks } from './rollout-generators.js';
 import type { ActivityDeps } from './deps.js';
 import type { ObjectStore } from './store/types.js';
 import type { CheckpointRef, RolloutShardInput, RolloutShardOutput, ValidationShardInput } from './types.js';
 import type { CampaignSpec } from '../workflows/spec.js';
+import { rolloutEngine } from '../workflows/spec-engine.js';
 
 /** Progress carried in heartbeat details from one attempt to the next. */
 interface RolloutProgress {
@@ -41,7 +41,7 @@ interface RolloutProgress {
  * validation prompts. Everything else — resuming from stored chunks, heartbeats, rank slots,
  * interruptions — is one code path for both (generateShard).
  */
-interface ShardPlan {
+export interface ShardPlan {
   campaignId: string;
   spec: CampaignSpec;
   /** "rollout of iteration 3 shard 1": how messages name the shard. */
@@ -281,65 +281,28 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
       ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
       if (deps.shutdown.aborted || ctx.cancellationSignal.aborted) stop.abort();
       const outDir = join(deps.cacheDir, 'rollouts', `${plan.campaignId}-${plan.label}-${ctx.info.attempt}`);
-      let policy: Awaited<ReturnType<typeof acquireCheckpoint>> | null = null;
-      // The shard's ranks take their CPUs of the worker; a shard waits (beating) while other
-      // shards hold them, and is released from the wait by the same shutdown or cancellation.
-      let releaseRanks: (() => void) | null = null;
       try {
-        policy = await acquireCheckpoint(store, plan.policy, deps.checkpoints, {
-          signal: stop.signal,
-        }).catch((err: unknown) => {
-          if (!stop.signal.aborted) throw err;
-          return null;
-        });
-        const policyDir = policy?.dir ?? '';
         await rm(outDir, { recursive: true, force: true });
         await mkdir(outDir, { recursive: true });
-        const prompts = await plan.prompts(outDir, tokenizer);
-        if (policy !== null) releaseRanks = await deps.rolloutRanks.acquire(worldSize, stop.signal);
-        // prettier-ignore
-        if (releaseRanks !== null) await runGenerateRanks(
-          nativeToolPath('moe_generate', deps.binDir),
-          [
-            '--checkpoint', policyDir,
-            ...prompts,
-            '--out-dir', outDir,
-            '--seed', String(spec.seed),
-            '--iteration', String(plan.iteration),
-            '--num-prompts', String(plan.promptCount),
-            '--samples', String(plan.samples),
-            '--chunk-size', String(spec.chunkSize),
-            '--start-chunk', String(stored),
-            '--temperature', String(plan.sampling.temperature),
-            '--top-p', String(plan.sampling.topP),
-            '--max-new-tokens', String(plan.sampling.maxNewTokens),
-          ],
-          {
-            worldSize,
-            what: `moe_generate (${plan.what})`,
-            // One thread per rank, as each holds one CPU slot (why not more: rollout-capacity.ts).
-            env: { OPENBLAS_NUM_THREADS: '1' },
-            signal: stop.signal,
-            onRecord: async (rec) => {
-              if (typeof rec.chunk !== 'number') return;
-              const k = rec.chunk;
-              if (rec.progress === true) {
-                const n = (f: string) => Number(rec[f] ?? 0);
-                progress.inChunk = { chunk: k, step: n('step'), steps: n('steps'), tokens: n('tokens') };
-                return;
-              }
-              if (rec.done !== true) return;
-              const file = join(outDir, `chunk-${k}.jsonl`);
-              if (tokenizer) await decodeCompletions(file, tokenizer);
-              await store.putFile(plan.chunkKey(k), file);
-              if (startedBefore.has(k)) progress.chunksRedone++;
-              tokens += Number(rec.new_tokens ?? 0);
-              seconds += Number(rec.seconds ?? 0);
-              progress.chunksStored = k + 1;
-              delete progress.inChunk;
-            },
+        const generate = rolloutEngine(spec) === 'openai' ? openAiChunks : nativeChunks;
+        await generate(deps, plan, {
+          prompts: await plan.prompts(outDir, tokenizer),
+          outDir,
+          startChunk: stored,
+          worldSize,
+          signal: stop.signal,
+          onProgress: (inChunk) => (progress.inChunk = inChunk),
+          onChunk: async (k, chunk) => {
+            const file = join(outDir, `chunk-${k}.jsonl`);
+            if (tokenizer) await decodeCompletions(file, tokenizer);
+            await store.putFile(plan.chunkKey(k), file);
+            if (startedBefore.has(k)) progress.chunksRedone++;
+            tokens += chunk.newTokens;
+            seconds += chunk.seconds;
+            progress.chunksStored = k + 1;
+            delete progress.inChunk;
           },
-        );
+        });
         if (stop.signal.aborted) {
           const why = deps.shutdown.aborted ? 'the worker is shutting down' : 'the activity was cancelled';
           throw ApplicationFailure.create({
@@ -348,10 +311,8 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
           });
         }
       } finally {
-        releaseRanks?.();
         deps.shutdown.removeEventListener('abort', onShutdown);
         ctx.cancellationSignal.removeEventListener('abort', onShutdown);
-        policy?.release();
         await rm(outDir, { recursive: true, force: true });
       }
     }
@@ -363,7 +324,7 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
   if (progress.chunksStored !== total)
     throw ApplicationFailure.create({
       type: 'RolloutIncomplete',
-      message: `moe_generate exited after ${progress.chunksStored} of ${total} chunks`,
+      message: `${plan.what}'s generator returned after ${progress.chunksStored} of ${total} chunks`,
     });
   const samples = plan.promptCount * plan.samples;
   return {

@@ -169,7 +169,7 @@ export const campaignSpecSchema = z
       .describe(
         "a Hugging Face model's committed checkpoints exported as model folders while the campaign runs",
       ),
-    engine: engineSchema.default({ trainer: 'native' }),
+    engine: engineSchema.default({ trainer: 'native', rollout: 'native' }),
     launcher: launcherSchema.default({ kind: 'local' }),
     store: storeSchema.default({ kind: 'fs', path: '.moerl/store' }),
     hyperparameters: hyperparametersSchema.partial().default({}),
@@ -208,6 +208,11 @@ export const campaignSpecSchema = z
         problem(
           ['engine', 'trainer'],
           'pytorch trains a Hugging Face model (model.huggingFace); the native model trains with native',
+        );
+      if (s.engine.rollout === 'openai')
+        problem(
+          ['engine', 'rollout'],
+          'openai samples a Hugging Face model (model.huggingFace); the native model samples with native',
         );
       if (s.export !== undefined)
         problem(['export'], "exports a Hugging Face model's checkpoints: give model.huggingFace");

@@ -23,14 +23,18 @@ export const expectedUserScore = (text: string) => ([...text].length % 4) / 4; /
 /**
  * Writes under `dir`: the model (`dir/qwen3`, and in the store as models/tiny-qwen3), the
  * dataset (datasets/train.parquet in the store at `dir/store`) and the reward function
- * (`dir/score.py`).
+ * (`dir/score.py`). `publishedShape`: the model in the shape llama.cpp runs (hf_models.py).
  */
 export async function writeHfCampaignFixture(
   dir: string,
   pyref: ReturnType<typeof pythonReference>,
+  opts: { publishedShape?: boolean } = {},
 ): Promise<void> {
   const model = join(dir, 'qwen3');
-  await pyref.run('hf_models.py', ['make', model, '--family', 'qwen3_moe']);
+  await pyref.run('hf_models.py', [
+    ...['make', model, '--family', 'qwen3_moe'],
+    ...(opts.publishedShape ? ['--published-shape'] : []),
+  ]);
   await cp(model, join(dir, 'store', 'models', 'tiny-qwen3'), { recursive: true });
   await mkdir(join(dir, 'store', 'datasets'), { recursive: true });
   writeVerlParquet(

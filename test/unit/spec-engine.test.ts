@@ -1,31 +1,47 @@
-// The spec's engine section: the trainer engine and its default, errors naming the field.
+// The spec's engine section: the trainer and rollout engines and their defaults, errors naming the field.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { parseCampaignSpec } from '../../workflows/spec.js';
 import type { CampaignSpec } from '../../workflows/spec.js';
-import { trainerEngine } from '../../workflows/spec-engine.js';
+import { rolloutEngine, trainerEngine } from '../../workflows/spec-engine.js';
 import { hfSpecDoc, specProblems, validSpecDoc } from '../support/spec-docs.js';
 
 describe('spec: engine', () => {
   it('trains natively by default, and with the PyTorch trainer when asked, on a Hugging Face model', () => {
-    assert.deepEqual(parseCampaignSpec(hfSpecDoc()).engine, { trainer: 'native' });
+    assert.deepEqual(parseCampaignSpec(hfSpecDoc()).engine, { trainer: 'native', rollout: 'native' });
     const spec = parseCampaignSpec({ ...hfSpecDoc(), engine: { trainer: 'pytorch' } });
     assert.equal(trainerEngine(spec), 'pytorch');
+    assert.equal(rolloutEngine(spec), 'native');
   });
 
-  it('reads a spec written before the field as native', () => {
+  it('samples with an OpenAI-compatible server when asked, with either trainer', () => {
+    for (const trainer of ['native', 'pytorch'] as const) {
+      const spec = parseCampaignSpec({ ...hfSpecDoc(), engine: { trainer, rollout: 'openai' } });
+      assert.deepEqual(spec.engine, { trainer, rollout: 'openai' });
+      assert.equal(rolloutEngine(spec), 'openai');
+    }
+  });
+
+  it('reads a spec written before the fields as native', () => {
     const { engine: _, ...old } = parseCampaignSpec(hfSpecDoc());
     assert.equal(trainerEngine(old as Partial<CampaignSpec>), 'native');
+    assert.equal(rolloutEngine(old as Partial<CampaignSpec>), 'native');
+    assert.equal(rolloutEngine({ engine: { trainer: 'pytorch' } } as Partial<CampaignSpec>), 'native');
   });
 
-  it('refuses the PyTorch trainer on moerl’s own model, an unknown trainer and unknown fields, naming them', () => {
+  it('refuses the PyTorch trainer and the openai rollout on moerl’s own model, unknown engines and unknown fields, naming them', () => {
     assert.deepEqual(specProblems({ ...validSpecDoc(), engine: { trainer: 'pytorch' } }), [
       'engine.trainer: got "pytorch"; pytorch trains a Hugging Face model (model.huggingFace); the native model trains with native',
     ]);
     const [unknown] = specProblems({ ...hfSpecDoc(), engine: { trainer: 'megatron' } });
     assert.match(unknown!, /^engine\.trainer: got "megatron"; .*"native".*"pytorch"/);
-    assert.deepEqual(specProblems({ ...hfSpecDoc(), engine: { rollout: 'openai' } }), [
-      'engine: unknown field(s) "rollout"',
+    assert.deepEqual(specProblems({ ...validSpecDoc(), engine: { rollout: 'openai' } }), [
+      'engine.rollout: got "openai"; openai samples a Hugging Face model (model.huggingFace); the native model samples with native',
+    ]);
+    const [rollout] = specProblems({ ...hfSpecDoc(), engine: { rollout: 'vllm' } });
+    assert.match(rollout!, /^engine\.rollout: got "vllm"; .*"native".*"openai"/);
+    assert.deepEqual(specProblems({ ...hfSpecDoc(), engine: { server: 'http://x' } }), [
+      'engine: unknown field(s) "server"',
     ]);
   });
 

@@ -1,0 +1,211 @@
+// What generates a rollout shard's chunks (rollout.ts's generateShard keeps everything else:
+// resuming from stored chunks, heartbeats, storing each chunk, interruptions): native
+// moe_generate ranks on the policy checkpoint, or an OpenAI-compatible server
+// (engines/rollout-server.ts) sent each chunk's prompts as completions. Both write
+// `outDir/chunk-<k>.jsonl` in the rollout record format (docs/formats.md) and report each chunk
+// when it is whole, in order from `startChunk`.
+import { createHash } from 'node:crypto';
+import { readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { ApplicationFailure } from '@temporalio/activity';
+import { acquireCheckpoint } from './checkpoints.js';
+import { EngineError } from './engines/errors.js';
+import type { Completion, RolloutEngine } from './engines/types.js';
+import { nativeToolPath } from './native.js';
+import { runGenerateRanks } from './rollout-ranks.js';
+import type { ShardPlan } from './rollout.js';
+import type { ActivityDeps } from './deps.js';
+
+export interface ChunkRun {
+  /** moe_generate's prompt flags from the plan (a dataset shard's: its --prompts file). */
+  prompts: string[];
+  outDir: string;
+  startChunk: number;
+  /** Rank slots the shard holds on this worker while it generates. */
+  worldSize: number;
+  /** Aborted by a shutdown or a cancel: the generator returns early, the caller reports it. */
+  signal: AbortSignal;
+  /** Within the chunk being generated: steps done of all, new tokens so far. */
+  onProgress(inChunk: { chunk: number; step: number; steps: number; tokens: number }): void;
+  /** Chunk `k` is whole in outDir/chunk-<k>.jsonl. */
+  onChunk(k: number, done: { newTokens: number; seconds: number }): Promise<void>;
+}
+
+export type ChunkGenerator = (deps: ActivityDeps, plan: ShardPlan, run: ChunkRun) => Promise<void>;
+
+/** The shard's chunks from moe_generate ranks on the checkpoint (fetched into the worker's cache). */
+export const nativeChunks: ChunkGenerator = async (deps, plan, run) => {
+  const store = deps.openStore(plan.spec.store);
+  const policy = await acquireCheckpoint(store, plan.policy, deps.checkpoints, {
+    signal: run.signal,
+  }).catch((err: unknown) => {
+    if (!run.signal.aborted) throw err;
+    return null;
+  });
+  if (policy === null) return;
+  let releaseRanks: (() => void) | null = null;
+  try {
+    // The shard's ranks take their CPUs of the worker; a shard waits (beating) while other
+    // shards hold them, and is released from the wait by the same shutdown or cancellation.
+    releaseRanks = await deps.rolloutRanks.acquire(run.worldSize, run.signal);
+    if (releaseRanks === null) return;
+    // prettier-ignore
+    await runGenerateRanks(
+      nativeToolPath('moe_generate', deps.binDir),
+      [
+        '--checkpoint', policy.dir,
+        ...run.prompts,
+        '--out-dir', run.outDir,
+        '--seed', String(plan.spec.seed),
+        '--iteration', String(plan.iteration),
+        '--num-prompts', String(plan.promptCount),
+        '--samples', String(plan.samples),
+        '--chunk-size', String(plan.spec.chunkSize),
+        '--start-chunk', String(run.startChunk),
+        '--temperature', String(plan.sampling.temperature),
+        '--top-p', String(plan.sampling.topP),
+        '--max-new-tokens', String(plan.sampling.maxNewTokens),
+      ],
+      {
+        worldSize: run.worldSize,
+        what: `moe_generate (${plan.what})`,
+        // One thread per rank, as each holds one CPU slot (why not more: rollout-capacity.ts).
+        env: { OPENBLAS_NUM_THREADS: '1' },
+        signal: run.signal,
+        onRecord: async (rec) => {
+          if (typeof rec.chunk !== 'number') return;
+          const n = (f: string) => Number(rec[f] ?? 0);
+          if (rec.progress === true)
+            run.onProgress({ chunk: rec.chunk, step: n('step'), steps: n('steps'), tokens: n('tokens') });
+          else if (rec.done === true)
+            await run.onChunk(rec.chunk, { newTokens: n('new_tokens'), seconds: n('seconds') });
+        },
+      },
+    );
+  } finally {
+    releaseRanks?.();
+    policy.release();
+  }
+};
+
+/**
+ * A sample's seed for the server: the same for the same campaign seed, iteration, prompt and
+ * sample, so a chunk done again asks for the same samples. 31 bits: llama.cpp reads an int32.
+ */
+export function completionSeed(seed: number, iteration: number, promptId: number, sample: number): number {
+  const digest = createHash('sha256')
+    .update(JSON.stringify([seed, iteration, promptId, sample]))
+    .digest();
+  return digest.readUInt32BE(0) & 0x7fffffff;
+}
+
+/** A dataset prompt line (prompts.ts promptLine): the id and the rendered token ids. */
+interface PromptLine {
+  prompt_id: number;
+  prompt: string;
+  prompt_tokens: number[];
+}
+
+/**
+ * The shard's chunks from the worker's OpenAI-compatible server: each chunk's prompts x samples
+ * sent at once as completions (the server batches them), each with its own seed, the sampled
+ * tokens' log-probs asked for; the records written once the whole chunk has answered. A server
+ * that breaks the contract (not JSON, no log-probs) fails the shard for good, naming the server
+ * and what is wrong; one that is down is waited for (the supervisor restarts a llama-server that
+ * died) and the chunk's unanswered requests retried.
+ */
+export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
+  const host = deps.rolloutServer;
+  if (!host)
+    throw ApplicationFailure.create({
+      type: 'RolloutEngineMissing',
+      nonRetryable: true,
+      message: `${plan.what}: the campaign samples with engine.rollout openai, but rollout worker ${deps.workerId} has no rollout server (docs/engines.md, "Where the rollout server comes from")`,
+    });
+  const i = run.prompts.indexOf('--prompts');
+  if (i < 0)
+    throw ApplicationFailure.create({
+      type: 'BadInput',
+      nonRetryable: true,
+      message: `${plan.what}: engine.rollout openai samples a dataset's prompts, not a built-in task's`,
+    });
+  const lines = (await readFile(run.prompts[i + 1]!, 'utf8'))
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as PromptLine);
+  const { chunkSize } = plan.spec;
+  const chunks = Math.ceil(plan.promptCount / chunkSize);
+  const store = deps.openStore(plan.spec.store);
+  const releaseRanks = await deps.rolloutRanks.acquire(run.worldSize, run.signal);
+  if (releaseRanks === null) return;
+  try {
+    await host.withPolicy({ store, policy: plan.policy }, run.signal, async (engine) => {
+      for (let k = run.startChunk; k < chunks && !run.signal.aborted; k++) {
+        const started = Date.now();
+        const prompts = lines.slice(k * chunkSize, (k + 1) * chunkSize);
+        const samples = prompts.flatMap((p) => Array.from({ length: plan.samples }, (_, s) => ({ p, s })));
+        let done = 0;
+        let newTokens = 0;
+        const answers = await Promise.all(
+          samples.map(async ({ p, s }) => {
+            const c = await complete(engine, plan, p, s, run.signal);
+            done++;
+            newTokens += c.tokens.length;
+            run.onProgress({ chunk: k, step: done, steps: samples.length, tokens: newTokens });
+            return c;
+          }),
+        ).catch((err: unknown) => {
+          if (run.signal.aborted) return null;
+          throw err;
+        });
+        if (answers === null) return;
+        const records = samples.map(({ p, s }, j) => ({
+          prompt_id: p.prompt_id,
+          sample_index: s,
+          iteration: plan.iteration,
+          task: 'dataset',
+          prompt: p.prompt,
+          prompt_tokens: p.prompt_tokens,
+          tokens: answers[j]!.tokens,
+          text: '',
+          logprobs: answers[j]!.logprobs,
+          finish_reason: answers[j]!.finishReason,
+        }));
+        await writeFile(
+          join(run.outDir, `chunk-${k}.jsonl`),
+          records.map((r) => JSON.stringify(r) + '\n').join(''),
+        );
+        await run.onChunk(k, { newTokens, seconds: (Date.now() - started) / 1000 });
+      }
+    });
+  } catch (err) {
+    if (err instanceof EngineError)
+      throw ApplicationFailure.create({
+        type: err.type,
+        nonRetryable: err.nonRetryable,
+        message: `${plan.what} on ${host.describe()}: ${err.message}`,
+      });
+    throw err;
+  } finally {
+    releaseRanks();
+  }
+};
+
+async function complete(
+  engine: RolloutEngine,
+  plan: ShardPlan,
+  p: PromptLine,
+  sample: number,
+  signal: AbortSignal,
+): Promise<Completion> {
+  return engine.complete(
+    {
+      promptTokens: p.prompt_tokens,
+      maxTokens: plan.sampling.maxNewTokens,
+      temperature: plan.sampling.temperature,
+      topP: plan.sampling.topP,
+      seed: completionSeed(plan.spec.seed, plan.iteration, p.prompt_id, sample),
+    },
+    signal,
+  );
+}

@@ -1,0 +1,292 @@
+// A campaign whose rollouts an OpenAI-compatible server samples (`engine.rollout: openai`): the
+// tiny Hugging Face campaign of hf-campaign.test.ts on the model in the shape llama.cpp runs, its
+// rollout worker supervising a real llama-server on each checkpoint converted to GGUF by
+// llama.cpp's converter. Checked: with the native trainer it completes 2 iterations; the
+// server's log-probs of the sampled tokens agree with moerl's own scoring of the same tokens
+// (moe_hf score on the exported checkpoint); the trainer's mismatch_kl is reported and larger
+// than a native/native campaign's; a SIGKILLed rollout worker redoes at most one chunk per shard
+// in flight. Against a fake server (a small HTTP server in the test) that answers malformed JSON,
+// or completions without log-probs, the campaign pauses naming the server and the problem.
+import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import type { ActivityDeps } from '../../activities/deps.js';
+import { workerActivityDeps } from '../../activities/deps.js';
+import { findLlamaCpp, llamaCppMissingReason } from '../../activities/engines/llamacpp.js';
+import { createActivities } from '../../activities/index.js';
+import { exportCheckpoint } from '../../activities/models/export.js';
+import { openStore } from '../../activities/store/index.js';
+import type { RolloutRecord } from '../../activities/rewards/rollout-record.js';
+import type { CampaignState } from '../../workflows/types.js';
+import {
+  artifacts,
+  exited,
+  rolloutChunksStored,
+  spawnRolloutWorker,
+  startCampaign,
+  uniqueTaskQueues,
+  waitFor,
+  waitForState,
+  withWorkers,
+} from '../support/campaign-harness.js';
+import { hfCampaignSpec, writeHfCampaignFixture } from '../support/hf-campaign-fixtures.js';
+import { nativeTools } from '../support/native-tools.js';
+import { pythonReference } from '../support/python-reference.js';
+import { startTestEnvironment } from '../support/temporal.js';
+import type { TestEnvironment } from '../support/temporal.js';
+
+const pyref = pythonReference();
+const native = nativeTools(['moe_train', 'moe_generate', 'moe_hf']);
+const llamacpp = await findLlamaCpp();
+const llamacppSkip =
+  'missing' in llamacpp ? `${llamaCppMissingReason} (bash scripts/llamacpp.sh): ${llamacpp.missing}` : false;
+
+/**
+ * llama.cpp's log-probs of its sampled tokens against moerl's teacher-forced ones on the same
+ * weights (F32 both sides, llama-server's log of an F32 probability against a float64 softmax):
+ * measured 3.1e-6 over both iterations' 64 samples; llamacpp-engine.test.ts's bound.
+ */
+const LOGPROB_TOLERANCE = 2e-5;
+
+describe(
+  'campaigns sampled by an OpenAI-compatible rollout server',
+  { skip: pyref.skip || native.skip },
+  () => {
+    let t: TestEnvironment;
+    let dir: string;
+    let store: ReturnType<typeof openStore>;
+    const workers: ActivityDeps[] = [];
+    /** Activities of a worker with `env` on top of the test's; its rollout server closed after. */
+    const activities = (env: NodeJS.ProcessEnv = {}) => {
+      const deps = workerActivityDeps(new AbortController().signal, {
+        ...process.env,
+        ...serverEnv(),
+        MOERL_CACHE_DIR: join(dir, 'cache'),
+        ...env,
+      });
+      workers.push(deps);
+      return createActivities(deps);
+    };
+    /** The worker's llama-server: the test tokenizer written as qwen2's (llamacpp-engine.test.ts). */
+    const serverEnv = () => ({
+      MOERL_PYTORCH_PYTHON: pyref.python,
+      MOERL_LLAMACPP_PRE_TOKENIZER: 'qwen2',
+      MOERL_LLAMACPP_CONTEXT: '512',
+    });
+    const spec = (name: string, rollout: 'native' | 'openai', overrides = {}) =>
+      hfCampaignSpec(dir, name, { engine: { trainer: 'native', rollout }, ...overrides });
+
+    before(async () => {
+      t = await startTestEnvironment();
+      dir = mkdtempSync(join(tmpdir(), 'moerl-openai-rollout-'));
+      store = openStore({ kind: 'fs', path: join(dir, 'store') });
+      await writeHfCampaignFixture(dir, pyref, { publishedShape: true });
+    });
+    after(async () => {
+      for (const w of workers) await w.rolloutServer?.close();
+      await t?.teardown();
+      rmSync(dir, { recursive: true, force: true });
+    });
+
+    /** The records of iteration `i`'s rollouts, by key order. */
+    async function rollouts(campaignId: string, i: number): Promise<RolloutRecord[]> {
+      const prefix = `rollouts/${String(i).padStart(6, '0')}/`;
+      return [...(await artifacts(store, campaignId))]
+        .filter(([k]) => k.startsWith(prefix))
+        .flatMap(([, text]) =>
+          text
+            .split('\n')
+            .filter(Boolean)
+            .map((l) => JSON.parse(l) as RolloutRecord),
+        );
+    }
+
+    /** moerl's log-probs of each record's tokens after its prompt, on checkpoint `iteration`. */
+    async function scored(
+      campaignId: string,
+      iteration: number,
+      records: RolloutRecord[],
+    ): Promise<number[][]> {
+      const hf = join(dir, `export-${campaignId}-${iteration}`);
+      await exportCheckpoint({ store, campaignId, iteration, target: { kind: 'dir', path: hf } });
+      const file = join(dir, `sequences-${campaignId}-${iteration}.jsonl`);
+      writeFileSync(
+        file,
+        records.map((r) => JSON.stringify({ tokens: [...r.prompt_tokens, ...r.tokens] }) + '\n').join(''),
+      );
+      const { stdout } = await native.run(native.bin('moe_hf'), ['score', '--hf', hf, '--sequences', file], {
+        env: native.env,
+        maxBuffer: 1 << 26,
+      });
+      return stdout
+        .split('\n')
+        .filter(Boolean)
+        .map((l, i) => (JSON.parse(l) as { logprobs: number[] }).logprobs.slice(-records[i]!.tokens.length));
+    }
+
+    const mismatch = (state: CampaignState) =>
+      state.recentIterations.map((s) => s.trainMetrics.mismatch_kl ?? Number.NaN);
+
+    test(
+      'native trainer and llama-server rollouts: 2 iterations, log-probs as moerl scores them, mismatch_kl above native/native',
+      { skip: llamacppSkip },
+      async () => {
+        const run = (s: ReturnType<typeof spec>) =>
+          withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+            const handle = await startCampaign(t.client, s, queues);
+            await handle.result();
+            return { id: handle.workflowId, state: await handle.query<CampaignState>('status') };
+          });
+        const nat = await run(spec('oa-native', 'native'));
+        const oa = await run(spec('oa-openai', 'openai'));
+        for (const { state } of [nat, oa]) {
+          assert.equal(state.status, 'completed');
+          assert.equal(state.committedIteration, 2);
+        }
+
+        let worst = 0;
+        let compared = 0;
+        for (const i of [1, 2]) {
+          const records = await rollouts(oa.id, i);
+          assert.equal(records.length, 16, `iteration ${i}: 8 prompts x 2 samples`);
+          for (const r of records) {
+            assert.equal(r.iteration, i);
+            assert.equal(r.logprobs.length, r.tokens.length);
+          }
+          // The policy of iteration i's rollout is checkpoint i - 1 (staleness 0).
+          const want = await scored(oa.id, i - 1, records);
+          records.forEach((r, j) =>
+            r.logprobs.forEach((lp, k) => {
+              worst = Math.max(worst, Math.abs(lp - want[j]![k]!));
+              compared++;
+            }),
+          );
+          // Completions are decoded text, as the native engine's.
+          assert.ok(records.some((r) => r.text.length > 0));
+        }
+        console.log(`llama-server vs moe_hf score: max |dlogp| ${worst} over ${compared} tokens`);
+        assert.ok(compared > 0 && worst <= LOGPROB_TOLERANCE, `log-probs differ by ${worst}`);
+
+        const [kNative, kOpenai] = [mismatch(nat.state), mismatch(oa.state)];
+        console.log(
+          `mismatch_kl native/native ${kNative.join(', ')}; native/llama-server ${kOpenai.join(', ')}`,
+        );
+        assert.equal(kOpenai.length, 2);
+        for (const [i, k] of kOpenai.entries()) {
+          assert.ok(Number.isFinite(k) && k > 0, `iteration ${i + 1}: mismatch_kl ${k}`);
+          assert.ok(k > kNative[i]!, `iteration ${i + 1}: ${k} against native/native ${kNative[i]}`);
+        }
+      },
+    );
+
+    test(
+      'a SIGKILLed rollout worker in front of llama-server redoes at most one chunk per shard',
+      { skip: llamacppSkip },
+      async () => {
+        const s = spec('oa-spot', 'openai', { iterations: 1 });
+        const queues = uniqueTaskQueues();
+        const env = { ...process.env, ...serverEnv(), MOERL_ROLLOUT_RANKS: '2' };
+        let name = 0;
+        const start = () =>
+          spawnRolloutWorker({ address: t.address, queues, dir, name: `oa-${name++}`, env });
+        const state = await withWorkers(
+          t.nativeConnection,
+          t.namespace,
+          activities(),
+          async () => {
+            let worker = start();
+            try {
+              const handle = await startCampaign(t.client, s, queues);
+              await waitFor(
+                'iteration 1 rollout under way',
+                async () =>
+                  (await rolloutChunksStored(store, handle.workflowId, 1)) >= 1 ? true : undefined,
+                180_000,
+                10,
+              );
+              // The worker's process group: the worker and the llama-server it supervises.
+              process.kill(-worker.pid!, 'SIGKILL');
+              await exited(worker);
+              worker = start();
+              await handle.result();
+              return await handle.query<CampaignState>('status');
+            } finally {
+              if (worker.exitCode === null) process.kill(-worker.pid!, 'SIGKILL');
+              await exited(worker);
+            }
+          },
+          queues,
+          ['control', 'train'],
+        );
+        assert.equal(state.status, 'completed');
+        const [summary] = state.recentIterations;
+        console.log(`chunks redone after the SIGKILL: ${summary?.chunksRedone}`);
+        assert.ok(summary && summary.chunksRedone <= s.rolloutShards, `redone ${summary?.chunksRedone}`);
+        assert.equal((await rollouts(state.campaignId, 1)).length, 16);
+      },
+    );
+
+    describe('a server that breaks the contract pauses the campaign naming it', () => {
+      let server: Server;
+      let url: string;
+      let answer: (body: { seed: number }) => string;
+      before(async () => {
+        server = createServer((req, res) => {
+          let body = '';
+          req.on('data', (d: Buffer) => (body += d.toString()));
+          req.on('end', () => {
+            res.setHeader('content-type', 'application/json');
+            if (req.url === '/health') return res.end('{"status":"ok"}');
+            if (req.url === '/update_weights_from_disk') return res.end('{"success":true}');
+            res.end(answer(JSON.parse(body) as { seed: number }));
+          });
+        });
+        await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+        url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+      });
+      after(() => new Promise<void>((resolve) => server.close(() => resolve())));
+
+      const cases: [string, (body: { seed: number }) => string, RegExp][] = [
+        ['malformed JSON', () => '{"choices": [', /answer is not JSON: \{"choices": \[/],
+        [
+          'no log-probs',
+          () => JSON.stringify({ choices: [{ text: 'hi', finish_reason: 'length', logprobs: null }] }),
+          /the completion has no log-probs \("logprobs" is missing or null\)/,
+        ],
+      ];
+      for (const [what, reply, reason] of cases)
+        test(`a fake server answering ${what}`, async () => {
+          answer = reply;
+          const env = {
+            MOERL_ROLLOUT_ENGINE_URL: url,
+            MOERL_ROLLOUT_ENGINE_WEIGHTS_DIR: join(dir, `weights-${what.replace(/\W/g, '')}`),
+          };
+          await withWorkers(t.nativeConnection, t.namespace, activities(env), async (queues) => {
+            const handle = await startCampaign(
+              t.client,
+              spec('oa-fake', 'openai', { iterations: 1 }),
+              queues,
+            );
+            const state = await waitForState(
+              handle,
+              'paused at the rollout',
+              (st) => st.status === 'paused',
+              120_000,
+            );
+            assert.equal(state.lastFailure?.stage, 'rollout');
+            assert.equal(state.lastFailure?.type, 'RolloutEngineProtocol');
+            const message = state.lastFailure?.message ?? '';
+            assert.ok(message.includes(`${url}/v1/completions`), message);
+            assert.match(message, reason);
+            assert.equal(state.committedIteration, 0, 'no update');
+            await handle.cancel();
+          });
+        });
+    });
+  },
+);
