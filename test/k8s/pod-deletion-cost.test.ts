@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import {
   AdmissionregistrationV1Api,
+  AppsV1Api,
   CoreV1Api,
   KubeConfig,
   PatchStrategy,
@@ -165,6 +166,80 @@ describe('rollout pods marked busy or idle for scale-in (real control plane, kwo
     await marker.settled();
     assert.equal(await cost('rollout-a'), '0', 'idle again');
     assert.deepEqual(log, [], 'no patch failed');
+  });
+
+  it('a scale-in by the real ReplicaSet controller deletes the idle pods and keeps the one mid-shard', async () => {
+    const apps = cluster.kubeConfig().makeApiClient(AppsV1Api);
+    const labels = { 'moerl.dev/role': 'rollout', 'moerl.dev/test': 'scale-in' };
+    await apps.createNamespacedDeployment({
+      namespace,
+      body: {
+        metadata: { name: 'scale-in' },
+        spec: {
+          replicas: 3,
+          selector: { matchLabels: labels },
+          template: {
+            metadata: { labels },
+            spec: {
+              serviceAccountName: 'moerl-rollout',
+              containers: [{ name: 'worker', image: 'moerl-test/rollout:none' }],
+            },
+          },
+        },
+      },
+    });
+    const pods = async () =>
+      (await core.listNamespacedPod({ namespace, labelSelector: 'moerl.dev/test=scale-in' })).items.filter(
+        (p) => !p.metadata?.deletionTimestamp,
+      );
+    await waitFor('3 ready pods', 60_000, async () => {
+      const ready = (await pods()).filter((p) =>
+        p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True'),
+      );
+      return ready.length === 3 || `${ready.length} ready`;
+    });
+    // The newest pod is the one a scale-in takes first when all else is equal: make it the busy one.
+    const byAge = (await pods()).sort((a, b) =>
+      `${a.metadata!.creationTimestamp!.toISOString()}${a.metadata!.name}`.localeCompare(
+        `${b.metadata!.creationTimestamp!.toISOString()}${b.metadata!.name}`,
+      ),
+    );
+    const markers = [];
+    for (const pod of byAge) {
+      const name = pod.metadata!.name!;
+      const asPod = await rolloutAccount({ name, uid: pod.metadata!.uid! });
+      markers.push(
+        podBusyMarker({ pod: { name, namespace }, kubeConfig: asPod, log: (l) => assert.fail(l) }),
+      );
+    }
+    const busy = byAge.at(-1)!.metadata!.name!;
+    const shards = gatedShards();
+    const running = markers
+      .at(-1)!
+      .instrument(shards.activities)
+      .rolloutShard({ shard: 0 } as RolloutShardInput);
+    await Promise.all(markers.map((m) => m.settled()));
+    assert.deepEqual(
+      await Promise.all(byAge.map((p) => cost(p.metadata!.name!))),
+      ['0', '0', '1'],
+      'two idle pods and the busy one',
+    );
+
+    await apps.patchNamespacedDeployment(
+      { namespace, name: 'scale-in', body: { spec: { replicas: 1 } } },
+      setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+    );
+    await waitFor('the scale-in to 1', 60_000, async () => {
+      const left = await pods();
+      return left.length === 1 || `${left.length} pods`;
+    });
+    assert.deepEqual(
+      (await pods()).map((p) => p.metadata!.name),
+      [busy],
+      'the pod mid-shard is kept',
+    );
+    shards.release(0);
+    await running;
   });
 
   it('the rollout account may set that annotation of its own pod only', async () => {
