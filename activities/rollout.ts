@@ -230,8 +230,10 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
       message: `${plan.what} failed ${failuresOnLiveWorker} attempts in a row on worker ${deps.workerId}, which stayed alive (attempt ${ctx.info.attempt}); a heartbeat timeout this often means a chunk takes longer than the worker can report (orchestration.rolloutHeartbeatSeconds ${spec.orchestration.rolloutHeartbeatSeconds} s, chunkSize ${spec.chunkSize}); look at the worker's log, then resume`,
     });
 
-  // Specs of campaigns started before the field existed lack it: one rank, as then.
-  const worldSize = (spec as Partial<CampaignSpec>).rolloutEpWorldSize ?? 1;
+  // Specs of campaigns started before the field existed lack it: one rank, as then. A shard sent
+  // to a server holds one slot: the server's threads are its own.
+  const worldSize =
+    rolloutEngine(spec) === 'openai' ? 1 : ((spec as Partial<CampaignSpec>).rolloutEpWorldSize ?? 1);
   const capacity = deps.rolloutRanks.capacity;
   // Retrying elsewhere may find a larger worker, but a fleet is sized as a whole: say so now
   // rather than let the shard bounce until it lands on one.

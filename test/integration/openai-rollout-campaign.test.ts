@@ -1,13 +1,16 @@
 // A campaign whose rollouts an OpenAI-compatible server samples (`engine.rollout: openai`): the
 // tiny Hugging Face campaign of hf-campaign.test.ts on the model in the shape llama.cpp runs, its
 // rollout worker supervising a real llama-server on each checkpoint converted to GGUF by
-// llama.cpp's converter. Checked: with the native trainer it completes 2 iterations; the
-// server's log-probs of the sampled tokens agree with moerl's own scoring of the same tokens
-// (moe_hf score on the exported checkpoint); the trainer's mismatch_kl is reported and larger
-// than a native/native campaign's; a SIGKILLed rollout worker redoes at most one chunk per shard
-// in flight. Against a fake server (a small HTTP server in the test) that answers malformed JSON,
-// or completions without log-probs, the campaign pauses naming the server and the problem.
+// llama.cpp's converter. Checked: with the native trainer, and with the PyTorch trainer, it
+// completes 2 iterations; the server's log-probs of the sampled tokens agree with moerl's own
+// scoring of the same tokens (moe_hf score on the exported checkpoint); the trainer's
+// mismatch_kl is reported (with the native trainer, larger than a native/native campaign's); a
+// llama-server killed mid-chunk is restarted and the chunk finished; a SIGKILLed rollout worker
+// redoes at most one chunk per shard in flight. Against a fake server (a small HTTP server in the
+// test) that answers malformed JSON, or completions without log-probs, the campaign pauses naming
+// the server and the problem.
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { createServer } from 'node:http';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -37,11 +40,13 @@ import {
 import { hfCampaignSpec, writeHfCampaignFixture } from '../support/hf-campaign-fixtures.js';
 import { nativeTools } from '../support/native-tools.js';
 import { pythonReference } from '../support/python-reference.js';
+import { pytorchEngine } from '../support/pytorch-engine.js';
 import { startTestEnvironment } from '../support/temporal.js';
 import type { TestEnvironment } from '../support/temporal.js';
 
 const pyref = pythonReference();
 const native = nativeTools(['moe_train', 'moe_generate', 'moe_hf']);
+const pytorch = pytorchEngine();
 const llamacpp = await findLlamaCpp();
 const llamacppSkip =
   'missing' in llamacpp ? `${llamaCppMissingReason} (bash scripts/llamacpp.sh): ${llamacpp.missing}` : false;
@@ -78,9 +83,19 @@ describe(
       MOERL_LLAMACPP_PRE_TOKENIZER: 'qwen2',
       MOERL_LLAMACPP_CONTEXT: '512',
     });
-    const spec = (name: string, rollout: 'native' | 'openai', overrides = {}) =>
-      hfCampaignSpec(dir, name, { engine: { trainer: 'native', rollout }, ...overrides });
-
+    const spec = (
+      name: string,
+      rollout: 'native' | 'openai',
+      overrides = {},
+      trainer: 'native' | 'pytorch' = 'native',
+    ) => hfCampaignSpec(dir, name, { engine: { trainer, rollout }, ...overrides });
+    /** Runs the campaign `s` to its end on in-process workers. */
+    const run = (s: ReturnType<typeof spec>) =>
+      withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+        const handle = await startCampaign(t.client, s, queues);
+        await handle.result();
+        return { id: handle.workflowId, state: await handle.query<CampaignState>('status') };
+      });
     before(async () => {
       t = await startTestEnvironment();
       dir = mkdtempSync(join(tmpdir(), 'moerl-openai-rollout-'));
@@ -129,6 +144,41 @@ describe(
         .map((l, i) => (JSON.parse(l) as { logprobs: number[] }).logprobs.slice(-records[i]!.tokens.length));
     }
 
+    /** Both iterations' rollouts are whole and decoded, their log-probs moerl's within the bound. */
+    async function assertServerLogprobs(campaignId: string): Promise<void> {
+      let worst = 0;
+      let compared = 0;
+      for (const i of [1, 2]) {
+        const records = await rollouts(campaignId, i);
+        assert.equal(records.length, 16, `iteration ${i}: 8 prompts x 2 samples`);
+        for (const r of records) {
+          assert.equal(r.iteration, i);
+          assert.equal(r.logprobs.length, r.tokens.length);
+        }
+        // The policy of iteration i's rollout is checkpoint i - 1 (staleness 0).
+        const want = await scored(campaignId, i - 1, records);
+        records.forEach((r, j) =>
+          r.logprobs.forEach((lp, k) => {
+            worst = Math.max(worst, Math.abs(lp - want[j]![k]!));
+            compared++;
+          }),
+        );
+        // Completions are decoded text, as the native engine's.
+        assert.ok(records.some((r) => r.text.length > 0));
+      }
+      console.log(
+        `${campaignId}: llama-server vs moe_hf score: max |dlogp| ${worst} over ${compared} tokens`,
+      );
+      assert.ok(compared > 0 && worst <= LOGPROB_TOLERANCE, `log-probs differ by ${worst}`);
+    }
+
+    /** The llama-servers this test process runs. */
+    const children = () =>
+      spawnSync('pgrep', ['-P', String(process.pid), '-x', 'llama-server'], { encoding: 'utf8' })
+        .stdout.split('\n')
+        .filter(Boolean)
+        .map(Number);
+
     const mismatch = (state: CampaignState) =>
       state.recentIterations.map((s) => s.trainMetrics.mismatch_kl ?? Number.NaN);
 
@@ -136,42 +186,13 @@ describe(
       'native trainer and llama-server rollouts: 2 iterations, log-probs as moerl scores them, mismatch_kl above native/native',
       { skip: llamacppSkip },
       async () => {
-        const run = (s: ReturnType<typeof spec>) =>
-          withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
-            const handle = await startCampaign(t.client, s, queues);
-            await handle.result();
-            return { id: handle.workflowId, state: await handle.query<CampaignState>('status') };
-          });
         const nat = await run(spec('oa-native', 'native'));
         const oa = await run(spec('oa-openai', 'openai'));
         for (const { state } of [nat, oa]) {
           assert.equal(state.status, 'completed');
           assert.equal(state.committedIteration, 2);
         }
-
-        let worst = 0;
-        let compared = 0;
-        for (const i of [1, 2]) {
-          const records = await rollouts(oa.id, i);
-          assert.equal(records.length, 16, `iteration ${i}: 8 prompts x 2 samples`);
-          for (const r of records) {
-            assert.equal(r.iteration, i);
-            assert.equal(r.logprobs.length, r.tokens.length);
-          }
-          // The policy of iteration i's rollout is checkpoint i - 1 (staleness 0).
-          const want = await scored(oa.id, i - 1, records);
-          records.forEach((r, j) =>
-            r.logprobs.forEach((lp, k) => {
-              worst = Math.max(worst, Math.abs(lp - want[j]![k]!));
-              compared++;
-            }),
-          );
-          // Completions are decoded text, as the native engine's.
-          assert.ok(records.some((r) => r.text.length > 0));
-        }
-        console.log(`llama-server vs moe_hf score: max |dlogp| ${worst} over ${compared} tokens`);
-        assert.ok(compared > 0 && worst <= LOGPROB_TOLERANCE, `log-probs differ by ${worst}`);
-
+        await assertServerLogprobs(oa.id);
         const [kNative, kOpenai] = [mismatch(nat.state), mismatch(oa.state)];
         console.log(
           `mismatch_kl native/native ${kNative.join(', ')}; native/llama-server ${kOpenai.join(', ')}`,
@@ -181,6 +202,57 @@ describe(
           assert.ok(Number.isFinite(k) && k > 0, `iteration ${i + 1}: mismatch_kl ${k}`);
           assert.ok(k > kNative[i]!, `iteration ${i + 1}: ${k} against native/native ${kNative[i]}`);
         }
+      },
+    );
+
+    test(
+      'PyTorch trainer and llama-server rollouts: 2 iterations, log-probs as moerl scores them, mismatch_kl reported',
+      { skip: llamacppSkip || pytorch.skip },
+      async () => {
+        const pt = await run(spec('oa-pytorch', 'openai', {}, 'pytorch'));
+        assert.equal(pt.state.status, 'completed');
+        assert.equal(pt.state.committedIteration, 2);
+        await assertServerLogprobs(pt.id);
+        const k = mismatch(pt.state);
+        console.log(`mismatch_kl PyTorch/llama-server ${k.join(', ')}`);
+        assert.equal(k.length, 2);
+        for (const value of k) assert.ok(Number.isFinite(value) && value > 0, `mismatch_kl ${value}`);
+      },
+    );
+
+    test(
+      'a llama-server killed mid-chunk is restarted by its supervisor and the chunk finished',
+      { skip: llamacppSkip },
+      async () => {
+        // Long completions, so that the kill lands inside a chunk.
+        const s = spec('oa-server-kill', 'openai', { iterations: 1, hyperparameters: { maxNewTokens: 160 } });
+        // This worker's llama-server: the child of this process other tests' workers do not own.
+        const earlier = new Set(children());
+        const servers = () => children().filter((pid) => !earlier.has(pid));
+        const state = await withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+          const handle = await startCampaign(t.client, s, queues);
+          const [pid] = await waitFor(
+            'iteration 1 rollout under way',
+            async () =>
+              (await rolloutChunksStored(store, handle.workflowId, 1)) >= 1 ? servers() : undefined,
+            180_000,
+            10,
+          );
+          assert.ok(pid, 'the worker runs a llama-server');
+          process.kill(pid, 'SIGKILL');
+          const stored = await rolloutChunksStored(store, handle.workflowId, 1);
+          assert.ok(stored < 8, `killed with ${stored} of the 8 chunks stored: chunks were in flight`);
+          await handle.result();
+          const after = servers();
+          assert.equal(after.length, 1);
+          assert.notEqual(after[0], pid, 'a new llama-server');
+          return handle.query<CampaignState>('status');
+        });
+        assert.equal(state.status, 'completed');
+        assert.equal((await rollouts(state.campaignId, 1)).length, 16);
+        // The shard's attempt lived on: the requests the kill cut off were sent again to the new server.
+        assert.equal(state.recentIterations[0]?.chunksRedone, 0);
+        assert.equal(state.retries.rollout, 0);
       },
     );
 
