@@ -34,7 +34,8 @@ export const demoCommand: Command = {
   },
   details: `Needs the native tools (npm run setup builds them). Reward is the exact-match rate of the
 sampled answers; it rises as GRPO trains the policy. With --json the last line is one JSON object:
-campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
+campaign_id, iterations, reward_first, reward_last, validation_first, validation_last (null
+without a validation file), wall_s, stage_seconds.`,
   positionals: { min: 0, max: 0 },
   async run(ctx: CommandContext) {
     const spec = loadSpecFile(ctx.string('spec') ?? demoSpecPath, ctx.strings('set').map(parseOverride));
@@ -100,6 +101,13 @@ campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
             say(
               `reward     ${decimal(first)} (iteration 1) → ${decimal(last)} (iteration ${iterations.at(-1)?.iteration ?? '-'})`,
             );
+            // A dataset with a validation file: its held-out score, first and last checkpoint scored.
+            const validations = state?.validations ?? [];
+            const [firstV, lastV] = [validations[0], validations.at(-1)];
+            if (firstV && lastV)
+              say(
+                `validation ${decimal(firstV.meanReward)} (iteration ${firstV.iteration}) → ${decimal(lastV.meanReward)} (iteration ${lastV.iteration}), pass@${lastV.k} ${decimal(firstV.passAtK)} → ${decimal(lastV.passAtK)}`,
+              );
             say(
               table(
                 ['stage', 'total', 'per iteration'],
@@ -131,6 +139,8 @@ campaign_id, iterations, reward_first, reward_last, wall_s, stage_seconds.`,
                   iterations: iterations.length,
                   reward_first: first,
                   reward_last: last,
+                  validation_first: firstV?.meanReward ?? null,
+                  validation_last: lastV?.meanReward ?? null,
                   wall_s: wallS,
                   stage_seconds: { ...stageSeconds, prepare: prepareSeconds },
                 })}\n`,
