@@ -270,7 +270,7 @@ resolve() {
 
   local override="${!override_var:-}"
   if [[ -n "$override" ]]; then
-    if [[ "$name" == cni-plugins ]]; then
+    if [[ "$name" == cni-plugins || "$name" == keda-crds ]]; then
       [[ -d "$override" ]] || die "$override_var=$override is not a folder."
       (cd "$override" && pwd -P)
     else
