@@ -23,6 +23,7 @@ import type { ObjectStore } from './store/types.js';
 import type { ActivityDeps } from './deps.js';
 import type { CampaignSpec } from '../workflows/spec.js';
 import type { RewardChoiceSpec, RewardsSpec } from '../workflows/spec-rewards.js';
+import { iterationPromptsOf } from './types.js';
 import type { RewardInput, RewardOutput } from './types.js';
 
 /**
@@ -112,6 +113,7 @@ async function iterationScoring(
   input: RewardInput,
 ): Promise<Scoring> {
   const { spec } = input;
+  const prompts = iterationPromptsOf(input);
   if (!input.dataset)
     throw new BadInputError(
       `reward of iteration ${input.iteration}: a dataset task needs the dataset's position from the workflow`,
@@ -119,11 +121,11 @@ async function iterationScoring(
   const rows = await iterationRows(
     spec,
     input.dataset,
-    { promptStart: 0, promptCount: spec.promptsPerIteration },
+    { promptStart: 0, promptCount: prompts.count },
     datasetInput(spec, 'train', deps.openStore),
     deps.cacheDir,
   );
-  const first = (input.iteration - 1) * spec.promptsPerIteration;
+  const { first } = prompts;
   return datasetScoring(
     deps,
     store,

@@ -18,6 +18,7 @@ import { rolloutRanksEnv } from './rollout-capacity.js';
 import { nativeChunks, openAiChunks } from './rollout-generators.js';
 import type { ActivityDeps } from './deps.js';
 import type { ObjectStore } from './store/types.js';
+import { iterationPromptsOf } from './types.js';
 import type { CheckpointRef, RolloutShardInput, RolloutShardOutput, ValidationShardInput } from './types.js';
 import type { CampaignSpec } from '../workflows/spec.js';
 import { rolloutEngine } from '../workflows/spec-engine.js';
@@ -64,7 +65,7 @@ export interface ShardPlan {
 
 /** Global id of the shard's first prompt: iterations take consecutive blocks of prompts. */
 export function firstPromptId(input: RolloutShardInput): number {
-  return (input.iteration - 1) * input.spec.promptsPerIteration + input.promptStart;
+  return iterationPromptsOf(input).first + input.promptStart;
 }
 
 /** A stored chunk is whole when it has every sample of its prompts, each line valid. */

@@ -87,6 +87,25 @@ export interface PrepareOutput extends ActivityOutcome, TrainJobTimes {
   metrics: Record<string, number>;
 }
 
+/** An iteration's prompts: `count` of them, global prompt ids [first, first + count). */
+export interface IterationPrompts {
+  first: number;
+  count: number;
+}
+
+/**
+ * The prompts of the iteration a rollout or reward input belongs to. Inputs of workflow code from
+ * before `set promptsPerIteration` carry none: every iteration then had the spec's count.
+ */
+export function iterationPromptsOf(input: {
+  iteration: number;
+  spec: CampaignSpec;
+  iterationPrompts?: IterationPrompts;
+}): IterationPrompts {
+  const count = input.spec.promptsPerIteration;
+  return input.iterationPrompts ?? { first: (input.iteration - 1) * count, count };
+}
+
 export interface RolloutShardInput {
   campaignId: string;
   iteration: number;
@@ -97,6 +116,8 @@ export interface RolloutShardInput {
   promptStart: number;
   promptCount: number;
   hyperparameters: Hyperparameters;
+  /** The whole iteration's prompts (iterationPromptsOf). */
+  iterationPrompts?: IterationPrompts;
   /** Absent for a built-in task. */
   dataset?: IterationDataset;
 }
@@ -122,6 +143,8 @@ export interface RewardInput {
   iteration: number;
   spec: CampaignSpec;
   chunksPerShard: ChunksPerShard;
+  /** The iteration's prompts (iterationPromptsOf). */
+  iterationPrompts?: IterationPrompts;
   /** Absent for a built-in task. */
   dataset?: IterationDataset;
 }

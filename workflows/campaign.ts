@@ -92,6 +92,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   const state: CampaignState = input.state
     ? {
         ...input.state,
+        promptSchedule: st.promptSchedule(input.state, spec),
         runs: input.state.runs + 1,
         retries: { ...input.state.retries, validation: input.state.retries.validation ?? 0 },
       }
@@ -114,7 +115,8 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   });
   setHandler(
     setHyperparametersUpdate,
-    (req) => st.applyHyperparameterChange(state, req, validateHyperparameterChange(req.changes), new Date()),
+    (req) =>
+      st.applyHyperparameterChange(state, spec, req, validateHyperparameterChange(req.changes), new Date()),
     {
       validator: (req) => {
         if (state.status === 'completed' || state.status === 'cancelled')
@@ -350,15 +352,18 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   ): Promise<RolloutPhaseResult | null> {
     const started = new Date();
     const key = summaries.stageKey(iteration, 'rollout');
-    progress.set(key, { tries: progress.get(key)?.tries ?? 0, shardsDone: 0 });
+    const iterationPrompts = st.iterationPrompts(st.promptSchedule(state, spec), iteration);
+    const ranges = st.splitPrompts(iterationPrompts.count, spec.rolloutShards);
+    const dataset = st.iterationDataset(state, iterationPrompts);
+    progress.set(key, { tries: progress.get(key)?.tries ?? 0, shardsDone: 0, shards: ranges.length });
     const shards = await Promise.all(
-      st.shardRanges(spec).map(async (range) => {
+      ranges.map(async (range) => {
         const out = await runStage(
           iteration,
           'rollout',
           () =>
             acts.rollout.rolloutShard.executeWithOptions(
-              { summary: summaries.rolloutSummary(spec, iteration, range.shard) },
+              { summary: summaries.rolloutSummary(iteration, range.shard, ranges.length) },
               [
                 {
                   campaignId,
@@ -367,7 +372,8 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
                   policy,
                   hyperparameters,
                   ...range,
-                  ...st.iterationDataset(state, spec, iteration),
+                  iterationPrompts,
+                  ...dataset,
                 },
               ],
             ),
@@ -382,15 +388,19 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     const rolloutSeconds = secondsSince(started);
     const rewardStarted = new Date();
     const reward = await attemptStage(iteration, 'reward', () =>
-      acts.rollout.computeRewards.executeWithOptions({ summary: summaries.rewardSummary(spec, iteration) }, [
-        {
-          campaignId,
-          iteration,
-          spec,
-          chunksPerShard: st.chunksPerShard(shards),
-          ...st.iterationDataset(state, spec, iteration),
-        },
-      ]),
+      acts.rollout.computeRewards.executeWithOptions(
+        { summary: summaries.rewardSummary(iteration, ranges.length) },
+        [
+          {
+            campaignId,
+            iteration,
+            spec,
+            chunksPerShard: st.chunksPerShard(shards),
+            iterationPrompts,
+            ...dataset,
+          },
+        ],
+      ),
     );
     if (!reward) return null;
     return {

@@ -1,6 +1,6 @@
 // Messages a campaign accepts: wire names are the constant names minus their suffix.
 import { defineQuery, defineSignal, defineUpdate } from '@temporalio/workflow';
-import type { Hyperparameters } from './spec.js';
+import type { CampaignChange } from './spec.js';
 import type { CampaignState, HyperparameterChange } from './types.js';
 
 /** Pause at the next stage boundary; running stages finish first. */
@@ -9,7 +9,7 @@ export const pauseSignal = defineSignal<[{ reason?: string }]>('pause');
 export const resumeSignal = defineSignal<[{ reason?: string }]>('resume');
 
 export interface SetHyperparametersInput {
-  changes: Partial<Hyperparameters>;
+  changes: CampaignChange;
   reason?: string;
 }
 /** Change hyperparameters; the accepted change is recorded with the first iteration it applies to. */

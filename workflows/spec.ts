@@ -361,12 +361,19 @@ export function parseCampaignSpec(input: unknown, where?: string): CampaignSpec 
   };
 }
 
-/**
- * Validates a partial hyperparameter change against the current values: used by the
- * setHyperparameters update validator and by `moerl fork --set`.
- */
-export function validateHyperparameterChange(change: unknown): Partial<Hyperparameters> {
-  const result = hyperparametersSchema.partial().safeParse(change);
+/** What `moerl set` may change while a campaign runs: the hyperparameters and the prompts per iteration. */
+const campaignChangeSchema = hyperparametersSchema
+  .extend({
+    promptsPerIteration: positiveInt(1_000_000).describe(
+      'prompts drawn per iteration from the next rollout on (the dataset position carries on from where it is)',
+    ),
+  })
+  .partial();
+export type CampaignChange = z.infer<typeof campaignChangeSchema>;
+
+/** Validates a change of a running campaign: used by the setHyperparameters update validator. */
+export function validateHyperparameterChange(change: unknown): CampaignChange {
+  const result = campaignChangeSchema.safeParse(change);
   if (!result.success)
     throw new SpecError(formatIssues(result.error.issues, change), 'hyperparameter change');
   if (Object.keys(result.data).length === 0)

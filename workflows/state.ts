@@ -1,19 +1,21 @@
 // Pure transitions of the campaign state: no Temporal APIs here, so each rule is unit-testable
 // and the workflow file reads as orchestration only.
-import { iterationPosition } from '../activities/datasets/sampling.js';
+import { advancePosition, startPosition } from '../activities/datasets/sampling.js';
 import type {
   CheckpointOutput,
   ChunksPerShard,
   IterationDataset,
+  IterationPrompts,
   RolloutShardOutput,
 } from '../activities/types.js';
 import type { SetHyperparametersInput } from './messages.js';
-import type { CampaignSpec, Hyperparameters } from './spec.js';
+import type { CampaignChange, CampaignSpec } from './spec.js';
 import type {
   CampaignInput,
   CampaignState,
   HyperparameterChange,
   IterationSummary,
+  PromptSegment,
   StageFailure,
   StageName,
   ValidationSummary,
@@ -41,6 +43,9 @@ export function initialState(input: CampaignInput): CampaignState {
     lastFailure: null,
     recentIterations: [],
     carriedRollout: null,
+    promptSchedule: input.promptSchedule ?? [
+      { fromIteration: 1, promptsPerIteration: input.spec.promptsPerIteration },
+    ],
     runs: 1,
     forkedFrom: input.forkFrom
       ? { campaignId: input.forkFrom.campaignId, iteration: input.forkFrom.iteration }
@@ -90,13 +95,15 @@ export function countRetries(state: CampaignState, stage: StageName, attempt: nu
 }
 
 /**
- * Applies a validated change. Hyperparameters are snapshotted when an iteration's rollout
- * starts, so the change first applies to the next iteration whose rollout has not started.
+ * Applies a validated change. Hyperparameters are snapshotted, and an iteration's prompts
+ * decided, when its rollout starts, so the change first applies to the next iteration whose
+ * rollout has not started.
  */
 export function applyHyperparameterChange(
   state: CampaignState,
+  spec: CampaignSpec,
   input: SetHyperparametersInput,
-  changes: Partial<Hyperparameters>,
+  changes: CampaignChange,
   at: Date,
 ): HyperparameterChange {
   const change: HyperparameterChange = {
@@ -105,9 +112,59 @@ export function applyHyperparameterChange(
     reason: input.reason ?? '',
     at: at.toISOString(),
   };
-  state.hyperparameters = { ...state.hyperparameters, ...changes };
+  const { promptsPerIteration, ...hyperparameters } = changes;
+  state.hyperparameters = { ...state.hyperparameters, ...hyperparameters };
+  if (promptsPerIteration !== undefined)
+    state.promptSchedule = withSegment(promptSchedule(state, spec), {
+      fromIteration: state.nextIteration,
+      promptsPerIteration,
+    });
   state.hyperparameterChanges.push(change);
   return change;
+}
+
+/** The campaign's prompts per iteration by iteration (the spec's alone in states that predate it). */
+export function promptSchedule(state: CampaignState, spec: CampaignSpec): PromptSegment[] {
+  return state.promptSchedule ?? [{ fromIteration: 1, promptsPerIteration: spec.promptsPerIteration }];
+}
+
+/** `schedule` with `segment` in force from its iteration on: later segments give way to it. */
+function withSegment(schedule: readonly PromptSegment[], segment: PromptSegment): PromptSegment[] {
+  return [...schedule.filter((s) => s.fromIteration < segment.fromIteration), segment];
+}
+
+/**
+ * Iteration `iteration`'s prompts: `count` of them, global ids from `first` on, right after the
+ * prompts of every earlier iteration. A pure function of the schedule, so resumes, re-run
+ * rollout phases and continue-as-new give every iteration the same prompts.
+ */
+export function iterationPrompts(schedule: readonly PromptSegment[], iteration: number): IterationPrompts {
+  let first = 0;
+  for (const [k, s] of schedule.entries()) {
+    const until = schedule[k + 1]?.fromIteration ?? Infinity;
+    if (iteration < until)
+      return {
+        first: first + (iteration - s.fromIteration) * s.promptsPerIteration,
+        count: s.promptsPerIteration,
+      };
+    first += (until - s.fromIteration) * s.promptsPerIteration;
+  }
+  throw new Error(`no prompt schedule covers iteration ${iteration}`);
+}
+
+/**
+ * A fork's schedule: the parent's up to checkpoint `forkIteration`, so the fork's first iteration
+ * draws the prompts the parent's next one did, then `promptsPerIteration` from there on when the
+ * fork asks for another count (its spec's differs from the parent's).
+ */
+export function forkPromptSchedule(
+  parent: readonly PromptSegment[],
+  forkIteration: number,
+  promptsPerIteration: number | undefined,
+): PromptSegment[] {
+  const kept = parent.filter((s) => s.fromIteration <= forkIteration + 1);
+  if (promptsPerIteration === undefined) return kept;
+  return withSegment(kept, { fromIteration: forkIteration + 1, promptsPerIteration });
 }
 
 export function checkpointCommitted(state: CampaignState, out: CheckpointOutput): void {
@@ -127,24 +184,14 @@ export function validationFinished(state: CampaignState, summary: ValidationSumm
     .slice(-recentIterationsKept);
 }
 
-/** A dataset task's prompts of iteration `iteration`: none for a built-in task. */
+/** A dataset task's prompts of an iteration whose prompts are `prompts`: none for a built-in task. */
 export function iterationDataset(
   state: CampaignState,
-  spec: CampaignSpec,
-  iteration: number,
+  prompts: IterationPrompts,
 ): { dataset: IterationDataset } | Record<string, never> {
   if (!state.dataset) return {};
   const identity = state.dataset;
-  return {
-    dataset: { identity, position: iterationPosition(iteration, spec.promptsPerIteration, identity.rows) },
-  };
-}
-
-/** Splits the iteration's prompts into contiguous shard ranges, sizes differing by at most one. */
-export function shardRanges(
-  spec: CampaignSpec,
-): { shard: number; promptStart: number; promptCount: number }[] {
-  return splitPrompts(spec.promptsPerIteration, spec.rolloutShards);
+  return { dataset: { identity, position: advancePosition(startPosition, prompts.first, identity.rows) } };
 }
 
 /** Splits `prompts` prompts into at most `shards` contiguous ranges, sizes differing by at most one. */

@@ -27,12 +27,12 @@ export function prepareInputsSummary(spec: CampaignSpec): string {
 }
 
 /** `shard` is the shard's id (0-based, as in store keys and `moerl history`). */
-export function rolloutSummary(spec: CampaignSpec, iteration: number, shard: number): string {
-  return `rollout it ${iteration} shard ${shard} (of ${spec.rolloutShards})`;
+export function rolloutSummary(iteration: number, shard: number, shards: number): string {
+  return `rollout it ${iteration} shard ${shard} (of ${shards})`;
 }
 
-export function rewardSummary(spec: CampaignSpec, iteration: number): string {
-  return `reward it ${iteration} (${spec.rolloutShards} shards)`;
+export function rewardSummary(iteration: number, shards: number): string {
+  return `reward it ${iteration} (${shards} shards)`;
 }
 
 export function validationShardSummary(iteration: number, shard: number, shards: number): string {
@@ -55,8 +55,9 @@ export function checkpointSummary(iteration: number): string {
 export interface StageProgress {
   /** How many times the workflow has started this stage (more than 1 after a failure and resume). */
   tries: number;
-  /** Rollout only: shards finished so far. */
+  /** Rollout only: shards finished so far, of how many (fewer than the spec's after a `set` to fewer prompts). */
   shardsDone?: number;
+  shards?: number;
 }
 
 export const stageKey = (iteration: number, stage: StageName) => `${iteration}/${stage}`;
@@ -82,7 +83,7 @@ export function currentDetails(
     const p = progress.get(stageKey(a.iteration, a.stage));
     const parts: string[] = [a.stage];
     if (a.stage === 'rollout' && p?.shardsDone !== undefined)
-      parts.push(`${p.shardsDone}/${spec.rolloutShards} shards done`);
+      parts.push(`${p.shardsDone}/${p.shards ?? spec.rolloutShards} shards done`);
     if (p && p.tries > 1) parts.push(`try ${p.tries}`);
     const stages = byIteration.get(a.iteration) ?? [];
     if (!stages.some((s) => s.startsWith(`${a.stage}`))) stages.push(parts.join(', '));

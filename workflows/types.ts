@@ -7,7 +7,7 @@ import type {
   RolloutShardOutput,
   ValidationOutput,
 } from '../activities/types.js';
-import type { CampaignSpec, Hyperparameters } from './spec.js';
+import type { CampaignChange, CampaignSpec, Hyperparameters } from './spec.js';
 
 export type StageName = 'prepare' | 'rollout' | 'reward' | 'update' | 'checkpoint' | 'validation';
 export const stageNames: readonly StageName[] = [
@@ -35,6 +35,14 @@ export interface CampaignInput {
   forkFrom?: CheckpointRef;
   /** Present when this run continues an earlier one (continue-as-new). */
   state?: CampaignState;
+  /** A fork's: its parent's prompts per iteration up to the fork, and from it on (forkPromptSchedule). */
+  promptSchedule?: PromptSegment[];
+}
+
+/** From iteration `fromIteration` on, until the next segment, each iteration draws this many prompts. */
+export interface PromptSegment {
+  fromIteration: number;
+  promptsPerIteration: number;
 }
 
 export interface ActiveStage {
@@ -46,7 +54,7 @@ export interface ActiveStage {
 export interface HyperparameterChange {
   /** First iteration whose stages use the new values. */
   iteration: number;
-  changes: Partial<Hyperparameters>;
+  changes: CampaignChange;
   reason: string;
   at: string;
 }
@@ -125,6 +133,12 @@ export interface CampaignState {
    * iteration's prompts follow from it and the iteration number. Absent: a built-in task.
    */
   dataset?: DatasetIdentity;
+  /**
+   * Prompts per iteration, by iteration: the spec's from iteration 1, then each accepted `set`'s.
+   * Iteration i's prompts are the global ids after every earlier iteration's (iterationPrompts).
+   * Absent in states of runs before the field: the spec's throughout.
+   */
+  promptSchedule?: PromptSegment[];
   /** The validation file as the campaign started with it; absent without one. */
   validationDataset?: DatasetIdentity;
   /** The last few validated checkpoints' scores, oldest first (all of them are in the history). */

@@ -2,6 +2,7 @@
 // another one, with the source's spec plus overrides.
 import { taskQueuesFrom } from '../../workers/temporal-options.js';
 import { parseCampaignSpec } from '../../workflows/spec.js';
+import { forkPromptSchedule, promptSchedule as parentSchedule } from '../../workflows/state.js';
 import { campaignInput, describeCampaign, queryState } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { CliError, UsageError } from '../errors.js';
@@ -49,11 +50,19 @@ export const forkCommand: Command = {
       applyOverrides(source.spec, overrides),
       `spec of ${sourceId} with --set overrides`,
     );
+    // The fork draws the prompts its parent's next iteration did, and on from there.
+    const changed = spec.promptsPerIteration !== source.spec.promptsPerIteration;
+    const promptSchedule = forkPromptSchedule(
+      parentSchedule(state, source.spec),
+      iteration,
+      changed ? spec.promptsPerIteration : undefined,
+    );
     const id = ctx.string('id');
     const started = await startCampaign(client, {
       spec,
       taskQueues: taskQueuesFrom(ctx.io.env),
       forkFrom: checkpoint,
+      promptSchedule,
       ...(id === undefined ? {} : { id }),
     });
     ctx.print({ ...started, forkFrom: checkpoint }, () =>

@@ -14,6 +14,10 @@ export function historyText(history: CampaignHistory): string {
   const runs = history.runs.length;
   const header = `campaign ${printable(history.campaignId)}: ${history.iterations.length} iterations in ${runs} workflow run${runs === 1 ? '' : 's'}`;
   if (history.iterations.length === 0) return `${header}\nno activity yet`;
+  // A campaign without validation gets no column of dashes for it.
+  const stages = stageNames.filter(
+    (s) => s !== 'validation' || history.iterations.some((it) => it.stages.validation),
+  );
   const rows = history.iterations.map((it) => {
     const attempts = stageNames
       .filter((s) => (it.stages[s]?.attempts ?? 1) > 1)
@@ -21,7 +25,7 @@ export function historyText(history: CampaignHistory): string {
     const changes = it.hyperparameterChanges.map((c) => keyValues(c.changes)).join(' ');
     return [
       String(it.iteration),
-      ...stageNames.map((s) => {
+      ...stages.map((s) => {
         const stage = it.stages[s];
         return stage === undefined ? '-' : stage.running ? 'running' : seconds(stage.seconds);
       }),
@@ -34,10 +38,10 @@ export function historyText(history: CampaignHistory): string {
   const out = [
     header,
     table(
-      ['ITER', ...stageNames.map((s) => s.toUpperCase()), 'ATTEMPTS', 'REWARD', 'MISMATCH KL', 'CHANGES'],
+      ['ITER', ...stages.map((s) => s.toUpperCase()), 'ATTEMPTS', 'REWARD', 'MISMATCH KL', 'CHANGES'],
       rows,
       // Numbers right-aligned: the iteration, stage times, reward and mismatch.
-      new Set([0, ...stageNames.map((_, i) => i + 1), stageNames.length + 2, stageNames.length + 3]),
+      new Set([0, ...stages.map((_, i) => i + 1), stages.length + 2, stages.length + 3]),
     ),
   ];
   const failures = history.iterations.flatMap((it) =>

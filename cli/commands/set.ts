@@ -1,7 +1,7 @@
 // `moerl set <id> key=value...`: change hyperparameters through the campaign's validated update.
 import { WorkflowUpdateFailedError } from '@temporalio/client';
 import { setHyperparametersUpdate } from '../../workflows/messages.js';
-import type { Hyperparameters } from '../../workflows/spec.js';
+import type { CampaignChange } from '../../workflows/spec.js';
 import { describeCampaign, executionStatus, isRunning } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { CliError, UsageError } from '../errors.js';
@@ -9,7 +9,7 @@ import { keyValues, oneLine } from '../format.js';
 import { checkFieldName, parseScalar } from '../spec-file.js';
 
 /** `lr=1e-4` or `hyperparameters.lr=1e-4` → { lr: 0.0001 }; the campaign validates names and ranges. */
-export function parseHyperparameterArgs(args: readonly string[]): Partial<Hyperparameters> {
+export function parseHyperparameterArgs(args: readonly string[]): CampaignChange {
   const changes: Record<string, unknown> = {};
   for (const arg of args) {
     const eq = arg.indexOf('=');
@@ -21,7 +21,7 @@ export function parseHyperparameterArgs(args: readonly string[]): Partial<Hyperp
     checkFieldName(key, arg);
     changes[key] = parseScalar(arg.slice(eq + 1).trim(), arg);
   }
-  return changes as Partial<Hyperparameters>;
+  return changes as CampaignChange;
 }
 
 export const setCommand: Command = {
@@ -30,7 +30,9 @@ export const setCommand: Command = {
   usage: 'set <campaign-id> key=value... [--reason TEXT]',
   options: { reason: { type: 'string' } },
   optionHelp: { '--reason TEXT': 'why (recorded with the change)' },
-  details: `Keys: lr, klCoef, clipEps, temperature, topP, entropyCoef, auxLossCoef, maxNewTokens, tisClip.
+  details: `Keys: lr, klCoef, clipEps, temperature, topP, entropyCoef, auxLossCoef, maxNewTokens, tisClip,
+and promptsPerIteration (the dataset position carries on from where it is; fewer prompts than
+rolloutShards use one shard a prompt).
 A change applies from the next iteration whose rollout has not started.
 example: moerl set demo-k3j9x2 lr=0.0001 temperature=0.8 --reason "reward plateau"`,
   positionals: { min: 2, max: Infinity },

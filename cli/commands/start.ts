@@ -5,7 +5,7 @@ import { taskQueuesFrom } from '../../workers/temporal-options.js';
 import type { campaign } from '../../workflows/campaign.js';
 import { campaignNameKey, campaignStatusKey } from '../../workflows/search-attributes.js';
 import type { CampaignSpec } from '../../workflows/spec.js';
-import type { CampaignInput, TaskQueues } from '../../workflows/types.js';
+import type { CampaignInput, PromptSegment, TaskQueues } from '../../workflows/types.js';
 import {
   campaignWorkflowType,
   checkCampaignId,
@@ -28,7 +28,13 @@ export interface StartedCampaign {
 /** Starts a campaign; shared by `start` and `fork`. */
 export async function startCampaign(
   client: Client,
-  opts: { spec: CampaignSpec; id?: string; taskQueues: TaskQueues; forkFrom?: CheckpointRef },
+  opts: {
+    spec: CampaignSpec;
+    id?: string;
+    taskQueues: TaskQueues;
+    forkFrom?: CheckpointRef;
+    promptSchedule?: PromptSegment[];
+  },
 ): Promise<StartedCampaign> {
   const campaignId = opts.id === undefined ? newCampaignId(opts.spec.name) : checkCampaignId(opts.id);
   const input: CampaignInput = {
@@ -36,6 +42,7 @@ export async function startCampaign(
     spec: opts.spec,
     taskQueues: opts.taskQueues,
     ...(opts.forkFrom ? { forkFrom: opts.forkFrom } : {}),
+    ...(opts.promptSchedule ? { promptSchedule: opts.promptSchedule } : {}),
   };
   const memo: CampaignMemo = {
     spec: specSummary(opts.spec),

@@ -88,6 +88,14 @@ export function statusText(state: CampaignState, description: WorkflowExecutionD
   if (state.checkpoints.length > 0)
     lines.push(['retained', `iterations ${state.checkpoints.map((c) => c.iteration).join(', ')}`]);
   lines.push(['hyperparameters', keyValues(state.hyperparameters)]);
+  const schedule = state.promptSchedule ?? [];
+  if (schedule.length > 1)
+    lines.push([
+      'prompts',
+      schedule
+        .map((s) => `${s.promptsPerIteration} an iteration from iteration ${s.fromIteration}`)
+        .join(', '),
+    ]);
   for (const change of state.hyperparameterChanges)
     lines.push([
       'change',

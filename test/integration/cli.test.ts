@@ -322,7 +322,7 @@ describe('moerl CLI on the dev server', () => {
     assert.match(text.stdout, new RegExp(`^campaign ${mainId}: \\d+ iterations in \\d+ workflow runs\\n`));
     assert.match(
       text.stdout,
-      /^ITER +PREPARE +ROLLOUT +REWARD +UPDATE +CHECKPOINT +ATTEMPTS +REWARD +CHANGES$/m,
+      /^ITER +PREPARE +ROLLOUT +REWARD +UPDATE +CHECKPOINT +ATTEMPTS +REWARD +MISMATCH KL +CHANGES$/m,
     );
     assert.match(text.stdout, /^ +1 +- +\d+\.\d+s +\d+\.\d+s +\d+\.\d+s +\d+\.\d+s +rollout 2 +0\.150/m);
     assert.match(

@@ -49,6 +49,7 @@ describe('status: retries include attempts the server is retrying (fake descript
       reward: 0,
       update: 2,
       checkpoint: 1,
+      validation: 0,
     });
     assert.match(
       retriesLine(statusText(state, description)) ?? '',

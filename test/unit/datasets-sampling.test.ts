@@ -17,7 +17,7 @@ import {
   type DrawnPrompt,
 } from '../../activities/datasets/sampling.js';
 import { parseCampaignSpec } from '../../workflows/spec.js';
-import { shardRanges } from '../../workflows/state.js';
+import { splitPrompts } from '../../workflows/state.js';
 import { validSpecDoc } from '../support/spec-docs.js';
 
 describe('dataset sampling: the shuffle', () => {
@@ -170,7 +170,9 @@ describe('dataset sampling: positions', () => {
     const spec = parseCampaignSpec({ ...validSpecDoc(), promptsPerIteration: 17, rolloutShards: 4 });
     const start = { epoch: 3, offset: 15 };
     const whole = drawPrompts(input, start, spec.promptsPerIteration).prompts;
-    const byShard = shardRanges(spec).map((range) => shardPrompts(input, start, range));
+    const byShard = splitPrompts(spec.promptsPerIteration, spec.rolloutShards).map((range) =>
+      shardPrompts(input, start, range),
+    );
     assert.deepEqual(byShard.flat(), whole);
     assert.deepEqual(
       byShard.map((s) => s.length),

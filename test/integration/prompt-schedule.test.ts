@@ -1,0 +1,126 @@
+// `moerl set promptsPerIteration` on a running dataset campaign, on the real Temporal dev server
+// with recording test activities: each iteration's shards, prompt ids and dataset position follow
+// the schedule, a change applies from the next rollout, and continue-as-new carries it on.
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import type { RewardInput, RolloutShardInput } from '../../activities/types.js';
+import { setHyperparametersUpdate } from '../../workflows/messages.js';
+import { parseCampaignSpec } from '../../workflows/spec.js';
+import type { CampaignState } from '../../workflows/types.js';
+import { createRecordingTestActivities } from '../support/recording-activities.js';
+import type { RecordedCall } from '../support/recording-activities.js';
+import { startCampaign, waitForState, withWorkers } from '../support/campaign-harness.js';
+import { hfSpecDoc } from '../support/spec-docs.js';
+import { startTestEnvironment } from '../support/temporal.js';
+import type { TestEnvironment } from '../support/temporal.js';
+
+let t: TestEnvironment;
+before(async () => {
+  t = await startTestEnvironment();
+});
+after(async () => {
+  await t?.teardown();
+});
+
+const rows = 10;
+const datasets = { train: { sha256: 'a'.repeat(64), bytes: 100, rows } };
+
+const okCalls = (calls: RecordedCall[], activity: RecordedCall['activity'], iteration: number) =>
+  calls.filter((c) => c.activity === activity && c.iteration === iteration && c.outcome === 'ok');
+
+describe('set promptsPerIteration (recording activities on the dev server)', () => {
+  test('from the next rollout on: shards, prompt ids and dataset positions follow, across continue-as-new', async () => {
+    const { activities, calls } = createRecordingTestActivities({
+      datasets,
+      delayMs: { rolloutShard: 600 },
+    });
+    await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
+      const spec = parseCampaignSpec({
+        ...hfSpecDoc(),
+        iterations: 4,
+        promptsPerIteration: 4,
+        rolloutShards: 2,
+        chunkSize: 2,
+        orchestration: { rolloutHeartbeatSeconds: 5, updateHeartbeatSeconds: 5, continueAsNewEvery: 2 },
+      });
+      const handle = await startCampaign(t.client, spec, queues);
+      await waitForState(handle, 'rollout of iteration 1', (s) =>
+        s.activeStages.some((a) => a.stage === 'rollout' && a.iteration === 1),
+      );
+      const first = await handle.executeUpdate(setHyperparametersUpdate, {
+        args: [{ changes: { promptsPerIteration: 3 }, reason: 'smaller batches' }],
+      });
+      assert.equal(first.iteration, 2, 'iteration 1 already decided its prompts');
+      await waitForState(handle, 'rollout of iteration 3', (s) =>
+        s.activeStages.some((a) => a.stage === 'rollout' && a.iteration === 3),
+      );
+      const second = await handle.executeUpdate(setHyperparametersUpdate, {
+        args: [{ changes: { promptsPerIteration: 1 } }],
+      });
+      assert.equal(second.iteration, 4);
+      assert.equal((await handle.result()).status, 'completed');
+
+      // first prompt id and count per iteration: 4, then 3 and 3, then 1 (one shard).
+      const expected = [
+        {
+          iteration: 1,
+          first: 0,
+          ranges: [
+            [0, 2],
+            [2, 2],
+          ],
+        },
+        {
+          iteration: 2,
+          first: 4,
+          ranges: [
+            [0, 2],
+            [2, 1],
+          ],
+        },
+        {
+          iteration: 3,
+          first: 7,
+          ranges: [
+            [0, 2],
+            [2, 1],
+          ],
+        },
+        { iteration: 4, first: 10, ranges: [[0, 1]] },
+      ];
+      for (const { iteration, first, ranges } of expected) {
+        const shards = okCalls(calls, 'rolloutShard', iteration)
+          .map((c) => c.input as RolloutShardInput)
+          .sort((a, b) => a.shard - b.shard);
+        const count = ranges.reduce((n, [, c]) => n + c!, 0);
+        assert.deepEqual(
+          shards.map((s) => [s.promptStart, s.promptCount]),
+          ranges,
+          `iteration ${iteration}'s shards`,
+        );
+        for (const s of shards) {
+          assert.deepEqual(s.iterationPrompts, { first, count }, `iteration ${iteration}'s prompts`);
+          // A position past the 10 rows rolls over into the next epoch.
+          assert.deepEqual(s.dataset?.position, { epoch: Math.floor(first / rows), offset: first % rows });
+        }
+        const reward = okCalls(calls, 'computeRewards', iteration)[0]!.input as RewardInput;
+        assert.deepEqual(reward.iterationPrompts, { first, count });
+        assert.equal(reward.chunksPerShard.length, ranges.length);
+      }
+      const state = await handle.query<CampaignState>('status');
+      assert.ok(state.runs >= 2, 'continued as new');
+      assert.deepEqual(state.promptSchedule, [
+        { fromIteration: 1, promptsPerIteration: 4 },
+        { fromIteration: 2, promptsPerIteration: 3 },
+        { fromIteration: 4, promptsPerIteration: 1 },
+      ]);
+      assert.deepEqual(
+        state.hyperparameterChanges.map((c) => [c.iteration, c.changes]),
+        [
+          [2, { promptsPerIteration: 3 }],
+          [4, { promptsPerIteration: 1 }],
+        ],
+      );
+    });
+  });
+});
