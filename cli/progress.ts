@@ -4,6 +4,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client, WorkflowExecutionDescription } from '@temporalio/client';
 import { printable } from '../activities/printable.js';
+import { stageOfActivity } from '../activities/types.js';
+import type { CampaignActivities } from '../activities/types.js';
 import type { CampaignState, IterationSummary, StageName } from '../workflows/types.js';
 import { stageNames } from '../workflows/types.js';
 import { describeCampaign, executionStatus, queryState, type CampaignMemo } from './campaigns.js';
@@ -11,16 +13,8 @@ import { reasonOf } from './command.js';
 import { decimal, seconds } from './format.js';
 import { failureText } from './history.js';
 
-/** The stages of every iteration (prepare runs once, before the first). */
-export const iterationStages = stageNames.filter((s) => s !== 'prepare');
-
-const stageOfActivity: Record<string, StageName> = {
-  preparePolicy: 'prepare',
-  rolloutShard: 'rollout',
-  computeRewards: 'reward',
-  updatePolicy: 'update',
-  commitCheckpoint: 'checkpoint',
-};
+/** The stages of every iteration (prepare runs once, before the first; validation beside the loop). */
+export const iterationStages = stageNames.filter((s) => s !== 'prepare' && s !== 'validation');
 
 export interface InFlightStage {
   iteration: number;
@@ -94,7 +88,7 @@ export function snapshotOf(
   }
   // Pending activities carry no iteration, but a stage runs for one iteration at a time.
   for (const p of pending) {
-    const stage = stageOfActivity[p.activityType?.name ?? ''];
+    const stage = stageOfActivity[p.activityType?.name as keyof CampaignActivities] as StageName | undefined;
     const target = [...inFlight.values()].find((s) => s.stage === stage);
     if (!target) continue;
     const attempt = p.attempt ?? 1;
