@@ -11,16 +11,9 @@ import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
-import { ParquetWriter } from 'hyparquet-writer';
-import { fileWriter } from 'hyparquet-writer/src/node.js';
+import { writeVerlParquet, type VerlRow } from '../../examples/verl-parquet.js';
 
-export interface VerlRow {
-  data_source: string;
-  prompt: { role: string; content: string }[];
-  ability: string;
-  reward_model: { style: string; ground_truth: string };
-  extra_info: { split: string; index: number; answer: string };
-}
+export { writeVerlParquet, type VerlRow };
 
 /** Row `index` of a split: a + b with a, b from the index, so every row differs and is known. */
 export function arithmeticRow(index: number, split = 'train'): VerlRow {
@@ -51,65 +44,6 @@ export async function writeJsonl(path: string, records: Iterable<unknown>): Prom
   for (const record of records) if (!out.write(JSON.stringify(record) + '\n')) await once(out, 'drain');
   out.end();
   await once(out, 'finish');
-}
-
-const text = (name: string) => ({
-  name,
-  type: 'BYTE_ARRAY' as const,
-  converted_type: 'UTF8' as const,
-  repetition_type: 'OPTIONAL' as const,
-});
-
-// The layout pyarrow gives verl's rows (list<struct<content, role>>, structs for the rest).
-const verlSchema = [
-  { name: 'root', num_children: 5 },
-  text('data_source'),
-  { name: 'prompt', repetition_type: 'OPTIONAL' as const, converted_type: 'LIST' as const, num_children: 1 },
-  { name: 'list', repetition_type: 'REPEATED' as const, num_children: 1 },
-  { name: 'element', repetition_type: 'OPTIONAL' as const, num_children: 2 },
-  text('content'),
-  text('role'),
-  text('ability'),
-  { name: 'reward_model', repetition_type: 'OPTIONAL' as const, num_children: 2 },
-  text('ground_truth'),
-  text('style'),
-  { name: 'extra_info', repetition_type: 'OPTIONAL' as const, num_children: 3 },
-  text('answer'),
-  { name: 'index', type: 'INT64' as const, repetition_type: 'OPTIONAL' as const },
-  text('split'),
-];
-
-const verlColumnNames = ['data_source', 'prompt', 'ability', 'reward_model', 'extra_info'] as const;
-
-/**
- * Writes verl rows as Parquet, `rowGroupSize` rows a group, encoding one group at a time.
- * A row's field may be null (a missing value).
- */
-export function writeVerlParquet(path: string, rows: Iterable<Partial<VerlRow>>, rowGroupSize = 1000): void {
-  const writer = new ParquetWriter({ writer: fileWriter(path), schema: verlSchema });
-  let batch: Partial<VerlRow>[] = [];
-  const flush = () => {
-    if (batch.length === 0) return;
-    writer.write({
-      columnData: verlColumnNames.map((name) => ({
-        name,
-        data: batch.map((r) => {
-          const v = r[name] ?? null;
-          return name === 'extra_info' && v !== null
-            ? { ...(v as VerlRow['extra_info']), index: BigInt((v as VerlRow['extra_info']).index) }
-            : v;
-        }),
-      })),
-      rowGroupSize,
-    });
-    batch = [];
-  };
-  for (const row of rows) {
-    batch.push(row);
-    if (batch.length === rowGroupSize) flush();
-  }
-  flush();
-  writer.finish();
 }
 
 /** The example dataset: train and validation splits in both formats. */
