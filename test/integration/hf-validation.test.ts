@@ -5,7 +5,6 @@
 // each, and the mean reward and pass@k per data_source that the state, the history, the worker's
 // metrics and scores.json report are exactly the function's scores of those completions.
 import assert from 'node:assert/strict';
-import { cp, mkdir, writeFile } from 'node:fs/promises';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -19,8 +18,13 @@ import type { ValidationOutput, ValidationScores } from '../../activities/types.
 import { readCampaignHistory } from '../../cli/history.js';
 import { createWorkerMetrics } from '../../workers/metrics.js';
 import type { CampaignState } from '../../workflows/types.js';
-import { startCampaign, testSpec, withWorkers } from '../support/campaign-harness.js';
+import { startCampaign, withWorkers } from '../support/campaign-harness.js';
 import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
+import {
+  expectedUserScore,
+  hfCampaignSpec,
+  writeHfCampaignFixture,
+} from '../support/hf-campaign-fixtures.js';
 import { nativeTools } from '../support/native-tools.js';
 import { pythonReference } from '../support/python-reference.js';
 import { startTestEnvironment } from '../support/temporal.js';
@@ -29,13 +33,9 @@ import type { TestEnvironment } from '../support/temporal.js';
 const pyref = pythonReference();
 const native = nativeTools(['moe_train', 'moe_generate']);
 
-// verl's signature; a score of the text any reader can recompute, passing (> 0.5) for some texts.
-const userFunction = `
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return (len(solution_str) % 4) / 4 + (0.25 if data_source == "arith" else 0.0)
-`;
+// The fixture's function scores every row here: passing (> 0.5) for some texts of each source.
 const expectedScore = (source: string, text: string) =>
-  ([...text].length % 4) / 4 + (source === 'arith' ? 0.25 : 0); // Python counts code points
+  expectedUserScore(text) + (source === 'arith' ? 0.5 : 0);
 
 const validationRows = Array.from({ length: 6 }, (_, i) => arithmeticRow(100 + i, 'validation'));
 
@@ -46,17 +46,8 @@ describe('validation of a Hugging Face campaign', { skip: pyref.skip || native.s
   before(async () => {
     t = await startTestEnvironment();
     dir = mkdtempSync(join(tmpdir(), 'moerl-hf-validation-'));
-    const model = join(dir, 'qwen3');
-    await pyref.run('hf_models.py', ['make', model, '--family', 'qwen3_moe']);
-    await cp(model, join(dir, 'store', 'models', 'tiny-qwen3'), { recursive: true });
-    await mkdir(join(dir, 'store', 'datasets'), { recursive: true });
-    writeVerlParquet(
-      join(dir, 'store', 'datasets', 'train.parquet'),
-      Array.from({ length: 8 }, (_, i) => arithmeticRow(i)),
-      4,
-    );
+    await writeHfCampaignFixture(dir, pyref);
     writeVerlParquet(join(dir, 'store', 'datasets', 'validation.parquet'), validationRows, 4);
-    await writeFile(join(dir, 'score.py'), userFunction);
   });
   after(async () => {
     await t?.teardown();
@@ -64,8 +55,7 @@ describe('validation of a Hugging Face campaign', { skip: pyref.skip || native.s
   });
 
   test('checkpoints 0, 2 and 3 scored on the first 5 rows, k = 2, per data_source, as the completions say', async () => {
-    const spec = testSpec({
-      name: 'hf-validation',
+    const spec = hfCampaignSpec(dir, 'hf-validation', {
       task: {
         dataset: {
           train: 'datasets/train.parquet',
@@ -73,7 +63,6 @@ describe('validation of a Hugging Face campaign', { skip: pyref.skip || native.s
           format: 'parquet',
         },
       },
-      model: { huggingFace: 'models/tiny-qwen3' },
       rewards: { default: { kind: 'python', file: join(dir, 'score.py') } },
       validation: {
         everyIterations: 2,
@@ -85,11 +74,7 @@ describe('validation of a Hugging Face campaign', { skip: pyref.skip || native.s
       },
       iterations: 3,
       promptsPerIteration: 4,
-      groupSize: 2,
-      rolloutShards: 2,
       chunkSize: 2,
-      epWorldSize: 2,
-      store: { kind: 'fs', path: join(dir, 'store') },
       hyperparameters: { maxNewTokens: 8, minibatches: 1, epochs: 1 },
       orchestration: { continueAsNewEvery: 2, rolloutHeartbeatSeconds: 5 },
     });
