@@ -5,10 +5,10 @@
 // completes 2 iterations; the server's log-probs of the sampled tokens agree with moerl's own
 // scoring of the same tokens (moe_hf score on the exported checkpoint); the trainer's
 // mismatch_kl is reported (with the native trainer, larger than a native/native campaign's); a
-// llama-server killed mid-chunk is restarted and the chunk finished; a SIGKILLed rollout worker
-// redoes at most one chunk per shard in flight. Against a fake server (a small HTTP server in the
-// test) that answers malformed JSON, or completions without log-probs, the campaign pauses naming
-// the server and the problem.
+// llama-server killed mid-chunk is restarted and the chunk finished, and validation samples from
+// the server too; a SIGKILLed rollout worker redoes at most one chunk per shard in flight.
+// Against a fake server (a small HTTP server in the test) that answers malformed JSON, or
+// completions without log-probs, the campaign pauses naming the server and the problem.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { createServer } from 'node:http';
@@ -22,6 +22,7 @@ import type { ActivityDeps } from '../../activities/deps.js';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { findLlamaCpp, llamaCppMissingReason } from '../../activities/engines/llamacpp.js';
 import { createActivities } from '../../activities/index.js';
+import * as keys from '../../activities/layout.js';
 import { exportCheckpoint } from '../../activities/models/export.js';
 import { openStore } from '../../activities/store/index.js';
 import type { RolloutRecord } from '../../activities/rewards/rollout-record.js';
@@ -37,6 +38,7 @@ import {
   waitForState,
   withWorkers,
 } from '../support/campaign-harness.js';
+import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
 import { hfCampaignSpec, writeHfCampaignFixture } from '../support/hf-campaign-fixtures.js';
 import { nativeTools } from '../support/native-tools.js';
 import { pythonReference } from '../support/python-reference.js';
@@ -222,11 +224,27 @@ describe(
     );
 
     test(
-      'a llama-server killed mid-chunk is restarted by its supervisor and the chunk finished',
+      'a llama-server killed mid-chunk is restarted by its supervisor and the chunk finished; validation samples from it too',
       { skip: llamacppSkip },
       async () => {
-        // Long completions, so that the kill lands inside a chunk.
-        const s = spec('oa-server-kill', 'openai', { iterations: 1, hyperparameters: { maxNewTokens: 160 } });
+        writeVerlParquet(
+          join(dir, 'store', 'datasets', 'validation.parquet'),
+          Array.from({ length: 3 }, (_, i) => arithmeticRow(100 + i, 'validation')),
+          4,
+        );
+        // Long completions, so that the kill lands inside a chunk; checkpoints 0 and 1 validated.
+        const s = spec('oa-server-kill', 'openai', {
+          iterations: 1,
+          hyperparameters: { maxNewTokens: 160 },
+          task: {
+            dataset: {
+              train: 'datasets/train.parquet',
+              validation: 'datasets/validation.parquet',
+              format: 'parquet',
+            },
+          },
+          validation: { everyIterations: 1, samples: 2, maxNewTokens: 12, shards: 1 },
+        });
         // This worker's llama-server: the child of this process other tests' workers do not own.
         const earlier = new Set(children());
         const servers = () => children().filter((pid) => !earlier.has(pid));
@@ -254,6 +272,17 @@ describe(
         // The shard's attempt lived on: the requests the kill cut off were sent again to the new server.
         assert.equal(state.recentIterations[0]?.chunksRedone, 0);
         assert.equal(state.retries.rollout, 0);
+        // Validation shards take the same path: records with the server's log-probs.
+        assert.deepEqual(
+          state.validations?.map((v) => v.iteration),
+          [0, 1],
+        );
+        const records: RolloutRecord[] = [];
+        for await (const obj of store.list(`${keys.validationPrefix(state.campaignId, 1)}/shard-0/`))
+          for (const line of (await store.get(obj.key)).toString('utf8').split('\n').filter(Boolean))
+            records.push(JSON.parse(line) as RolloutRecord);
+        assert.equal(records.length, 6, '3 rows x 2 samples');
+        for (const r of records) assert.ok(r.tokens.length > 0 && r.logprobs.length === r.tokens.length);
       },
     );
 
