@@ -344,7 +344,7 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
   );
   const hp = input.hyperparameters;
   const useReference = hp.klCoef > 0;
-  // The PyTorch trainer reads and writes Hugging Face directories (engine contract v1).
+  // The PyTorch trainer reads and writes Hugging Face directories (engine contract v2).
   const pytorch = trainerEngine(spec) === 'pytorch';
   const part = pytorch ? { part: 'huggingFace' as const } : {};
   // prettier-ignore
