@@ -6,7 +6,6 @@
 // eos token; the warm start's loss falls; GRPO then trains from its checkpoint; a row without a
 // completion pauses the campaign before anything is trained, naming the row and the field.
 import assert from 'node:assert/strict';
-import { cp, mkdir, writeFile } from 'node:fs/promises';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -20,8 +19,13 @@ import { loadTokenizer } from '../../activities/models/tokenizer.js';
 import { openStore } from '../../activities/store/index.js';
 import type { CampaignSpec, CampaignSpecInput } from '../../workflows/spec.js';
 import type { CampaignState } from '../../workflows/types.js';
-import { startCampaign, testSpec, waitForState, withWorkers } from '../support/campaign-harness.js';
+import { startCampaign, waitForState, withWorkers } from '../support/campaign-harness.js';
 import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
+import {
+  hfCampaignRows as rows,
+  hfCampaignSpec,
+  writeHfCampaignFixture,
+} from '../support/hf-campaign-fixtures.js';
 import { nativeTools } from '../support/native-tools.js';
 import { pythonReference } from '../support/python-reference.js';
 import { startTestEnvironment } from '../support/temporal.js';
@@ -29,7 +33,6 @@ import type { TestEnvironment } from '../support/temporal.js';
 
 const pyref = pythonReference();
 const native = nativeTools(['moe_train', 'moe_generate']);
-const rows = 12;
 const sftSteps = 6;
 
 describe('SFT warm start of a Hugging Face model on a dataset', { skip: pyref.skip || native.skip }, () => {
@@ -42,19 +45,7 @@ describe('SFT warm start of a Hugging Face model on a dataset', { skip: pyref.sk
     t = await startTestEnvironment();
     dir = mkdtempSync(join(tmpdir(), 'moerl-hf-sft-'));
     store = openStore({ kind: 'fs', path: join(dir, 'store') });
-    const model = join(dir, 'qwen3');
-    await pyref.run('hf_models.py', ['make', model, '--family', 'qwen3_moe']);
-    await cp(model, join(dir, 'store', 'models', 'tiny-qwen3'), { recursive: true });
-    await mkdir(join(dir, 'store', 'datasets'), { recursive: true });
-    writeVerlParquet(
-      join(dir, 'store', 'datasets', 'train.parquet'),
-      Array.from({ length: rows }, (_, i) => arithmeticRow(i)),
-      5,
-    );
-    await writeFile(
-      join(dir, 'score.py'),
-      'def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float(ground_truth in solution_str)\n',
-    );
+    await writeHfCampaignFixture(dir, pyref);
   });
   after(async () => {
     await t?.teardown();
@@ -62,21 +53,15 @@ describe('SFT warm start of a Hugging Face model on a dataset', { skip: pyref.sk
   });
 
   const spec = (name: string, overrides: Partial<CampaignSpecInput> = {}): CampaignSpec =>
-    testSpec({
-      name,
+    hfCampaignSpec(dir, name, {
       task: {
         dataset: { train: 'datasets/train.parquet', format: 'parquet', responseKey: 'extra_info.answer' },
       },
-      model: { huggingFace: 'models/tiny-qwen3/' },
-      rewards: { default: { kind: 'python', file: join(dir, 'score.py') } },
       sftWarmStartSteps: sftSteps,
       iterations: 1,
       promptsPerIteration: 4,
-      groupSize: 2,
       rolloutShards: 1,
       chunkSize: 4,
-      epWorldSize: 2,
-      store: { kind: 'fs', path: join(dir, 'store') },
       hyperparameters: { maxNewTokens: 16, minibatches: 1, epochs: 1 },
       ...overrides,
     });
