@@ -13,7 +13,7 @@ import type { RunToolOptions, ToolRun } from './native.js';
 
 export interface GenerateRanksOptions extends RunToolOptions {
   worldSize: number;
-  /** Names the run in failures ("moe_generate (iteration 1, shard 0)"). */
+  /** Names the run in failures ("moe_generate (rollout of iteration 1 shard 0)"). */
   what: string;
 }
 

@@ -334,7 +334,7 @@ describe('bad input: each failure pauses the campaign, commits nothing, and says
         stage: 'rollout',
         type: 'BadInput',
         nonRetryable: true,
-        message: [/^moe_generate \(iteration 1, shard [01]\) exited with code 2: /, /chess/],
+        message: [/^moe_generate \(rollout of iteration 1 shard [01]\) exited with code 2: /, /chess/],
         committed: 0,
       });
       assert.equal(state.retries.rollout, 2, 'each shard failed once');
