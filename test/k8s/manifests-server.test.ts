@@ -24,14 +24,21 @@ before(
     const crds = await resolveTool('keda-crds' as unknown as ToolName);
     const apply = await cluster.kubectl(['apply', '--server-side', '-f', crds]);
     assert.equal(apply.code, 0, apply.stderr);
-    const established = await cluster.kubectl([
-      'wait',
-      '--for=condition=Established',
-      '--timeout=60s',
-      'crd/scaledobjects.keda.sh',
-      'crd/triggerauthentications.keda.sh',
-    ]);
-    assert.equal(established.code, 0, established.stderr);
+    // kubectl wait fails at once on a CRD whose status has no conditions yet (just applied, the
+    // API server not done with it): ask again until it answers, for at most a minute.
+    for (const deadline = Date.now() + 60_000; ;) {
+      const established = await cluster.kubectl([
+        'wait',
+        '--for=condition=Established',
+        '--timeout=60s',
+        'crd/scaledobjects.keda.sh',
+        'crd/triggerauthentications.keda.sh',
+      ]);
+      if (established.code === 0) break;
+      if (!/status\.conditions accessor error/.test(established.stderr) || Date.now() > deadline)
+        assert.fail(established.stderr);
+      await new Promise((resolve) => setTimeout(resolve, 500));
+    }
   },
   { timeout: 600_000 },
 );
