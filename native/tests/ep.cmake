@@ -8,7 +8,8 @@ add_executable(ep_tests
   ${CMAKE_CURRENT_LIST_DIR}/ep_dispatch_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/collectives_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/transport_failure_test.cc
-  ${CMAKE_CURRENT_LIST_DIR}/transport_bootstrap_test.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/transport_bootstrap_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/transport_locked_memory_test.cc)
 target_link_libraries(ep_tests PRIVATE moerl_ep GTest::gtest_main)
 target_compile_definitions(ep_tests PRIVATE MOERL_EP_TEST_RANK="$<TARGET_FILE:ep_test_rank>")
 add_dependencies(ep_tests ep_test_rank)

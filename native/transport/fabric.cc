@@ -12,6 +12,7 @@
 #include <random>   // std::random_device for a unique shm endpoint name
 
 #include "common/check.h"
+#include "transport/locked_memory.h"
 
 namespace moerl::transport {
 namespace {
@@ -28,6 +29,8 @@ namespace {
 Fabric::Fabric(const std::string& provider, const std::string& local_ip, int rank,
                bool register_all)
     : rank_(rank) {
+  // Before libfabric: too little locked memory fails inside efa in ways that name nothing.
+  check_locked_memory(provider, rank);
   fi_info* hints = fi_allocinfo();
   MOERL_CHECK(hints != nullptr, "fi_allocinfo failed");
   hints->caps = FI_TAGGED;
