@@ -347,6 +347,8 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
   // The PyTorch trainer reads and writes Hugging Face directories (engine contract v2).
   const pytorch = trainerEngine(spec) === 'pytorch';
   const part = pytorch ? { part: 'huggingFace' as const } : {};
+  // The reference is sampled from, never trained: of a native checkpoint, its weights only.
+  const referencePart = pytorch ? part : { part: 'weights' as const };
   // prettier-ignore
   const grpo = [
     'grpo',
@@ -377,7 +379,7 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
       store: absoluteStore(spec.store),
       checkpoints: [
         { ref: input.policy, dir: 'policy', ...part },
-        ...(useReference ? [{ ref: input.reference, dir: 'reference', ...part }] : []),
+        ...(useReference ? [{ ref: input.reference, dir: 'reference', ...referencePart }] : []),
       ],
       inputLists: [
         { indexKey: `${prefix}/rollouts.json`, dir: 'rollouts', listFile: 'rollouts.txt' },

@@ -135,7 +135,12 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
   await mkdir(work, { recursive: true });
   for (const c of job.checkpoints)
     if (c.part === 'huggingFace') await fetchHuggingFaceForRank(store, c.ref, join(work, c.dir));
-    else await fetchCheckpointForRank(store, c.ref, join(work, c.dir), { rank, worldSize });
+    else
+      await fetchCheckpointForRank(store, c.ref, join(work, c.dir), {
+        rank,
+        worldSize,
+        ...(c.part === 'weights' ? { part: c.part } : {}),
+      });
   for (const list of job.inputLists) await fetchInputList(store, work, list);
   if (job.hfModel && (!job.hfModel.whole || rank === 0)) {
     const model = { store: openStore(job.hfModel.store), prefix: job.hfModel.prefix };

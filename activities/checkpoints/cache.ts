@@ -1,12 +1,13 @@
 // The worker's bounded checkpoint cache: `<cacheDir>/checkpoints/<manifestSha256>`, complete
-// verified copies (installCheckpoint), evicted least recently used first once over a count or
-// byte bound, never while in use. Room is made before a download, counting the downloads in
-// flight, so the cache stays within its byte bound (the volume under it is sized to match); a
-// checkpoint larger than the bound fails at once. In use = acquired and not yet released,
-// counted in memory per process and announced in a lease file per process (with the process's
-// start time, so a recycled pid is not mistaken for the holder), so worker processes of one
-// host (one pid namespace) sharing a cache directory never evict each other's. Last use is the
-// entry directory's mtime, so a restarted worker keeps the LRU order.
+// verified copies of checkpoints' weights (installCheckpoint: what moe_generate reads, not the
+// AdamW moments nor a Hugging Face directory), evicted least recently used first once over a
+// count or byte bound, never while in use. Room is made before a download, counting the
+// downloads in flight, so the cache stays within its byte bound (the volume under it is sized to
+// match); a checkpoint larger than the bound fails at once. In use = acquired and not yet
+// released, counted in memory per process and announced in a lease file per process (with the
+// process's start time, so a recycled pid is not mistaken for the holder), so worker processes of
+// one host (one pid namespace) sharing a cache directory never evict each other's. Last use is
+// the entry directory's mtime, so a restarted worker keeps the LRU order.
 import { randomUUID } from 'node:crypto';
 import { readdir, readFile, rename, rm, stat, utimes } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -162,8 +163,8 @@ export class CheckpointCache {
   }
 
   /**
-   * Downloads the checkpoint unless cached (one download for concurrent acquires of it) and
-   * holds it. An aborted `signal` ends the wait (the download, shared, may go on to the cache).
+   * Downloads the checkpoint's weights unless cached (one download for concurrent acquires of
+   * it) and holds them. An aborted `signal` ends the wait (the download, shared, may go on to the cache).
    */
   async acquire(
     store: ObjectStore,
@@ -206,13 +207,13 @@ export class CheckpointCache {
   private async fill(store: ObjectStore, ref: CheckpointRef, sha: string, dir: string): Promise<void> {
     if (await isInstalled(dir)) return;
     const read = await readRefManifest(store, ref);
-    const bytes = checkpointBytes(read);
+    const bytes = checkpointBytes(read, ref, 'weights');
     const bound = this.limits.maxBytes;
     if (bytes > bound)
       throw ApplicationFailure.create({
         type: 'CheckpointCacheTooSmall',
         nonRetryable: true,
-        message: `checkpoint ${ref.key} takes ${bytes} bytes, more than this worker's checkpoint cache holds (MOERL_CACHE_MAX_BYTES=${bound}); give the worker a larger cache volume and bound together (k8s/README.md, "Cache sizing"), then resume`,
+        message: `the weights of checkpoint ${ref.key} take ${bytes} bytes, more than this worker's checkpoint cache holds (MOERL_CACHE_MAX_BYTES=${bound}); give the worker a larger cache volume and bound together (k8s/README.md, "Cache sizing"), then resume`,
       });
     this.incoming.set(sha, bytes);
     try {
@@ -220,9 +221,9 @@ export class CheckpointCache {
       if (after.bytes > bound)
         throw ApplicationFailure.create({
           type: 'CheckpointCacheFull',
-          message: `checkpoint ${ref.key} (${bytes} bytes) does not fit in this worker's checkpoint cache now: ${after.bytes} of MOERL_CACHE_MAX_BYTES=${bound} bytes would be in use, the rest held by running activities; a retry waits for them`,
+          message: `the weights of checkpoint ${ref.key} (${bytes} bytes) do not fit in this worker's checkpoint cache now: ${after.bytes} of MOERL_CACHE_MAX_BYTES=${bound} bytes would be in use, the rest held by running activities; a retry waits for them`,
         });
-      await installCheckpoint(store, ref, dir, { read });
+      await installCheckpoint(store, ref, dir, { part: 'weights', read });
       this.sizes.set(sha, bytes);
     } finally {
       this.incoming.delete(sha);

@@ -1,5 +1,6 @@
 // Committed checkpoints from the store into local directories, every file verified on the way:
-// whole (the cache and fetchCheckpoint) or only the files one trainer rank reads.
+// the policy's weights (the cache, export), whole (fetchCheckpoint), or only the files one
+// trainer rank reads.
 import { randomUUID } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { mkdir, rename, rm, stat, writeFile } from 'node:fs/promises';
@@ -13,9 +14,11 @@ import {
   badInput,
   huggingFaceFiles,
   isSha256,
+  optimizerFileName,
   parseManifest,
   sha256Hex,
   sha256OfStream,
+  weightFiles,
 } from './manifest.js';
 
 type ManifestFile = CheckpointManifest['files'][number];
@@ -82,37 +85,56 @@ async function downloadVerified(store: ObjectStore, ref: CheckpointRef, file: Ma
 /** Name part of a cache directory being filled (`<sha>.partial-<pid>-<random>`). */
 export const partialDirMarker = '.partial-';
 
-/** Bytes a complete local copy of a checkpoint takes: its files and its manifest. */
-export function checkpointBytes(read: { text: string; manifest: CheckpointManifest }): number {
-  return read.manifest.files.reduce((sum, f) => sum + f.bytes, Buffer.byteLength(read.text));
+/**
+ * What a local copy of a checkpoint holds: `weights`, the policy (weightFiles: what rollouts and
+ * exports read), or `all` of its files.
+ */
+export type CheckpointPart = 'weights' | 'all';
+
+function partFiles(read: { manifest: CheckpointManifest }, ref: CheckpointRef, part: CheckpointPart) {
+  return part === 'all' ? read.manifest.files : weightFiles(read.manifest, `${ref.key}/${keys.manifestName}`);
 }
 
-/** True when `dir` is a complete copy (a directory is complete exactly when it has its manifest.json). */
+/** Bytes a local copy of `part` of a checkpoint takes: those files and the manifest. */
+export function checkpointBytes(
+  read: { text: string; manifest: CheckpointManifest },
+  ref: CheckpointRef,
+  part: CheckpointPart,
+): number {
+  return partFiles(read, ref, part).reduce((sum, f) => sum + f.bytes, Buffer.byteLength(read.text));
+}
+
+/** True when `dir` is a complete copy of its part (complete exactly when it has its manifest.json). */
 export async function isInstalled(dir: string): Promise<boolean> {
   return (await stat(join(dir, keys.manifestName)).catch(() => null)) !== null;
 }
 
 /**
- * Makes `dir` a complete, verified copy of the checkpoint unless it already is one: the files
- * go into a sibling directory that is renamed into place when all of them verify. `read` is
- * the ref's manifest when the caller has read it already; an aborted `signal` stops between files.
+ * Makes `dir` a complete, verified copy of `part` of the checkpoint unless it already is one:
+ * the files go into a sibling directory that is renamed into place, with the manifest, when all
+ * of them verify. `read` is the ref's manifest when the caller has read it already; an aborted
+ * `signal` stops between files.
  */
 export async function installCheckpoint(
   store: ObjectStore,
   ref: CheckpointRef,
   dir: string,
-  opts: { read?: { text: string; manifest: CheckpointManifest }; signal?: AbortSignal } = {},
+  opts: {
+    part: CheckpointPart;
+    read?: { text: string; manifest: CheckpointManifest };
+    signal?: AbortSignal;
+  },
 ): Promise<void> {
   if (await isInstalled(dir)) return;
-  const { text, manifest } = opts.read ?? (await readRefManifest(store, ref));
+  const read = opts.read ?? (await readRefManifest(store, ref));
   const tmp = `${dir}${partialDirMarker}${process.pid}-${randomUUID().slice(0, 8)}`;
   await mkdir(tmp, { recursive: true });
   try {
-    for (const file of manifest.files) {
+    for (const file of partFiles(read, ref, opts.part)) {
       opts.signal?.throwIfAborted();
       await downloadVerified(store, ref, file, join(tmp, file.name));
     }
-    await writeFile(join(tmp, keys.manifestName), text);
+    await writeFile(join(tmp, keys.manifestName), read.text);
     await rename(tmp, dir).catch(async (err: NodeJS.ErrnoException) => {
       // Another process cached the same checkpoint first: use theirs.
       if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
@@ -125,9 +147,9 @@ export async function installCheckpoint(
 }
 
 /**
- * Makes a committed checkpoint available as a local directory the native tools can read, in
- * `<cacheDir>/checkpoints/<manifestSha256>`, never evicted. Superseded by acquireCheckpoint
- * (cache.ts), which bounds the cache; kept until every caller has moved to it.
+ * Makes a committed checkpoint available, every file, as a local directory the native tools can
+ * read, in `<cacheDir>/checkpoints/<manifestSha256>`, never evicted. Superseded by
+ * acquireCheckpoint (cache.ts), which bounds the cache; kept until every caller has moved to it.
  */
 export async function fetchCheckpoint(
   store: ObjectStore,
@@ -139,16 +161,21 @@ export async function fetchCheckpoint(
       `checkpoint ref ${ref.key}: manifestSha256 ${JSON.stringify(ref.manifestSha256)} is not a sha256`,
     );
   const dir = join(cacheDir, 'checkpoints', ref.manifestSha256);
-  await installCheckpoint(store, ref, dir);
+  await installCheckpoint(store, ref, dir, { part: 'all' });
   return dir;
 }
 
-/** The files trainer rank `rank` of `worldSize` reads: dense, and the expert files holding its experts. */
+/**
+ * The files trainer rank `rank` of `worldSize` reads: dense, and the expert files holding its
+ * experts; for training (`part` absent) also their optimizer files, where the manifest lists
+ * them (none: fresh moments, or a version 1 checkpoint holding them inside the weights files).
+ */
 export function rankFiles(
   manifest: CheckpointManifest,
   where: string,
   rank: number,
   worldSize: number,
+  part?: 'weights',
 ): string[] {
   if (!Number.isSafeInteger(worldSize) || worldSize < 1)
     throw badInput(`world size ${worldSize} is not a positive integer`);
@@ -169,24 +196,25 @@ export function rankFiles(
   const names = ['dense.safetensors'];
   for (let s = Math.floor(first / perSaved); s <= Math.floor(last / perSaved); s++)
     names.push(`experts-rank${s}.safetensors`);
-  return names;
+  const moments = manifest.files.some((f) => f.name === optimizerFileName('dense.safetensors'));
+  return part === 'weights' || !moments ? names : [...names, ...names.map(optimizerFileName)];
 }
 
 /**
  * Fetches what trainer rank `rank` of `worldSize` needs of a committed checkpoint into `dir`
- * (a pod's own filesystem): dense.safetensors and the expert files covering its experts, each
- * checked against the manifest (files already there and matching are kept), then manifest.json
- * last, so the directory never looks complete before it is.
+ * (a pod's own filesystem): rankFiles (with `part: 'weights'` the weights alone, for the KL
+ * reference), each checked against the manifest (files already there and matching are kept),
+ * then manifest.json last, so the directory never looks complete before it is.
  */
 export async function fetchCheckpointForRank(
   store: ObjectStore,
   ref: CheckpointRef,
   dir: string,
-  opts: { rank: number; worldSize: number },
+  opts: { rank: number; worldSize: number; part?: 'weights' },
 ): Promise<void> {
   const { text, manifest } = await readRefManifest(store, ref);
   const where = `${ref.key}/${keys.manifestName}`;
-  const files = rankFiles(manifest, where, opts.rank, opts.worldSize).map((name) => {
+  const files = rankFiles(manifest, where, opts.rank, opts.worldSize, opts.part).map((name) => {
     const file = manifest.files.find((f) => f.name === name);
     if (!file)
       throw badInput(`${where} does not list ${name}, which rank ${opts.rank} of ${opts.worldSize} reads`);

@@ -49,8 +49,28 @@ export function parseManifest(text: string, where: string): CheckpointManifest {
   return m;
 }
 
-/** Files of a moerl checkpoint proper: what moe_train and moe_generate read. */
-const moerlFilePattern = /^(dense|experts-rank\d+)\.safetensors$/;
+/** The policy's weights: what moe_generate, moe_hf and the KL reference read. */
+const weightFilePattern = /^(dense|experts-rank\d+)\.safetensors$/;
+/**
+ * Files of a moerl checkpoint proper: the weights and, in files of their own since manifest
+ * version 2, the AdamW moments (`optimizer-<weights file>`), which only the next update reads.
+ */
+const moerlFilePattern = /^(optimizer-)?(dense|experts-rank\d+)\.safetensors$/;
+
+/** The optimizer file of weights file `name` (docs/native-model.md, "Checkpoints"). */
+export const optimizerFileName = (name: string) => `optimizer-${name}`;
+
+/**
+ * The files a reader of the policy fetches (a rollout, an export): the moerl weights files, not
+ * the AdamW moments nor a Hugging Face directory. A checkpoint of manifest version 1 keeps its
+ * moments inside these files, so its readers fetch them too.
+ */
+export function weightFiles(m: CheckpointManifest, where: string): CheckpointManifest['files'] {
+  const files = m.files.filter((f) => weightFilePattern.test(f.name));
+  if (!files.some((f) => f.name === 'dense.safetensors'))
+    throw badInput(`${where} lists no dense.safetensors, so it holds no moerl policy`);
+  return files;
+}
 
 /**
  * The files of the Hugging Face directory a checkpoint holds beside its moerl files (manifest

@@ -17,10 +17,11 @@ export interface RankJob {
   store: StoreLocation;
   /**
    * Committed checkpoints, each fetched into `{work}/<dir>`: the moerl checkpoint files this rank
-   * reads, or with `part: 'huggingFace'` the whole Hugging Face directory the checkpoint holds
-   * beside them (the PyTorch trainer's policy: weights, config.json, optimizer.moerl).
+   * reads to train on (weights and AdamW moments), with `part: 'weights'` its weights alone (the
+   * KL reference), or with `part: 'huggingFace'` the whole Hugging Face directory the checkpoint
+   * holds beside them (the PyTorch trainer's policy: weights, config.json, optimizer.moerl).
    */
-  checkpoints: { ref: CheckpointRef; dir: string; part?: 'huggingFace' }[];
+  checkpoints: { ref: CheckpointRef; dir: string; part?: 'weights' | 'huggingFace' }[];
   /**
    * Index objects (`{ "keys": [...] }`) naming input objects: each object is fetched into
    * `{work}/<dir>/<n>.<ext>` and the local paths, one a line, are written to `{work}/<listFile>`.

@@ -1,16 +1,16 @@
-// A committed checkpoint of a campaign as a Hugging Face model directory: the checkpoint and the
-// model files the campaign started from (campaigns/<id>/model/: config.json, tokenizer,
-// generation config) are downloaded and verified into a temporary folder, `moe_hf export`
-// writes the directory, and it is published manifest-last: config.json is the last file a
-// reader can see, so a directory or prefix with a config.json is a whole export. A local
-// directory is written beside its target and renamed into place; an object store target (S3)
-// gets every other file first, then config.json. Used by `moerl export`; no heartbeats, and an
-// aborted signal stops between files and kills the native tool.
+// A committed checkpoint of a campaign as a Hugging Face model directory: the checkpoint's weights
+// (not its AdamW moments) and the model files the campaign started from (campaigns/<id>/model/:
+// config.json, tokenizer, generation config) are downloaded and verified into a temporary folder,
+// `moe_hf export` writes the directory, and it is published manifest-last: config.json is the
+// last file a reader can see, so a directory or prefix with a config.json is a whole export. A
+// local directory is written beside its target and renamed into place; an object store target
+// (S3) gets every other file first, then config.json. Used by `moerl export`; no heartbeats, and
+// an aborted signal stops between files and kills the native tool.
 import { randomUUID } from 'node:crypto';
 import { mkdir, mkdtemp, readdir, rename, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, dirname, join, resolve } from 'node:path';
-import { badInput } from '../checkpoints/manifest.js';
+import { badInput, weightFiles } from '../checkpoints/manifest.js';
 import { committedCheckpoint } from '../checkpoints/commit.js';
 import { installCheckpoint } from '../checkpoints/fetch.js';
 import * as keys from '../layout.js';
@@ -36,7 +36,7 @@ export interface ExportOptions {
   maxShardBytes?: number;
   /** Replace what the target holds (an earlier export); without it the target must be empty. */
   replace?: boolean;
-  /** Where the temporary folder goes (the whole checkpoint is downloaded there); default the OS's. */
+  /** Where the temporary folder goes (the checkpoint's weights are downloaded there); default the OS's. */
   workDir?: string;
   /** Folder of the native tools; default nativeBinDir(). */
   binDir?: string;
@@ -77,9 +77,14 @@ export async function exportCheckpoint(opts: ExportOptions): Promise<ExportResul
       await store.getFile(`${keys.modelPrefix(campaignId)}/${name}`, join(modelDir, name));
     }
     const checkpointDir = join(work, 'checkpoint');
-    const bytes = found.manifest.files.reduce((n, f) => n + f.bytes, 0);
-    opts.onStep?.(`downloading checkpoint ${found.ref.key} (${bytes} bytes) from ${store.describe()}`);
-    await installCheckpoint(store, found.ref, checkpointDir, signal ? { signal } : {});
+    const bytes = weightFiles(found.manifest, found.ref.key).reduce((n, f) => n + f.bytes, 0);
+    opts.onStep?.(
+      `downloading the weights of checkpoint ${found.ref.key} (${bytes} bytes) from ${store.describe()}`,
+    );
+    await installCheckpoint(store, found.ref, checkpointDir, {
+      part: 'weights',
+      ...(signal ? { signal } : {}),
+    });
 
     opts.onStep?.(`moe_hf export of iteration ${found.ref.iteration}`);
     signal?.throwIfAborted();

@@ -1,6 +1,7 @@
 // Checkpoint tests' helpers: small checkpoint directories laid out like the native trainer's
-// (dense.safetensors, experts-rank<s>.safetensors, manifest.json; the bytes are random, not
-// safetensors), and a fake ObjectStore that fails a chosen mutating call of a real store.
+// (dense.safetensors, experts-rank<s>.safetensors, with `optimizer` their optimizer-* files,
+// manifest.json; the bytes are random, not safetensors), and a fake ObjectStore that fails a
+// chosen mutating call of a real store.
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -9,28 +10,33 @@ import { StoreUnavailableError } from '../../activities/store/errors.js';
 import type { ObjectBody, ObjectStore, PutOptions } from '../../activities/store/types.js';
 import type { CheckpointManifest } from '../../activities/types.js';
 
-/** Writes a checkpoint directory of `worldSize` expert files for `experts` experts; returns its manifest. */
+/**
+ * Writes a checkpoint directory of `worldSize` expert files for `experts` experts, each weights
+ * file `bytes` long; with `optimizer`, a version 2 checkpoint after optimizer steps: each weights
+ * file's moments in an optimizer file twice its size. Returns its manifest.
+ */
 export function writeLocalCheckpoint(
   dir: string,
-  opts: { worldSize?: number; experts?: number; bytes?: number } = {},
+  opts: { worldSize?: number; experts?: number; bytes?: number; optimizer?: boolean } = {},
 ): CheckpointManifest {
   const worldSize = opts.worldSize ?? 2;
-  const names = [
+  const weights = [
     'dense.safetensors',
     ...Array.from({ length: worldSize }, (_, s) => `experts-rank${s}.safetensors`),
   ];
+  const names = opts.optimizer ? [...weights, ...weights.map((n) => `optimizer-${n}`)] : weights;
   mkdirSync(dir, { recursive: true });
   const files = names.map((name) => {
-    const data = randomBytes(opts.bytes ?? 4096);
+    const data = randomBytes((opts.bytes ?? 4096) * (name.startsWith('optimizer-') ? 2 : 1));
     writeFileSync(join(dir, name), data);
     return { name, bytes: data.length, sha256: createHash('sha256').update(data).digest('hex') };
   });
   const manifest: CheckpointManifest = {
     format: 'moerl-checkpoint',
-    version: 1,
+    version: opts.optimizer ? 2 : 1,
     config: { num_experts: opts.experts ?? 4 * worldSize, dim: 16 },
     world_size: worldSize,
-    optimizer_step: 0,
+    optimizer_step: opts.optimizer ? 7 : 0,
     meta: { kind: 'test' },
     files,
   };

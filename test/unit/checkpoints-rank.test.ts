@@ -50,6 +50,7 @@ const manifest = (worldSize: number, experts: number) =>
     format: 'moerl-checkpoint',
     world_size: worldSize,
     config: { num_experts: experts },
+    files: [],
   }) as unknown as CheckpointManifest;
 const experts = (...s: number[]) => ['dense.safetensors', ...s.map((r) => `experts-rank${r}.safetensors`)];
 
