@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { before, describe, it } from 'node:test';
+import { parse as parseYaml } from 'yaml';
 import { cacheLimitsFromEnv } from '../../activities/checkpoints.js';
 import {
   launchProblem,
@@ -304,6 +305,7 @@ interface NodeGroup {
   availabilityZones?: string[];
   labels?: Record<string, string>;
   taints?: { key: string; value?: string; effect: string }[];
+  overrideBootstrapCommand?: string;
 }
 interface ClusterConfig {
   availabilityZones: string[];
@@ -312,6 +314,8 @@ interface ClusterConfig {
 }
 
 type Toleration = NonNullable<PodSpec['tolerations']>[number];
+/** One entry of an OCI runtime spec's process.rlimits. */
+type Rlimit = { type: string; soft: number; hard: number };
 
 /** Kubernetes' toleration rule: a pod may land on a node only if it tolerates each taint. */
 function tolerates(tolerations: Toleration[] = [], taint: NonNullable<NodeGroup['taints']>[number]): boolean {
@@ -375,6 +379,25 @@ describe('eks overlay, eksctl cluster config and examples/eks.yaml agree', () =>
     assert.equal(group.availabilityZones?.length, 1, 'EFA traffic cannot cross zones');
     assert.ok(c.availabilityZones.includes(group.availabilityZones?.[0] as string));
     assert.match(group.instanceType ?? '', /^p5(en|e)?\.48xlarge$/);
+  });
+
+  it("the EFA group's containers may lock what efa pins, and keep the AMI's open-file limits", () => {
+    const group = cluster().managedNodeGroups.find((g) => g.efaEnabled) as NodeGroup;
+    // nodeadm's NodeConfig: containerd's base runtime spec, merged into the AMI's.
+    const nodeConfig = parseYaml(group.overrideBootstrapCommand ?? '') as {
+      spec?: { containerd?: { baseRuntimeSpec?: { process?: { rlimits?: Rlimit[] } } } };
+    };
+    const rlimits = nodeConfig?.spec?.containerd?.baseRuntimeSpec?.process?.rlimits ?? [];
+    const byType = new Map(rlimits.map((r) => [r.type, r]));
+    // nodeadm merges through float64 numbers: a value above 2^53 (2^64-1, "unlimited") comes
+    // back changed, and containerd cannot read 2^64.
+    for (const r of rlimits) assert.ok(Number.isSafeInteger(r.soft) && Number.isSafeInteger(r.hard), r.type);
+    // At least p5en.48xlarge's 2 TiB of memory: no limit in practice, far above the 1 GiB a rank
+    // on efa requires (native/transport/locked_memory.h).
+    const memlock = byType.get('RLIMIT_MEMLOCK');
+    assert.ok(memlock && memlock.soft >= 2 * 2 ** 40 && memlock.hard >= memlock.soft, 'RLIMIT_MEMLOCK');
+    // The list replaces the AMI's (RLIMIT_NOFILE only, nodeadm's base-runtime-spec.json).
+    assert.deepEqual(byType.get('RLIMIT_NOFILE'), { type: 'RLIMIT_NOFILE', soft: 65536, hard: 1048576 });
   });
 
   it("the example's trainer pods land on the EFA group, with the workers' image and namespace", () => {
