@@ -16,19 +16,27 @@ namespace moerl::io {
 namespace {
 
 constexpr const char* kFormat = "moerl-checkpoint";
-constexpr int kVersion = 1;
+// 2: the moments in optimizer files of their own; 1 (still read): inside the weights files.
+constexpr int kVersion = 2;
+constexpr const char* kDenseFile = "dense.safetensors";
 
 std::string expert_file(int rank) { return "experts-rank" + std::to_string(rank) + ".safetensors"; }
+// The file holding the AdamW moments of the tensors in `weights_file` (version 2).
+std::string optimizer_file(const std::string& weights_file) { return "optimizer-" + weights_file; }
 
-// The tensors of one arena: parameters then both moments, in layout order (null moments: zeros).
-std::vector<TensorOut> arena_tensors(const std::vector<model::TensorSpec>& specs, const float* p,
-                                     const float* m, const float* v) {
+// The parameters of one arena, in layout order.
+std::vector<TensorOut> weight_tensors(const std::vector<model::TensorSpec>& specs, const float* p) {
   std::vector<TensorOut> out;
   for (const model::TensorSpec& s : specs) out.push_back({s.name, s.shape, p + s.offset});
-  for (const model::TensorSpec& s : specs)
-    out.push_back({"adam.m." + s.name, s.shape, m ? m + s.offset : nullptr});
-  for (const model::TensorSpec& s : specs)
-    out.push_back({"adam.v." + s.name, s.shape, v ? v + s.offset : nullptr});
+  return out;
+}
+
+// Both moments of one arena, m then v, in layout order.
+std::vector<TensorOut> moment_tensors(const std::vector<model::TensorSpec>& specs, const float* m,
+                                      const float* v) {
+  std::vector<TensorOut> out;
+  for (const model::TensorSpec& s : specs) out.push_back({"adam.m." + s.name, s.shape, m + s.offset});
+  for (const model::TensorSpec& s : specs) out.push_back({"adam.v." + s.name, s.shape, v + s.offset});
   return out;
 }
 
@@ -86,6 +94,7 @@ FileRecord file_record(const std::string& dir, const std::string& name) {
 }
 
 struct Manifest {
+  int version = kVersion;
   model::ModelConfig cfg;
   int world_size = 1;
   int64_t optimizer_step = 0;
@@ -103,9 +112,11 @@ Manifest read_manifest(const std::string& dir) {
   }
   Json j = parse_json(text, path);
   MOERL_CHECK_INPUT(string_field(j, "format", path) == kFormat, path, ": format is not ", kFormat);
-  MOERL_CHECK_INPUT(integer_field(j, "version", path) == kVersion, path,
-                    ": unsupported version (this build reads version ", kVersion, ")");
   Manifest m;
+  const int64_t version = integer_field(j, "version", path);
+  MOERL_CHECK_INPUT(version == 1 || version == kVersion, path, ": unsupported version ", version,
+                    " (this build reads versions 1 to ", kVersion, ")");
+  m.version = (int)version;
   m.cfg = config_from_json(field(j, "config", path), path + " config");
   m.world_size = (int)integer_field(j, "world_size", path);
   MOERL_CHECK_INPUT(m.world_size > 0 && m.cfg.num_experts % m.world_size == 0, path,
@@ -126,8 +137,8 @@ SafetensorsFile open_verified(const std::string& dir, const Manifest& m, const s
   auto it = m.files.find(name);
   MOERL_CHECK_INPUT(it != m.files.end(), dir, "/manifest.json does not list ", name);
   std::string path = dir + "/" + name;
-  // A rank's directory needs only the manifest, dense.safetensors and the experts files of
-  // its own experts (the files may have been fetched per rank).
+  // A rank's directory needs only the manifest, the dense files and the files of its own
+  // experts (the files may have been fetched per rank, the optimizer files only for training).
   MOERL_CHECK_INPUT(std::ifstream(path).good(), path, " is missing: the manifest lists it and this ",
                     "rank needs it (", what, "); fetch it into ", dir, " next to manifest.json");
   uint64_t bytes = 0;
@@ -153,12 +164,12 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
                      const OptimizerState& opt, model::ExpertComm& comm,
                      const std::string& meta_json) {
   const model::ParamLayout& l = ps.layout;
-  // Empty moments at step 0 stand for zeros (a fresh checkpoint), written without a buffer.
+  // Empty moments at step 0 stand for zeros (a fresh checkpoint): no optimizer files.
   const bool fresh = opt.step == 0 && opt.m_dense.empty() && opt.m_experts.empty() &&
                      opt.v_dense.empty() && opt.v_experts.empty();
-  MOERL_CHECK(fresh || (opt.m_dense.size() == l.dense_numel && opt.m_experts.size() == l.expert_numel),
+  MOERL_CHECK(fresh || (opt.m_dense.size() == l.dense_numel && opt.v_dense.size() == l.dense_numel &&
+                        opt.m_experts.size() == l.expert_numel && opt.v_experts.size() == l.expert_numel),
               "optimizer state does not match the parameter layout");
-  auto moment = [&](const std::vector<float>& v) { return fresh ? nullptr : v.data(); };
   const int R = comm.world_size(), self = comm.rank();
   // Every rank writes into its own `dir`, which may be a directory shared by all ranks or
   // a rank-local one (pods with separate filesystems).
@@ -167,31 +178,48 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
   // keeps every write after every removal when the directory is shared.
   std::remove((dir + "/manifest.json").c_str());
   comm.barrier();
-  std::vector<FileRecord> mine;  // rank 0: dense first, then its experts
-  auto write = [&](const std::string& name, const std::vector<TensorOut>& tensors) {
-    write_safetensors(dir + "/" + name, tensors);
-    mine.push_back(file_record(dir, name));
+  // One arena's files: its weights, then (unless fresh) its moments; their records in that order.
+  auto write_arena = [&](const std::string& name, const std::vector<model::TensorSpec>& specs,
+                         const float* p, const std::vector<float>& m, const std::vector<float>& v) {
+    std::vector<FileRecord> records;
+    write_safetensors(dir + "/" + name, weight_tensors(specs, p));
+    records.push_back(file_record(dir, name));
+    if (!fresh) {
+      write_safetensors(dir + "/" + optimizer_file(name), moment_tensors(specs, m.data(), v.data()));
+      records.push_back(file_record(dir, optimizer_file(name)));
+    }
+    return records;
   };
-  if (self == 0)
-    write("dense.safetensors",
-          arena_tensors(l.dense, ps.dense.data(), moment(opt.m_dense), moment(opt.v_dense)));
-  write(expert_file(self), arena_tensors(l.experts, ps.experts.data(), moment(opt.m_experts),
-                                         moment(opt.v_experts)));
-  // Each rank hashed its own file; rank 0 collects the experts records (the gather also
+  auto write_dense = [&] { return write_arena(kDenseFile, l.dense, ps.dense.data(), opt.m_dense, opt.v_dense); };
+  const std::vector<FileRecord> dense = self == 0 ? write_dense() : std::vector<FileRecord>{};
+  const std::vector<FileRecord> mine =
+      write_arena(expert_file(self), l.experts, ps.experts.data(), opt.m_experts, opt.v_experts);
+  // Each rank hashed its own files; rank 0 collects the experts records (the gather also
   // orders the manifest after every rank's write).
-  std::vector<FileRecord> experts(self == 0 ? R : 0);
-  comm.communicator().gather(&mine.back(), sizeof(FileRecord), experts.data(), 0);
+  const size_t per_rank = mine.size();  // the same on every rank: fresh or not
+  std::vector<FileRecord> experts(self == 0 ? R * per_rank : 0);
+  comm.communicator().gather(mine.data(), per_rank * sizeof(FileRecord), experts.data(), 0);
   std::string manifest;
   if (self == 0) {
+    // The weights files first (dense, then experts by rank), then the optimizer files in the
+    // same order.
+    std::vector<const FileRecord*> files;
+    for (size_t k = 0; k < per_rank; k++) {
+      files.push_back(&dense[k]);
+      for (int r = 0; r < R; r++) files.push_back(&experts[r * per_rank + k]);
+    }
     std::ostringstream os;
     os << "{\"format\":\"" << kFormat << "\",\"version\":" << kVersion
        << ",\"config\":" << model::config_to_json(l.cfg) << ",\"world_size\":" << R
        << ",\"optimizer_step\":" << opt.step << ",\"meta\":" << meta_json << ",\"files\":[";
-    for (int i = -1; i < R; i++) {
-      const FileRecord& f = i < 0 ? mine.front() : experts[i];
-      MOERL_CHECK(std::string(f.name) == (i < 0 ? "dense.safetensors" : expert_file(i)),
-                  "rank ", i, " reported file ", f.name);
-      os << (i < 0 ? "" : ",") << "{\"name\":\"" << f.name << "\",\"bytes\":" << f.bytes
+    for (size_t i = 0; i < files.size(); i++) {
+      const FileRecord& f = *files[i];
+      const int r = (int)(i % (R + 1)) - 1;  // -1: the dense file
+      const std::string weights = r < 0 ? kDenseFile : expert_file(r);
+      const std::string want = i < (size_t)R + 1 ? weights : optimizer_file(weights);
+      MOERL_CHECK(std::string(f.name) == want, "rank ", std::max(r, 0), " reported file ", f.name,
+                  " where ", want, " belongs");
+      os << (i == 0 ? "" : ",") << "{\"name\":\"" << f.name << "\",\"bytes\":" << f.bytes
          << ",\"sha256\":\"" << std::string(f.sha256, sizeof f.sha256) << "\"}";
     }
     os << "]}\n";
@@ -199,14 +227,14 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
     write_file_atomic(dir + "/manifest.json", manifest);
   }
   if (R == 1) return;
-  // Every rank gets the manifest and rank 0's dense record, so that a rank whose directory is
+  // Every rank gets the manifest and rank 0's dense records, so that a rank whose directory is
   // not rank 0's can make it a checkpoint it can load itself (a later step of the same job).
   struct {
-    FileRecord dense;
+    FileRecord dense[2];  // weights, moments (fresh: weights only)
     uint64_t manifest_bytes = 0;
   } head;
   if (self == 0) {
-    head.dense = mine.front();
+    for (size_t k = 0; k < dense.size(); k++) head.dense[k] = dense[k];
     head.manifest_bytes = manifest.size();
   }
   comm.communicator().broadcast(&head, sizeof head, 0);
@@ -214,17 +242,18 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
   comm.communicator().broadcast(manifest.data(), manifest.size(), 0);
   comm.barrier();  // rank 0's manifest is in place
   if (self != 0) {
-    // Rank 0's directory (shared): complete. Otherwise the dense file from this rank's replica
+    // Rank 0's directory (shared): complete. Otherwise the dense files from this rank's replica
     // (bitwise rank 0's, the dense update being identical on every rank), then the manifest.
     const std::string path = dir + "/manifest.json";
     if (!std::ifstream(path).good() || read_file(path) != manifest) {
-      write_safetensors(dir + "/dense.safetensors",
-                        arena_tensors(l.dense, ps.dense.data(), moment(opt.m_dense), moment(opt.v_dense)));
-      FileRecord d = file_record(dir, "dense.safetensors");
-      MOERL_CHECK(d.bytes == head.dense.bytes && std::memcmp(d.sha256, head.dense.sha256, sizeof d.sha256) == 0,
-                  "rank ", self, "'s dense tensors differ from rank 0's (", dir,
-                  "/dense.safetensors sha256 ", std::string(d.sha256, sizeof d.sha256), " vs ",
-                  std::string(head.dense.sha256, sizeof head.dense.sha256), "): the replicas diverged");
+      const std::vector<FileRecord> own = write_dense();
+      for (size_t k = 0; k < own.size(); k++) {
+        const FileRecord &d = own[k], &want = head.dense[k];
+        MOERL_CHECK(d.bytes == want.bytes && std::memcmp(d.sha256, want.sha256, sizeof d.sha256) == 0,
+                    "rank ", self, "'s dense tensors differ from rank 0's (", dir, "/", d.name, " sha256 ",
+                    std::string(d.sha256, sizeof d.sha256), " vs ",
+                    std::string(want.sha256, sizeof want.sha256), "): the replicas diverged");
+      }
       write_file_atomic(dir + "/manifest.json", manifest);
     }
   }
@@ -233,39 +262,74 @@ void save_checkpoint(const std::string& dir, const model::ParamStore& ps,
 
 model::ModelConfig read_checkpoint_config(const std::string& dir) { return read_manifest(dir).cfg; }
 
-void load_checkpoint(const std::string& dir, model::ParamStore& ps, OptimizerState& opt) {
+namespace {
+
+// The weights into ps and, with opt, the moments into opt (see load_checkpoint).
+void load(const std::string& dir, model::ParamStore& ps, OptimizerState* opt) {
   Manifest m = read_manifest(dir);
   const model::ParamLayout& l = ps.layout;
   const model::ModelConfig& c = l.cfg;
   MOERL_CHECK_INPUT(model::config_to_json(m.cfg) == model::config_to_json(c), dir,
                     ": checkpoint config ", model::config_to_json(m.cfg),
                     " differs from the model's ", model::config_to_json(c));
-  opt.reset(l);
-  opt.step = m.optimizer_step;
-  {
-    SafetensorsFile f = open_verified(dir, m, "dense.safetensors", "the dense tensors");
-    for (const model::TensorSpec& s : l.dense) {
-      f.read_f32(s.name, s.shape, ps.dense.data() + s.offset);
-      f.read_f32("adam.m." + s.name, s.shape, opt.m_dense.data() + s.offset);
-      f.read_f32("adam.v." + s.name, s.shape, opt.v_dense.data() + s.offset);
-    }
+  // Where the moments are: inside the weights files (version 1), in the optimizer files, or
+  // nowhere (no optimizer files: a fresh checkpoint, zeros).
+  const bool inline_moments = m.version == 1;
+  const bool moment_files = !inline_moments && m.files.count(optimizer_file(kDenseFile)) > 0;
+  if (opt) {
+    MOERL_CHECK_INPUT(inline_moments || moment_files || m.optimizer_step == 0, dir,
+                      "/manifest.json: optimizer_step is ", m.optimizer_step, " but it lists no ",
+                      optimizer_file(kDenseFile), ", so the AdamW moments are missing");
+    opt->reset(l);
+    opt->step = m.optimizer_step;
   }
-  // Experts: each lives in the file of the rank that owned it when saved.
+  const bool read_moments = opt && (inline_moments || moment_files);
+  // An arena's weights file and the file its moments are read from (the same in version 1).
+  struct Files {
+    SafetensorsFile weights, moments;
+    bool separate = false;
+    const SafetensorsFile& of_moments() const { return separate ? moments : weights; }
+  };
+  auto open_files = [&](const std::string& name, const std::string& what) {
+    Files f;
+    f.weights = open_verified(dir, m, name, what);
+    f.separate = read_moments && moment_files;
+    if (f.separate) f.moments = open_verified(dir, m, optimizer_file(name), "the AdamW moments of " + what);
+    return f;
+  };
+  auto read = [&](const Files& f, const model::TensorSpec& s, float* p, std::vector<float>* mo,
+                  std::vector<float>* vo) {
+    f.weights.read_f32(s.name, s.shape, p + s.offset);
+    if (!read_moments) return;
+    f.of_moments().read_f32("adam.m." + s.name, s.shape, mo->data() + s.offset);
+    f.of_moments().read_f32("adam.v." + s.name, s.shape, vo->data() + s.offset);
+  };
+  {
+    Files f = open_files(kDenseFile, "the dense tensors");
+    for (const model::TensorSpec& s : l.dense)
+      read(f, s, ps.dense.data(), opt ? &opt->m_dense : nullptr, opt ? &opt->v_dense : nullptr);
+  }
+  // Experts: each lives in the files of the rank that owned it when saved.
   const int per_saved_rank = c.num_experts / m.world_size;
-  std::map<int, SafetensorsFile> files;
+  std::map<int, Files> files;
   for (const model::TensorSpec& s : l.experts) {
     int owner = s.expert / per_saved_rank;
     if (!files.count(owner)) {
       const int first = owner * per_saved_rank;
-      files.emplace(owner, open_verified(dir, m, expert_file(owner),
-                                         "experts " + std::to_string(first) + ".." +
-                                             std::to_string(first + per_saved_rank - 1)));
+      files.emplace(owner, open_files(expert_file(owner), "experts " + std::to_string(first) + ".." +
+                                                               std::to_string(first + per_saved_rank - 1)));
     }
-    const SafetensorsFile& f = files.at(owner);
-    f.read_f32(s.name, s.shape, ps.experts.data() + s.offset);
-    f.read_f32("adam.m." + s.name, s.shape, opt.m_experts.data() + s.offset);
-    f.read_f32("adam.v." + s.name, s.shape, opt.v_experts.data() + s.offset);
+    read(files.at(owner), s, ps.experts.data(), opt ? &opt->m_experts : nullptr,
+         opt ? &opt->v_experts : nullptr);
   }
 }
+
+}  // namespace
+
+void load_checkpoint(const std::string& dir, model::ParamStore& ps, OptimizerState& opt) {
+  load(dir, ps, &opt);
+}
+
+void load_weights(const std::string& dir, model::ParamStore& ps) { load(dir, ps, nullptr); }
 
 }  // namespace moerl::io

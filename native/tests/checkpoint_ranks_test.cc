@@ -1,7 +1,7 @@
 // Checkpoints of ranks with separate filesystems: moe_train on 2 ranks, each with its own
 // --out (and --checkpoint) directory, must produce the files a shared directory gets (rank
-// 1 holding its experts plus copies of the manifest and the dense file, all it needs to load),
-// and a rank must load from a directory holding only what it needs.
+// 1 holding its experts and their moments plus copies of the manifest and the dense files, all
+// it needs to load), and a rank must load from a directory holding only what it needs.
 #include <fcntl.h>  // O_* for ep_spawn.h
 
 #include <gtest/gtest.h>
@@ -87,6 +87,17 @@ TEST(CheckpointRanks, RankLocalDirectoriesHoldTheSharedDirectoryCheckpoint) {
   r = run2([&](int rank) { return sft(rank_dir("init", rank), rank_dir("sft", rank)); });
   ASSERT_TRUE(r.ok()) << describe(r.results);
   expect_union_equals(w + "/sft-shared", {rank_dir("sft", 0), rank_dir("sft", 1)});
+  // After optimizer steps the moments are files of their own (init's fresh ones had none).
+  EXPECT_EQ(names_in(rank_dir("sft", 1)),
+            (std::set<std::string>{"manifest.json", "dense.safetensors", "experts-rank1.safetensors",
+                                   "optimizer-dense.safetensors", "optimizer-experts-rank1.safetensors"}));
+
+  // Training needs the moments of the rank's experts: without them, bad input naming the file.
+  fs::remove(rank_dir("sft", 1) + "/optimizer-experts-rank1.safetensors");
+  r = run2([&](int rank) { return sft(rank_dir("sft", rank), rank_dir("sft3", rank)); });
+  EXPECT_EQ(r.results[1].exit_code, 2) << describe(r.results);
+  EXPECT_NE(r.results[1].stderr_text.find("optimizer-experts-rank1.safetensors is missing"), std::string::npos)
+      << r.results[1].stderr_text;
 
   // A rank directory without the experts file of the rank's own experts: bad input (exit 2)
   // naming the file.

@@ -1,12 +1,17 @@
-// Checkpoints: round trip, re-sharding on load, and each corruption case failing with a
-// message that names the file (and the tensor where one is at fault).
+// Checkpoints: round trip, re-sharding on load, the moments in optimizer files a reader of the
+// weights does without, version 1 checkpoints (moments inside the weights files) still loading,
+// and each corruption case failing with a message that names the file (and the tensor where one
+// is at fault).
 #include <gtest/gtest.h>
 #include <unistd.h>  // getpid
 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "common/check.h"
 #include "io/checkpoint.h"
@@ -122,6 +127,72 @@ TEST_F(CheckpointTest, RoundTripIsExact) {
   EXPECT_EQ(integer_field(field(m, "meta", "m"), "iteration", "m"), 3);
 }
 
+std::set<std::string> tensor_names(const std::string& path) {
+  std::set<std::string> out;
+  for (const auto& [name, t] : read_safetensors(path).tensors) out.insert(name);
+  return out;
+}
+
+std::vector<std::string> manifest_files(const std::string& dir) {
+  std::vector<std::string> out;
+  Json m = parse_json(read_file(dir + "/manifest.json"), "manifest");
+  for (const Json& f : array_field(m, "files", "m")) out.push_back(string_field(f, "name", "f"));
+  return out;
+}
+
+TEST_F(CheckpointTest, MomentsLiveInOptimizerFilesTheManifestLists) {
+  EXPECT_EQ(manifest_files(dir),
+            (std::vector<std::string>{"dense.safetensors", "experts-rank0.safetensors",
+                                      "optimizer-dense.safetensors",
+                                      "optimizer-experts-rank0.safetensors"}));
+  EXPECT_EQ(integer_field(parse_json(read_file(dir + "/manifest.json"), "m"), "version", "m"), 2);
+  // The weights files hold the parameters and nothing else; the optimizer files both moments.
+  std::set<std::string> dense, moments;
+  for (const model::TensorSpec& s : ps.layout.dense) {
+    dense.insert(s.name);
+    moments.insert("adam.m." + s.name);
+    moments.insert("adam.v." + s.name);
+  }
+  EXPECT_EQ(tensor_names(dir + "/dense.safetensors"), dense);
+  EXPECT_EQ(tensor_names(dir + "/optimizer-dense.safetensors"), moments);
+  // A third of the bytes: each moment has the parameter's size.
+  const auto bytes = [&](const char* name) { return (double)fs::file_size(dir + "/" + name); };
+  EXPECT_NEAR(bytes("optimizer-experts-rank0.safetensors") / bytes("experts-rank0.safetensors"), 2.0, 0.1);
+}
+
+TEST_F(CheckpointTest, WeightsLoadWithoutTheOptimizerFiles) {
+  fs::remove(dir + "/optimizer-dense.safetensors");
+  fs::remove(dir + "/optimizer-experts-rank0.safetensors");
+  model::ParamStore back(ps.layout);
+  load_weights(dir, back);
+  EXPECT_EQ(back.dense, ps.dense);
+  EXPECT_EQ(back.experts, ps.experts);
+  // The trainer needs them: missing is bad input naming the file.
+  std::string err = load_error();
+  EXPECT_NE(err.find("optimizer-dense.safetensors is missing"), std::string::npos) << err;
+}
+
+TEST_F(CheckpointTest, FreshMomentsWriteNoOptimizerFiles) {
+  fs::remove_all(dir);
+  save_checkpoint(dir, ps, OptimizerState{}, comm);
+  EXPECT_EQ(manifest_files(dir), (std::vector<std::string>{"dense.safetensors", "experts-rank0.safetensors"}));
+  EXPECT_FALSE(fs::exists(dir + "/optimizer-dense.safetensors"));
+  model::ParamStore back(ps.layout);
+  OptimizerState o;
+  load_checkpoint(dir, back, o);
+  EXPECT_EQ(back.dense, ps.dense);
+  EXPECT_EQ(o.step, 0);
+  EXPECT_EQ(o.m_dense, std::vector<float>(ps.layout.dense_numel, 0.0f));
+  EXPECT_EQ(o.v_experts, std::vector<float>(ps.layout.expert_numel, 0.0f));
+  // Steps taken but no moments listed: they were lost, not zeros.
+  std::string text = read_file(dir + "/manifest.json");
+  text.replace(text.find("\"optimizer_step\":0"), 18, "\"optimizer_step\":5");
+  write_file_atomic(dir + "/manifest.json", text);
+  std::string err = load_error();
+  EXPECT_NE(err.find("optimizer_step is 5 but it lists no optimizer-dense.safetensors"), std::string::npos)
+      << err;
+}
+
 TEST_F(CheckpointTest, LoadsIntoAnotherShardingOfTheExperts) {
   // As rank 1 of 2: experts 2 and 3 only.
   model::ParamStore half(model::make_layout(config(), 2, 2));
@@ -137,6 +208,18 @@ TEST_F(CheckpointTest, LoadsIntoAnotherShardingOfTheExperts) {
 TEST_F(CheckpointTest, MissingManifestMeansNotCommitted) {
   fs::remove(dir + "/manifest.json");
   EXPECT_NE(load_error().find("manifest.json"), std::string::npos);
+}
+
+TEST_F(CheckpointTest, FlippedByteInAnOptimizerFileFailsChecksum) {
+  std::string path = dir + "/optimizer-experts-rank0.safetensors";
+  std::string data = read_file(path);
+  data[data.size() - 5] ^= 0x40;
+  write_file_atomic(path, data);
+  std::string err = load_error();
+  EXPECT_NE(err.find("optimizer-experts-rank0.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("sha256"), std::string::npos) << err;
+  model::ParamStore back(ps.layout);
+  load_weights(dir, back);  // the weights never read it
 }
 
 TEST_F(CheckpointTest, FlippedByteFailsChecksum) {
@@ -213,6 +296,73 @@ TEST_F(CheckpointTest, ConfigMismatchIsBadInput) {
   model::ParamStore other(model::make_layout(c, 0, 4));
   OptimizerState o;
   EXPECT_THROW(load_checkpoint(dir, other, o), Error);
+}
+
+// A checkpoint of manifest version 1, the moments inside the weights files, as moe_train wrote
+// them before the optimizer files (golden/checkpoint-v1: init --seed 1 --dim 8 --layers 1
+// --heads 2 --experts 4 --top-k 2 --expert-dim 8 --max-seq-len 32, then sft --task reverse
+// --steps 3, on 2 ranks): what a campaign in flight across the upgrade has committed.
+TEST(CheckpointV1, InlineMomentsStillLoadAndResaveAsVersion2) {
+  const std::string v1 = std::string(MOERL_GOLDEN_DIR) + "/checkpoint-v1";
+  const model::ModelConfig cfg = read_checkpoint_config(v1);
+  transport::Communicator tc{transport::Config{}};
+  model::ExpertComm comm{tc, cfg.num_experts};
+  model::ParamStore ps{model::make_layout(cfg, 0, cfg.num_experts)};
+  OptimizerState opt;
+  load_checkpoint(v1, ps, opt);
+  EXPECT_EQ(opt.step, 3);
+  // Every value as the old files hold it: parameters and both moments, none of them zeros.
+  SafetensorsFile dense = read_safetensors(v1 + "/dense.safetensors");
+  size_t nonzero = 0;
+  for (const model::TensorSpec& s : ps.layout.dense) {
+    std::vector<float> p(s.numel), m(s.numel), v(s.numel);
+    dense.read_f32(s.name, s.shape, p.data());
+    dense.read_f32("adam.m." + s.name, s.shape, m.data());
+    dense.read_f32("adam.v." + s.name, s.shape, v.data());
+    for (size_t i = 0; i < s.numel; i++) {
+      ASSERT_EQ(ps.dense[s.offset + i], p[i]) << s.name;
+      ASSERT_EQ(opt.m_dense[s.offset + i], m[i]) << s.name;
+      ASSERT_EQ(opt.v_dense[s.offset + i], v[i]) << s.name;
+      nonzero += m[i] != 0.0f;
+    }
+  }
+  EXPECT_GT(nonzero, 0u) << "the fixture's moments must not be zeros";
+  SafetensorsFile rank1 = read_safetensors(v1 + "/experts-rank1.safetensors");
+  for (const model::TensorSpec& s : ps.layout.experts) {
+    if (s.expert < 2) continue;
+    std::vector<float> v(s.numel);
+    rank1.read_f32("adam.v." + s.name, s.shape, v.data());
+    for (size_t i = 0; i < s.numel; i++) ASSERT_EQ(opt.v_experts[s.offset + i], v[i]) << s.name;
+  }
+  // The weights alone, and re-sharded.
+  model::ParamStore weights{ps.layout};
+  load_weights(v1, weights);
+  EXPECT_EQ(weights.dense, ps.dense);
+  EXPECT_EQ(weights.experts, ps.experts);
+  model::ParamStore half{model::make_layout(cfg, 2, 2)};
+  OptimizerState half_opt;
+  load_checkpoint(v1, half, half_opt);
+  std::map<std::string, size_t> offset;
+  for (const model::TensorSpec& s : ps.layout.experts) offset[s.name] = s.offset;
+  for (const model::TensorSpec& s : half.layout.experts)
+    for (size_t i = 0; i < s.numel; i++) {
+      ASSERT_EQ(half.experts[s.offset + i], ps.experts[offset.at(s.name) + i]) << s.name;
+      ASSERT_EQ(half_opt.m_experts[s.offset + i], opt.m_experts[offset.at(s.name) + i]) << s.name;
+    }
+  // Saved again (the next update's output): version 2, the same values.
+  const std::string out = (fs::temp_directory_path() / ("moerl-ckpt-v1-" + std::to_string(::getpid()))).string();
+  fs::remove_all(out);
+  save_checkpoint(out, ps, opt, comm);
+  EXPECT_TRUE(fs::exists(out + "/optimizer-experts-rank0.safetensors"));
+  model::ParamStore again{ps.layout};
+  OptimizerState again_opt;
+  load_checkpoint(out, again, again_opt);
+  EXPECT_EQ(again.dense, ps.dense);
+  EXPECT_EQ(again.experts, ps.experts);
+  EXPECT_EQ(again_opt.m_dense, opt.m_dense);
+  EXPECT_EQ(again_opt.v_experts, opt.v_experts);
+  EXPECT_EQ(again_opt.step, 3);
+  fs::remove_all(out);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ gtest_discover_tests(rl_tests DISCOVERY_TIMEOUT 60)
 add_executable(checkpoint_tests ${CMAKE_CURRENT_LIST_DIR}/checkpoint_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/json_test.cc ${CMAKE_CURRENT_LIST_DIR}/safetensors_test.cc)
 target_link_libraries(checkpoint_tests PRIVATE moerl_io GTest::gtest_main)
+target_compile_definitions(checkpoint_tests PRIVATE MOERL_GOLDEN_DIR="${CMAKE_CURRENT_LIST_DIR}/golden")
 gtest_discover_tests(checkpoint_tests DISCOVERY_TIMEOUT 60)
 
 # The real tools as processes: 1 rank vs 2 ranks through the EP core, rank-local checkpoint

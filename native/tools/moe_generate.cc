@@ -187,8 +187,7 @@ int run(Options& o) {
   const std::string mode = o.ep_mode == "auto" ? (R == 1 ? "normal" : "ll") : o.ep_mode;
   model::ExpertComm ep(comm, cfg.num_experts);
   model::ParamStore ps(model::make_layout(cfg, ep.first_expert(), ep.num_local_experts()));
-  io::OptimizerState opt;
-  io::load_checkpoint(ckpt, ps, opt);
+  io::load_weights(ckpt, ps);
   // The most rows one rank passes to a step (its share of a chunk, or the decode slots): the
   // low-latency slots' capacity.
   const int max_rows = model::decode_slots(sp, (int)((chunk * samples + R - 1) / R));

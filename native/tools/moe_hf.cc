@@ -56,8 +56,7 @@ int cmd_export(const ExportOptions& o) {
   transport::Config one;  // the whole model in one process: every expert
   Rank rank(one, cfg.num_experts);
   model::ParamStore ps(model::make_layout(cfg, 0, cfg.num_experts), false);
-  io::OptimizerState opt;
-  io::load_checkpoint(o.checkpoint, ps, opt);
+  io::load_weights(o.checkpoint, ps);
   io::save_hf(o.out, m, ps, io::read_file(o.config), (uint64_t)o.max_shard_bytes,
               io::hf_side_files(dir_of(o.config)));
   std::printf("{\"done\":true,\"out\":%s,\"dtype\":\"%s\"}\n", io::json_quote(o.out).c_str(),
@@ -108,11 +107,10 @@ int cmd_score(ScoreOptions& o) {
   std::vector<rl::TrainSequence> seqs = read_sequences(o.sequences, grpo);
   Rank rank(transport::Config::from_env(), cfg.num_experts);
   model::ParamStore ps(model::make_layout(cfg, rank.ep.first_expert(), rank.ep.num_local_experts()));
-  io::OptimizerState opt;
   if (!o.hf.empty())
     io::load_hf_weights(hf, ps);
   else
-    io::load_checkpoint(o.checkpoint, ps, opt);
+    io::load_weights(o.checkpoint, ps);
 
   // every rank forwards every sequence, right-padded into one batch
   const int B = (int)seqs.size(), V = cfg.vocab_size;

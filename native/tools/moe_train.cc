@@ -148,7 +148,7 @@ int cmd_init_from_hf(const InitOptions& o) {
   auto ps = std::make_unique<model::ParamStore>(
       model::make_layout(m.cfg, rank.ep.first_expert(), rank.ep.num_local_experts()), false);
   io::load_hf_weights(m, *ps);
-  io::OptimizerState opt;  // zeros, written without a buffer
+  io::OptimizerState opt;  // zeros, written without optimizer files
   io::save_checkpoint(o.out, *ps, opt, rank.ep,
                       "{\"kind\":\"init\",\"huggingFace\":{\"family\":\"" + m.family +
                           "\",\"dtype\":\"" + m.dtype + "\"}}");
@@ -167,8 +167,7 @@ int cmd_init(const InitOptions& o) {
   Rank rank(transport::Config::from_env(), cfg.num_experts);
   auto ps = make_store(cfg, rank.ep);
   ps->init_random(o.seed);
-  io::OptimizerState opt;
-  opt.reset(ps->layout);
+  io::OptimizerState opt;  // zeros, written without optimizer files
   io::save_checkpoint(o.out, *ps, opt, rank.ep,
                       "{\"kind\":\"init\",\"seed\":" + std::to_string(o.seed) + "}");
   size_t params = ps->layout.dense_numel + ps->layout.expert_numel * rank.ep.world_size();
@@ -409,8 +408,7 @@ int cmd_grpo(const GrpoOptions& o) {
   for (size_t i = 0; i < seqs.size(); i++) mbs[i % minibatches].push_back(seqs[i]);
   if (lc.kl_coef != 0.0f && !seqs.empty()) {
     auto ref_ps = make_store(cfg, rank.ep);
-    io::OptimizerState ref_opt;
-    io::load_checkpoint(ref, *ref_ps, ref_opt);
+    io::load_weights(ref, *ref_ps);
     // per minibatch, so each rank fills exactly the share train_step will give it
     for (int64_t m = 0; m < minibatches; m++)
       if (!mbs[m].empty())

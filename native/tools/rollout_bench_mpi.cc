@@ -167,8 +167,7 @@ void run(const Options& o, int rank, int R) {
                     " must be divisible by the MPI world size ", R);
   const int L = cfg.num_experts / R;
   model::ParamStore ps(model::make_layout(cfg, rank * L, L));
-  io::OptimizerState opt;
-  io::load_checkpoint(o.checkpoint, ps, opt);
+  io::load_weights(o.checkpoint, ps);
   // the requests of moe_generate's chunk 0 (iteration 0), this rank's contiguous share
   std::vector<model::SampleRequest> reqs;
   for (int64_t p = 0; p < o.num_prompts; p++) {
