@@ -60,10 +60,14 @@ describe('data plane: real activities', () => {
         const manifest = JSON.parse(
           (await store.get(`${keys.checkpointKey(id, it)}/manifest.json`)).toString(),
         ) as { files: { name: string; bytes: number; sha256: string }[]; world_size: number };
+        // The weights, and their AdamW moments apart (checkpoint 0 too: after the SFT warm start).
         assert.deepEqual(manifest.files.map((f) => f.name).sort(), [
           'dense.safetensors',
           'experts-rank0.safetensors',
           'experts-rank1.safetensors',
+          'optimizer-dense.safetensors',
+          'optimizer-experts-rank0.safetensors',
+          'optimizer-experts-rank1.safetensors',
         ]);
         // Whole: every file's bytes are what the manifest vouches for.
         for (const f of manifest.files) {
