@@ -185,6 +185,9 @@ export function kubeletConfig(s: KubeletSettings, dnsIp: string): string {
       // A test node must not evict its pods because the CI disk is fuller than a production
       // node's thresholds, nor garbage-collect the imported images (they cannot be pulled back).
       evictionHard: { 'memory.available': '100Mi', 'nodefs.available': '1%', 'imagefs.available': '1%' },
+      // Pods' volume usage measured every 10 s (default 1 min), so a test sees an emptyDir
+      // outgrow its sizeLimit, and the eviction that follows, within seconds.
+      volumeStatsAggPeriod: '10s',
       imageGCHighThresholdPercent: 100,
       imageGCLowThresholdPercent: 99,
       serializeImagePulls: false,
