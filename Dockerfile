@@ -10,29 +10,31 @@
 # the trainer pods of a campaign with `engine.trainer: pytorch` (launcher.image) need it.
 #
 # Three stages: the native core and the TypeScript are built on the full Debian image, the
-# runtime is the slim one plus the shared libraries the native tools load. Not built by this
-# project's CI (it has no container engine); scripts/build-image.sh assembles the equivalent
-# image for the local test cluster from the host's build. Keep the two in step.
+# runtime is the slim one plus the shared libraries the native tools load. The tests build this
+# file as it is with buildah (scripts/build-image.sh), FROM a base made locally with the same
+# Debian release and Node.js version (scripts/image/node-base.sh), and run the image on the
+# test cluster's real node.
 
 # Node LTS, exact version (a tag never moves under a pinned version; bump it deliberately).
 # The build stages use the same release so that the native tools link against the runtime's
 # Debian libraries (bookworm).
-ARG NODE_IMAGE=node:24.21.0-bookworm
+ARG NODE_IMAGE=node:24.19.0-bookworm
 
-# ---- native: moe_train, moe_generate, moe_reward, moe_hf ----
+# ---- native: moe_train, moe_generate, moe_reward, moe_hf, ep_bench ----
 FROM ${NODE_IMAGE} AS native
-# scripts/setup.sh's DEBIAN_PACKAGES without OpenMPI: MPI serves only ep_bench's baseline,
-# which the image does not ship. GoogleTest stays: native/CMakeLists.txt requires it.
+# scripts/setup.sh's DEBIAN_PACKAGES without OpenMPI (the benchmarks' MPI baselines are not
+# shipped) and without GoogleTest and Python (MOERL_TESTS=OFF: the tools, not the tests).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       g++ cmake ninja-build pkg-config \
-      libfabric-dev libopenblas-dev libgtest-dev \
+      libfabric-dev libopenblas-dev \
       nlohmann-json3-dev libssl-dev libcli11-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY native/ native/
-RUN cmake -S native -B native/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
- && ninja -C native/build moe_train moe_generate moe_reward moe_hf
+# ep_bench is the operator's check that EP traffic flows between two nodes (docs/operations.md).
+RUN cmake -S native -B native/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOERL_TESTS=OFF \
+ && ninja -C native/build moe_train moe_generate moe_reward moe_hf ep_bench
 
 # ---- ts: dist/ and the production node_modules ----
 FROM ${NODE_IMAGE} AS ts
@@ -50,7 +52,7 @@ RUN npm run build \
 
 # ---- runtime ----
 FROM ${NODE_IMAGE}-slim AS runtime
-# The libraries the native tools load (ldd of moe_train, moe_generate, moe_reward and moe_hf):
+# The libraries the native tools load (ldd of each):
 # libfabric with its providers (efa through rdma-core's libefa), OpenBLAS, libcrypto.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -64,7 +66,8 @@ COPY --from=ts /app/package.json ./
 COPY --from=ts /app/node_modules/ node_modules/
 COPY --from=ts /app/bin/ bin/
 COPY --from=ts /app/dist/ dist/
-COPY --from=native /src/native/build/bin/moe_train /src/native/build/bin/moe_generate /src/native/build/bin/moe_reward /src/native/build/bin/moe_hf native/build/bin/
+COPY --from=native /src/native/build/bin/moe_train /src/native/build/bin/moe_generate /src/native/build/bin/moe_reward \
+                   /src/native/build/bin/moe_hf /src/native/build/bin/ep_bench native/build/bin/
 # The cache is an emptyDir in the k8s manifests; in the image it is writable for a plain run.
 ENV NODE_ENV=production \
     MOERL_NATIVE_BIN=/app/native/build/bin/ \

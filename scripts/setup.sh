@@ -5,8 +5,8 @@
 #
 #   scripts/setup.sh [--sanitize] [STEP...]
 #
-# Steps, in order (default: all but kube-tools, reward-python, pyref, llamacpp and native-asan;
-# --sanitize adds native-asan):
+# Steps, in order (default: all but kube-tools, reward-python, pyref, llamacpp, node-lts and
+# native-asan; --sanitize adds native-asan):
 #   packages     Debian packages the native core builds against (apt-get, as root or via sudo)
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
 #   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
@@ -21,9 +21,14 @@
 #   llamacpp     llama.cpp's llama-server and HF -> GGUF converter, the tests' CPU rollout engine
 #                (scripts/llamacpp.sh; built once in the tools cache from the llama-cpp-python
 #                source package; not a default step)
+#   node-lts     the current Node.js LTS, the image's and the tests' second Node (scripts/node-lts.sh;
+#                unpacked once in the tools cache; not a default step)
 #   ts           npm run build (tsc into dist/)
 #   native       cmake + ninja into native/build
 #   native-asan  the same with -DMOERL_SANITIZE=ON into native/build-asan
+#   image        the test node's images: the Dockerfile built by buildah, and the pause image
+#                (scripts/build-image.sh; minutes the first time, seconds when nothing changed;
+#                not a default step)
 # MOERL_SKIP_NATIVE=1 skips both native steps. Output of each step goes to .moerl/logs/;
 # its tail is shown when the step fails.
 set -euo pipefail
@@ -41,8 +46,9 @@ DEBIAN_PACKAGES=(
   runc  # the test node's container runtime (containerd 2 is built from Go modules)
   chromium  # headless browser: the report test renders moerl report's page in it
   tmux  # the pseudo-terminal the watch test runs moerl watch in
+  buildah debootstrap  # the Dockerfile's builder and its locally made base (scripts/build-image.sh)
 )
-ALL_STEPS=(packages npm tools kube-tools reward-python pyref llamacpp ts native native-asan)
+ALL_STEPS=(packages npm tools kube-tools reward-python pyref llamacpp node-lts ts native native-asan image)
 
 LOG_DIR="$ROOT/.moerl/logs"
 
@@ -170,8 +176,9 @@ run_tool() {
   return 1
 }
 
-# python_env_step <step> <script>: makes (once) and names one of the pinned Python environments.
-python_env_step() {
+# cached_step <step> <script>: makes (once) and names a tool the script keeps in the tools cache
+# (the pinned Python environments, the Node.js LTS).
+cached_step() {
   local path
   mkdir -p "$LOG_DIR"
   path="$(bash "$ROOT/scripts/$2" 2>"$LOG_DIR/setup-$1.log")" || {
@@ -181,8 +188,9 @@ python_env_step() {
   say "$1: $path"
 }
 
-step_reward_python() { python_env_step reward-python reward-python.sh; }
-step_pyref() { python_env_step pyref pyref.sh; }
+step_reward_python() { cached_step reward-python reward-python.sh; }
+step_pyref() { cached_step pyref pyref.sh; }
+step_node_lts() { cached_step node-lts node-lts.sh; }
 
 # llama.cpp: the path on stdout, a first build's progress (cmake, ninja) to the log.
 step_llamacpp() {
@@ -214,6 +222,10 @@ build_native() {
 
 step_native() { build_native native/build; }
 step_native_asan() { build_native native/build-asan -DMOERL_SANITIZE=ON; }
+step_image() {
+  say "image: scripts/build-image.sh moerl pause"
+  run_logged image bash scripts/build-image.sh moerl pause
+}
 
 failed=0
 for step in "${steps[@]}"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one test command: sets the machine up (scripts/setup.sh, sanitizer build included),
-# then lint, the native tests (ctest, plain and ASan builds) and the TypeScript tests
-# (node's test runner on the compiled tests in dist/). The last line is always
+# then lint, the native tests (ctest, plain and ASan builds), the TypeScript tests (node's test
+# runner on the compiled tests in dist/) and, again on the current Node.js LTS
+# (scripts/node-lts.sh), the unit tests and the campaign test. The last line is always
 #   total: N passed, M failed, K skipped
 # where N, M and K count ctest and node tests (a skipped suite counts once), and M also counts
 # each failed build or lint step. With CI=true a node test skipped because the native tools are
@@ -11,7 +12,7 @@
 #
 #   scripts/test.sh [--only PARTS] [--skip-setup] [--name PATTERN] [-R REGEX] [PATH...]
 #
-#   --only PARTS    comma-separated: lint, native, node (default: all three)
+#   --only PARTS    comma-separated: lint, native, node, node-lts (default: all four)
 #   --skip-setup    do not run scripts/setup.sh (dist/ and native builds are used as they are)
 #   --name PATTERN  node tests whose name matches PATTERN (--test-name-pattern)
 #   -R REGEX        ctest tests matching REGEX
@@ -66,13 +67,13 @@ if [[ -z $parts ]]; then
   elif [[ -n $ctest_regex ]]; then
     parts=native
   else
-    parts=lint,native,node
+    parts=lint,native,node,node-lts
   fi
 fi
 want() { [[ ",$parts," == *",$1,"* ]]; }
 for part in ${parts//,/ }; do
-  [[ $part == lint || $part == native || $part == node ]] || {
-    echo "test.sh: unknown part '$part' (lint, native, node)" >&2
+  [[ $part == lint || $part == native || $part == node || $part == node-lts ]] || {
+    echo "test.sh: unknown part '$part' (lint, native, node, node-lts)" >&2
     exit 2
   }
 done
@@ -116,11 +117,12 @@ if [[ $skip_setup -eq 0 ]]; then
   base=(npm)
   want native && base=(packages "${base[@]}")
   want node && base+=(tools kube-tools reward-python pyref llamacpp)
+  want node-lts && base+=(tools node-lts)
   if ! bash scripts/setup.sh "${base[@]}"; then
     fail_step setup
     finish
   fi
-  if want node; then
+  if want node || want node-lts; then
     bash scripts/setup.sh ts || fail_step "build (tsc)"
   fi
   if want native && [[ $skip_native -eq 0 ]]; then
@@ -132,6 +134,11 @@ if [[ $skip_setup -eq 0 ]]; then
       native_asan_ok=0
       fail_step "build native-asan"
     }
+  fi
+  # The real node's images, before any test needs them (the first build takes minutes), when
+  # the tests selected include test/k8s.
+  if want node && { [[ ${#paths[@]} -eq 0 ]] || printf '%s\n' "${paths[@]}" | grep -qE '^(\./)?test/?$|k8s'; }; then
+    bash scripts/setup.sh image || fail_step "build image"
   fi
 fi
 
@@ -318,34 +325,53 @@ sweep_group() {
   kill -KILL -- "-$group" 2>/dev/null || true
 }
 
+# run_node_suite <summary label> <path...>: every compiled test file under the paths, one
+# summary line for them all.
+run_node_suite() {
+  local label="$1" listing file
+  shift
+  local files=() missing=()
+  if ! listing="$(node_test_files "$@")"; then
+    fail_step "$label"
+    return
+  fi
+  [[ -n $listing ]] && mapfile -t files <<<"$listing"
+  for file in "${files[@]}"; do [[ -f $file ]] || missing+=("$file"); done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    echo "test.sh: not compiled (run without --skip-setup): ${missing[*]}" >&2
+    fail_step "$label"
+  elif [[ ${#files[@]} -eq 0 ]]; then
+    record "$label" "no test files"
+  else
+    node_passed=0
+    node_failed=0
+    node_skipped=0
+    node_file_notes=()
+    for file in "${files[@]}"; do run_node_file "$file"; done
+    passed=$((passed + node_passed))
+    failed=$((failed + node_failed))
+    skipped=$((skipped + node_skipped))
+    record "$label" "$node_passed passed, $node_failed failed, $node_skipped skipped"
+    summary+=("${node_file_notes[@]}")
+  fi
+}
+
 if want node; then
   section "node tests"
   # tsc emits dist/ even when it reports type errors: the tests still run, and its failure
   # is counted once, above.
   [[ ${#paths[@]} -eq 0 ]] && paths=(test)
-  files=()
-  if listing="$(node_test_files "${paths[@]}")"; then
-    [[ -n $listing ]] && mapfile -t files <<<"$listing"
-    missing=()
-    for file in "${files[@]}"; do [[ -f $file ]] || missing+=("$file"); done
-    if [[ ${#missing[@]} -gt 0 ]]; then
-      echo "test.sh: not compiled (run without --skip-setup): ${missing[*]}" >&2
-      fail_step node
-    elif [[ ${#files[@]} -eq 0 ]]; then
-      record node "no test files"
-    else
-      node_passed=0
-      node_failed=0
-      node_skipped=0
-      for file in "${files[@]}"; do run_node_file "$file"; done
-      passed=$((passed + node_passed))
-      failed=$((failed + node_failed))
-      skipped=$((skipped + node_skipped))
-      record node "$node_passed passed, $node_failed failed, $node_skipped skipped"
-      summary+=("${node_file_notes[@]}")
-    fi
+  run_node_suite node "${paths[@]}"
+fi
+
+# The image ships the current LTS; the machine's Node runs everything above. The workers and
+# CLIs the tests start run on the test's own Node (process.execPath) or the first on PATH.
+if want node-lts; then
+  if lts="$(bash scripts/node-lts.sh)"; then
+    section "node tests on Node.js $("$lts" --version)"
+    PATH="$(dirname "$lts"):$PATH" run_node_suite "node-lts" test/unit test/integration/campaign.test.ts
   else
-    fail_step node
+    fail_step node-lts
   fi
 fi
 
