@@ -9,7 +9,7 @@ import type {
   RolloutShardOutput,
 } from '../activities/types.js';
 import type { SetHyperparametersInput } from './messages.js';
-import type { CampaignChange, CampaignSpec } from './spec.js';
+import type { CampaignChange, CampaignSpec, Hyperparameters } from './spec.js';
 import type {
   CampaignInput,
   CampaignState,
@@ -165,6 +165,27 @@ export function forkPromptSchedule(
   const kept = parent.filter((s) => s.fromIteration <= forkIteration + 1);
   if (promptsPerIteration === undefined) return kept;
   return withSegment(kept, { fromIteration: forkIteration + 1, promptsPerIteration });
+}
+
+/**
+ * A fork's hyperparameters: its parent's spec with every `moerl set` that applied up to the
+ * parent's iteration after checkpoint `forkIteration` (the one the fork's first iteration
+ * stands in for), so a fork trains on as its parent did from that checkpoint. Later changes
+ * are the parent's own.
+ */
+export function forkHyperparameters(
+  spec: CampaignSpec,
+  changes: readonly HyperparameterChange[],
+  forkIteration: number,
+): Hyperparameters {
+  let hyperparameters: Hyperparameters = { ...spec.hyperparameters };
+  for (const change of changes) {
+    if (change.iteration > forkIteration + 1) continue;
+    const set: Partial<CampaignChange> = { ...change.changes };
+    delete set.promptsPerIteration; // the prompt schedule's, not a hyperparameter
+    hyperparameters = { ...hyperparameters, ...set };
+  }
+  return hyperparameters;
 }
 
 export function checkpointCommitted(state: CampaignState, out: CheckpointOutput): void {

@@ -1,11 +1,17 @@
 // `moerl fork <id> --from-iteration N`: a new campaign starting from a committed checkpoint of
-// another one, with the source's spec plus overrides.
+// another one, with the source's spec, the hyperparameters it trained on from that checkpoint
+// (its `moerl set` changes up to then), plus overrides.
 import { taskQueuesFrom } from '../../workers/temporal-options.js';
 import { parseCampaignSpec } from '../../workflows/spec.js';
-import { forkPromptSchedule, promptSchedule as parentSchedule } from '../../workflows/state.js';
+import {
+  forkHyperparameters,
+  forkPromptSchedule,
+  promptSchedule as parentSchedule,
+} from '../../workflows/state.js';
 import { campaignInput, describeCampaign, queryState } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { CliError, UsageError } from '../errors.js';
+import { keyValues } from '../format.js';
 import { applyOverrides, parseOverride } from '../spec-file.js';
 import { describeStarted, startCampaign } from './start.js';
 
@@ -46,9 +52,14 @@ export const forkCommand: Command = {
       );
     }
     const source = await campaignInput(client, sourceId);
+    const carried = state.hyperparameterChanges.filter((c) => c.iteration <= iteration + 1);
+    const parentSpec = {
+      ...source.spec,
+      hyperparameters: forkHyperparameters(source.spec, state.hyperparameterChanges, iteration),
+    };
     const spec = parseCampaignSpec(
-      applyOverrides(source.spec, overrides),
-      `spec of ${sourceId} with --set overrides`,
+      applyOverrides(parentSpec, overrides),
+      `spec of ${sourceId} with its set changes to iteration ${iteration + 1} and --set overrides`,
     );
     // The fork draws the prompts its parent's next iteration did, and on from there.
     const changed = spec.promptsPerIteration !== source.spec.promptsPerIteration;
@@ -65,8 +76,12 @@ export const forkCommand: Command = {
       promptSchedule,
       ...(id === undefined ? {} : { id }),
     });
-    ctx.print({ ...started, forkFrom: checkpoint }, () =>
-      describeStarted(started, `forked ${sourceId} at iteration ${iteration} (${checkpoint.key}) into`),
+    const carriedText = carried.map((c) => `${keyValues(c.changes)} (from iteration ${c.iteration})`);
+    ctx.print({ ...started, forkFrom: checkpoint, carriedChanges: carried }, () =>
+      [
+        describeStarted(started, `forked ${sourceId} at iteration ${iteration} (${checkpoint.key}) into`),
+        ...(carried.length > 0 ? [`  carries ${sourceId}'s set changes: ${carriedText.join('; ')}`] : []),
+      ].join('\n'),
     );
   },
 };

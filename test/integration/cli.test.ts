@@ -388,7 +388,55 @@ describe('moerl CLI on the dev server', () => {
     assert.equal(source.checkpoint.key, `campaigns/${mainId}/checkpoints/000001`);
     const forked = await state(forkId);
     assert.deepEqual(forked.forkedFrom, { campaignId: mainId, iteration: 1 });
-    assert.equal(forked.hyperparameters.lr, 0.002, 'the spec is the source spec (lr from its --set)');
+    const [lrChange, clipChange] = (await state(mainId)).hyperparameterChanges;
+    assert.ok(lrChange && clipChange, "the set test's two changes");
+    assert.equal(
+      forked.hyperparameters.lr,
+      lrChange.iteration <= 2 ? 0.0005 : 0.002,
+      "the source spec's lr (from its --set), or the parent's set change when it applied by iteration 2",
+    );
+
+    // From a checkpoint after both changes applied, the fork trains with them, as its parent did.
+    const late = await waitFor('a checkpoint after the set changes', async () => {
+      const s = await state(mainId);
+      return s.checkpoints.filter((c) => c.iteration + 1 >= clipChange.iteration).at(-1);
+    });
+    const lateId = `${name}-fork-late`;
+    const lateOut = await cliJson<{ carriedChanges: HyperparameterChange[] }>(
+      'fork',
+      mainId,
+      '--from-iteration',
+      String(late.iteration),
+      '--set',
+      'iterations=3',
+      '--set',
+      'hyperparameters.temperature=0.8',
+      '--id',
+      lateId,
+    );
+    assert.equal(lateOut.carriedChanges.length, 2);
+    const lateState = await state(lateId);
+    assert.equal(lateState.hyperparameters.lr, 0.0005, "the parent's set lr");
+    assert.equal(lateState.hyperparameters.clipEps, 0.3, "the parent's set clipEps");
+    assert.equal(lateState.hyperparameters.temperature, 0.8, '--set wins over the carried change');
+    const lateText = await cli(
+      'fork',
+      mainId,
+      '--from-iteration',
+      String(late.iteration),
+      '--set',
+      'iterations=3',
+      '--id',
+      `${lateId}-text`,
+    );
+    assert.equal(lateText.code, 0, lateText.stderr);
+    assert.match(
+      lateText.stdout,
+      new RegExp(
+        `^  carries ${mainId}'s set changes: lr=0\\.0005 temperature=0\\.9 \\(from iteration \\d+\\); clipEps=0\\.3`,
+        'm',
+      ),
+    );
 
     assertOneLineError(
       await cli('fork', mainId, '--from-iteration', '999'),

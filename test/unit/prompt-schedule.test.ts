@@ -5,6 +5,7 @@ import { describe, test } from 'node:test';
 import { parseCampaignSpec, validateHyperparameterChange } from '../../workflows/spec.js';
 import {
   applyHyperparameterChange,
+  forkHyperparameters,
   forkPromptSchedule,
   initialState,
   iterationDataset,
@@ -12,6 +13,7 @@ import {
   promptSchedule,
 } from '../../workflows/state.js';
 import { hfSpecDoc, validSpecDoc } from '../support/spec-docs.js';
+import type { HyperparameterChange } from '../../workflows/types.js';
 
 const queues = { control: 'c', rollout: 'r', train: 't' };
 
@@ -109,5 +111,25 @@ describe('prompt schedule', () => {
     assert.deepEqual(iterationPrompts(own, 7), { first: 16 * 3 + 8 * 2 + 32, count: 32 });
     // Forking at 3 keeps the parent's change from iteration 4: the fork's iteration 4 is the parent's.
     assert.deepEqual(forkPromptSchedule(parent, 3, undefined), parent.slice(0, 2));
+  });
+
+  test("a fork's hyperparameters: the parent's spec with the set changes up to the iteration after the fork", () => {
+    const spec = parseCampaignSpec({ ...validSpecDoc(), promptsPerIteration: 16 });
+    const change = (iteration: number, changes: HyperparameterChange['changes']): HyperparameterChange => ({
+      iteration,
+      changes,
+      reason: '',
+      at: new Date(0).toISOString(),
+    });
+    const changes = [change(3, { lr: 1e-4, promptsPerIteration: 4 }), change(6, { lr: 5e-5, clipEps: 0.3 })];
+    assert.deepEqual(forkHyperparameters(spec, changes, 1), spec.hyperparameters, 'before any change');
+    const at2 = forkHyperparameters(spec, changes, 2);
+    assert.deepEqual(at2, { ...spec.hyperparameters, lr: 1e-4 }, "iteration 3's change is the fork's first");
+    assert.ok(!('promptsPerIteration' in at2), 'the prompt count belongs to the schedule');
+    assert.deepEqual(forkHyperparameters(spec, changes, 9), {
+      ...spec.hyperparameters,
+      lr: 5e-5,
+      clipEps: 0.3,
+    });
   });
 });
