@@ -11,7 +11,7 @@
 // moe_train sft reads (keys.sftExamplesKey).
 import { join } from 'node:path';
 import { Context } from '@temporalio/activity';
-import type { CampaignSpec } from '../workflows/spec.js';
+import { sftWarmStart, type CampaignSpec } from '../workflows/spec.js';
 import { isHfModel } from '../workflows/spec-model.js';
 import { campaignValidation } from '../workflows/spec-validation.js';
 import { DatasetError, epochPermutation, readDatasetRows, validateDataset } from './datasets/index.js';
@@ -28,9 +28,6 @@ import type { PrepareInputsInput, PrepareInputsOutput } from './types.js';
 
 /** moe_train init --from-hf's context without --max-seq-len: min(max_position_embeddings, this). */
 export const defaultHfContextLength = 4096;
-
-/** Rows per optimizer step of a Hugging Face model's SFT warm start (moe_train sft --batch-size). */
-export const sftBatchSize = 64;
 
 export async function prepareInputs(
   deps: ActivityDeps,
@@ -121,7 +118,7 @@ export async function prepareInputs(
 
 /**
  * The rows an SFT warm start learns, one `{"prompt_tokens","tokens"}` line each: the first
- * min(rows, steps × sftBatchSize) rows of the dataset's epoch-0 order, which moe_train sft cycles
+ * min(rows, steps × batch size) rows of the dataset's epoch-0 order, which moe_train sft cycles
  * through. A row too long for the model's context is named with its field.
  */
 async function writeSftExamples(
@@ -139,7 +136,8 @@ async function writeSftExamples(
   const { spec, identity, tokenizer, positions } = req;
   const d = datasetSpecOf(spec);
   const responseKey = d.responseKey as string; // the spec refuses a warm start without it
-  const count = Math.min(identity.rows, spec.sftWarmStartSteps * sftBatchSize);
+  const warmStart = sftWarmStart(spec);
+  const count = Math.min(identity.rows, warmStart.steps * warmStart.batchSize);
   const order = epochPermutation({ seed: spec.seed, rows: identity.rows }, 0).subarray(0, count);
   const rows = await readDatasetRows(req.input, [...order], {
     format: d.format,

@@ -13,7 +13,6 @@ import {
   stagedCheckpointFromManifest,
 } from './checkpoints.js';
 import { heartbeatUntilStopped } from './heartbeat.js';
-import { sftBatchSize } from './inputs.js';
 import { hfModelLocation } from './models/source.js';
 import * as keys from './layout.js';
 import type { ActivityDeps } from './deps.js';
@@ -21,7 +20,7 @@ import type { FabricProvider, JobStatus, RankJob, TrainJob } from './launch/type
 import { StoreNotFoundError } from './store/errors.js';
 import type { ObjectStore } from './store/types.js';
 import { badInputErrorType } from './types.js';
-import type { CampaignSpec } from '../workflows/spec.js';
+import { sftWarmStart, type CampaignSpec } from '../workflows/spec.js';
 import { trainerEngine } from '../workflows/spec-engine.js';
 import { isHfModel } from '../workflows/spec-model.js';
 import type { HfModelSpec } from '../workflows/spec-model.js';
@@ -404,9 +403,10 @@ const sftStep = (spec: CampaignSpec, examples: string[]) => [
   '--checkpoint', '{work}/init',
   '--out', '{work}/out',
   ...examples,
-  '--steps', String(spec.sftWarmStartSteps),
+  '--steps', String(sftWarmStart(spec).steps),
+  '--batch-size', String(sftWarmStart(spec).batchSize),
   '--seed', String(spec.seed),
-  '--lr', '3e-3',
+  '--lr', String(sftWarmStart(spec).lr),
   '--warmup-steps', '10',
   '--metrics', '{work}/metrics/metrics.jsonl',
 ];
@@ -458,7 +458,7 @@ export async function preparePolicy(deps: ActivityDeps, input: PrepareInput): Pr
     if (sft) {
       await store.put(`${prefix}/sft.json`, JSON.stringify({ keys: [keys.sftExamplesKey(campaignId)] }));
       inputLists.push({ indexKey: `${prefix}/sft.json`, dir: 'sft', listFile: 'sft.txt' });
-      steps.push(sftStep(spec, ['--data', '{work}/sft/0.jsonl', '--batch-size', String(sftBatchSize)]));
+      steps.push(sftStep(spec, ['--data', '{work}/sft/0.jsonl']));
     }
   } else {
     const sft = spec.sftWarmStartSteps > 0 && 'builtin' in spec.task;

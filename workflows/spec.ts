@@ -15,6 +15,22 @@ export const builtinTasks = ['add', 'sort', 'reverse'] as const;
 
 const positiveInt = (max: number) => z.number().int().min(1).max(max);
 
+/** The SFT warm start's defaults, also for specs of campaigns started before its fields existed. */
+export const sftWarmStartDefaults = { lr: 3e-3, batchSize: 64 } as const;
+
+/** The SFT warm start a spec asks for (steps 0: none). */
+export function sftWarmStart(spec: {
+  sftWarmStartSteps: number;
+  sftWarmStartLr?: number;
+  sftWarmStartBatchSize?: number;
+}): { steps: number; lr: number; batchSize: number } {
+  return {
+    steps: spec.sftWarmStartSteps,
+    lr: spec.sftWarmStartLr ?? sftWarmStartDefaults.lr,
+    batchSize: spec.sftWarmStartBatchSize ?? sftWarmStartDefaults.batchSize,
+  };
+}
+
 export const hyperparametersSchema = z.strictObject({
   lr: z.number().gt(0).max(1).describe('AdamW learning rate of the policy update'),
   klCoef: z.number().min(0).max(10).describe('weight of the k3 KL penalty to the reference policy'),
@@ -161,6 +177,17 @@ export const campaignSpecSchema = z
       .optional()
       .describe("a dataset task's reward per data_source: built-in verifiers or your own functions"),
     sftWarmStartSteps: z.number().int().min(0).max(1_000_000).default(0),
+    sftWarmStartLr: z
+      .number()
+      .positive()
+      .max(1)
+      .default(sftWarmStartDefaults.lr)
+      .describe(
+        'peak learning rate of the SFT warm start (10 warm-up steps, then cosine decay); the default suits a small or freshly made model, a pretrained one wants about 1e-5',
+      ),
+    sftWarmStartBatchSize: positiveInt(4096)
+      .default(sftWarmStartDefaults.batchSize)
+      .describe('rows per SFT warm-start step'),
     validation: validationSchema
       .optional()
       .describe("when and how task.dataset.validation is generated and scored (docs/tasks.md, 'Validation')"),

@@ -13,7 +13,6 @@ import { after, before, describe, test } from 'node:test';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import { epochPermutation } from '../../activities/datasets/index.js';
-import { sftBatchSize } from '../../activities/inputs.js';
 import * as keys from '../../activities/layout.js';
 import { loadTokenizer } from '../../activities/models/tokenizer.js';
 import { openStore } from '../../activities/store/index.js';
@@ -83,7 +82,7 @@ describe('SFT warm start of a Hugging Face model on a dataset', { skip: pyref.sk
       .trim()
       .split('\n')
       .map((l) => JSON.parse(l) as { prompt_tokens: number[]; tokens: number[] });
-    assert.ok(rows < sftSteps * sftBatchSize);
+    assert.ok(rows < sftSteps * s.sftWarmStartBatchSize);
     const order = [...epochPermutation({ seed: s.seed, rows }, 0)];
     assert.equal(lines.length, rows);
     for (const [k, line] of lines.entries()) {
@@ -112,6 +111,26 @@ describe('SFT warm start of a Hugging Face model on a dataset', { skip: pyref.sk
       (await store.get(`${keys.checkpointKey(id, 0)}/manifest.json`)).toString('utf8'),
     ) as { world_size: number };
     assert.equal(manifest.world_size, 2);
+  });
+
+  test("the spec's batch size and learning rate: steps x batch rows, the rate's warm-up to its peak", async () => {
+    const s = spec('hf-sft-small', { sftWarmStartBatchSize: 1, sftWarmStartLr: 1e-4 });
+    const id = await withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+      const handle = await startCampaign(t.client, s, queues);
+      await handle.result();
+      return handle.workflowId;
+    });
+    const lines = (await store.get(keys.sftExamplesKey(id))).toString('utf8').trim().split('\n');
+    assert.equal(lines.length, sftSteps, 'one row a step, fewer than the dataset has');
+    const prepare = JSON.parse((await store.get(keys.metricsKey(id, 0))).toString('utf8')) as {
+      steps: { lr: number }[];
+    };
+    const lrs = prepare.steps.map((m) => m.lr);
+    assert.equal(lrs.length, sftSteps);
+    assert.ok(
+      lrs.every((lr) => lr > 0 && lr <= 1e-4 * (1 + 1e-6)),
+      `every step at or under the spec's 1e-4: ${lrs.join(', ')}`,
+    );
   });
 
   test('a row without its completion pauses the campaign before anything is trained, naming row and field', async () => {
