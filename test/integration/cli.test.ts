@@ -402,33 +402,26 @@ describe('moerl CLI on the dev server', () => {
       return s.checkpoints.filter((c) => c.iteration + 1 >= clipChange.iteration).at(-1);
     });
     const lateId = `${name}-fork-late`;
-    const lateOut = await cliJson<{ carriedChanges: HyperparameterChange[] }>(
+    const forkLate = (id: string, ...sets: string[]) => [
       'fork',
       mainId,
       '--from-iteration',
       String(late.iteration),
       '--set',
       'iterations=3',
-      '--set',
-      'hyperparameters.temperature=0.8',
+      ...sets,
       '--id',
-      lateId,
+      id,
+    ];
+    const lateOut = await cliJson<{ carriedChanges: HyperparameterChange[] }>(
+      ...forkLate(lateId, '--set', 'hyperparameters.temperature=0.8'),
     );
     assert.equal(lateOut.carriedChanges.length, 2);
     const lateState = await state(lateId);
     assert.equal(lateState.hyperparameters.lr, 0.0005, "the parent's set lr");
     assert.equal(lateState.hyperparameters.clipEps, 0.3, "the parent's set clipEps");
     assert.equal(lateState.hyperparameters.temperature, 0.8, '--set wins over the carried change');
-    const lateText = await cli(
-      'fork',
-      mainId,
-      '--from-iteration',
-      String(late.iteration),
-      '--set',
-      'iterations=3',
-      '--id',
-      `${lateId}-text`,
-    );
+    const lateText = await cli(...forkLate(`${lateId}-text`));
     assert.equal(lateText.code, 0, lateText.stderr);
     assert.match(
       lateText.stdout,
