@@ -2,12 +2,15 @@
 # Builds the container images the test node runs, as image archives, without Docker or a
 # registry.
 #
-#   scripts/build-image.sh [--out DIR] [--import SOCKET] [pause|moerl]...   (default: both)
+#   scripts/build-image.sh [--out DIR] [--import SOCKET] [pause|moerl|moerl-pytorch]...
+#                                                           (default: pause and moerl)
 #
 #   pause   a static pause program (scripts/image/pause.c), the pods' sandbox image: one
 #           deterministic layer, so the same inputs give the same digest
 #   moerl   the Dockerfile's runtime stage, built by buildah on a base made locally
 #           (scripts/image/node-base.sh: Debian bookworm and the Node.js LTS)
+#   moerl-pytorch  its pytorch stage: the same plus the PyTorch trainer and its pinned torch
+#           (about 7 GB: PyPI's torch wheel brings the CUDA libraries)
 #
 # Each image is written to DIR/<name>.tar (default DIR: .moerl/images) with its reference in
 # DIR/<name>.ref, and "<reference> <archive>" is printed on stdout. References are tagged by
@@ -49,7 +52,7 @@ while [[ $# -gt 0 ]]; do
       socket="$2" && shift 2
       ;;
     -h | --help) usage 0 ;;
-    pause | moerl) images+=("$1") && shift ;;
+    pause | moerl | moerl-pytorch) images+=("$1") && shift ;;
     *) log "unknown argument '$1'" && usage >&2 ;;
   esac
 done
@@ -152,35 +155,39 @@ build_pause() {
   write_image moerl-pause "$PAUSE_VERSION" '{"Entrypoint":["/pause"],"User":"65535:65535"}' "$tar"
 }
 
-# ---- moerl: the Dockerfile's runtime stage ----
+# ---- moerl, moerl-pytorch: the Dockerfile's runtime and pytorch stages ----
 # buildah builds the Dockerfile unchanged, on the local base of scripts/image/node-base.sh
 # (NODE_IMAGE is its only build argument); its layer cache makes a rebuild with unchanged
-# inputs a matter of seconds. RUN steps use the host's network (apt and npm indexes) and
+# inputs a matter of seconds. RUN steps use the host's network (apt, npm and pip indexes) and
 # chroot isolation, so no container network or daemon is needed.
-build_moerl() {
+# dockerfile_image <image name> <Dockerfile target>
+dockerfile_image() {
+  local name="$1" target="$2" base version id ref
   command -v buildah >/dev/null || die "buildah is missing: bash scripts/setup.sh packages"
-  local base version id ref
   base="$(bash scripts/image/node-base.sh)" || die "making the Dockerfile's base image failed"
   version="$(sed -n 's/^  "version": "\(.*\)",$/\1/p' package.json | head -1)"
   buildah bud --quiet --isolation chroot --network host --layers --pull-never \
-    --build-arg NODE_IMAGE="$base" --target runtime --iidfile "$CACHE/moerl.iid" \
-    --file Dockerfile . >"$CACHE/moerl-build.log" 2>&1 || {
-    tail -30 "$CACHE/moerl-build.log" >&2
-    die "buildah could not build the Dockerfile (log: $CACHE/moerl-build.log)"
+    --build-arg NODE_IMAGE="$base" --target "$target" --iidfile "$CACHE/$name.iid" \
+    --file Dockerfile . >"$CACHE/$name-build.log" 2>&1 || {
+    tail -30 "$CACHE/$name-build.log" >&2
+    die "buildah could not build the Dockerfile's $target stage (log: $CACHE/$name-build.log)"
   }
-  id="$(cat "$CACHE/moerl.iid")"
+  id="$(cat "$CACHE/$name.iid")"
   id="${id#sha256:}"
-  ref="$REPOSITORY/moerl:$version-${id:0:12}"
+  ref="$REPOSITORY/$name:$version-${id:0:12}"
   buildah tag "$id" "$ref"
   # The archive is rewritten only when the image changed.
-  if [[ "$(cat "$out/moerl.ref" 2>/dev/null)" != "$ref" || ! -f "$out/moerl.tar" ]]; then
-    rm -f "$out/.moerl.tar"
-    buildah push --quiet "$ref" "docker-archive:$out/.moerl.tar:$ref" >&2
-    mv "$out/.moerl.tar" "$out/moerl.tar"
-    echo "$ref" >"$out/moerl.ref"
+  if [[ "$(cat "$out/$name.ref" 2>/dev/null)" != "$ref" || ! -f "$out/$name.tar" ]]; then
+    rm -f "$out/.$name.tar"
+    buildah push --quiet "$ref" "docker-archive:$out/.$name.tar:$ref" >&2
+    mv "$out/.$name.tar" "$out/$name.tar"
+    echo "$ref" >"$out/$name.ref"
   fi
-  echo "$ref $out/moerl.tar"
+  echo "$ref $out/$name.tar"
 }
+
+build_moerl() { dockerfile_image moerl runtime; }
+build_moerl-pytorch() { dockerfile_image moerl-pytorch pytorch; }
 
 results=()
 for image in "${images[@]}"; do
