@@ -11,11 +11,18 @@
 //   and, read by the native core only: MOERL_JOB_TOKEN  MOERL_STARTUP_TIMEOUT_S  MOERL_TIMEOUT_S
 //   MOERL_BIND_ADDRESS (docs/native-ep.md, "Rank env contract")
 //
+// The job's last moe_train step keeps its group until every rank has stored its outputs: it
+// tells this program on a descriptor of its own (MOERL_STORED_FD, native/tools/moe_cli.h) when
+// they are written, this program uploads them and answers, and the step then waits for the
+// other ranks. So no rank exits 0 while another's outputs may still be missing: a rank lost
+// before then stops every rank (75) and the job restarts as a gang.
+//
 // Exit 0 = done; 2 = bad input (the job must not be retried); 75 = another rank was lost (the
 // job restarts as a gang, not counted against this rank); 143 = stopped; anything else = this
 // rank's own retryable failure.
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
+import type { Duplex } from 'node:stream';
 import { createReadStream } from 'node:fs';
 import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -107,23 +114,66 @@ async function uploadOutputs(store: ObjectStore, work: string, output: RankJob['
   );
 }
 
-/** The native step running now: SIGTERM goes to it, and the rank ends when it does. */
-let runningStep: ChildProcess | null = null;
+/** The native steps running now: SIGTERM goes to them, and the rank ends when they do. */
+const runningSteps = new Set<ChildProcess>();
 /** Set on SIGTERM: the rank then exits rankStoppedExitCode whatever its step does. */
 let stopped = false;
 
-/** Runs a step, its output passed straight through as this rank's log. */
-function runStep(tool: string, args: string[], env: NodeJS.ProcessEnv = {}): Promise<number | null> {
+/** A step's channel to this program, and the variable naming it (moe_cli.h, wait_until_stored). */
+const storedFd = 3;
+const storedFdEnv = 'MOERL_STORED_FD';
+
+/**
+ * Runs a step, its output passed straight through as this rank's log. With `store`, the step
+ * gets MOERL_STORED_FD: when it says its outputs are written, `store` uploads them and the step
+ * is told so; if `store` fails, the channel closes (the step then fails) and its error is
+ * thrown once the step has ended.
+ */
+function runStep(
+  tool: string,
+  args: string[],
+  env: NodeJS.ProcessEnv = {},
+  store?: () => Promise<void>,
+): Promise<number | null> {
   return new Promise((resolve, reject) => {
     const child = spawn(tool, args, {
-      stdio: ['ignore', 'inherit', 'inherit'],
-      env: { ...process.env, OPENBLAS_NUM_THREADS: process.env.OPENBLAS_NUM_THREADS ?? '1', ...env },
+      stdio: ['ignore', 'inherit', 'inherit', ...(store ? (['pipe'] as const) : [])],
+      env: {
+        ...process.env,
+        OPENBLAS_NUM_THREADS: process.env.OPENBLAS_NUM_THREADS ?? '1',
+        ...env,
+        ...(store ? { [storedFdEnv]: String(storedFd) } : {}),
+      },
     });
-    runningStep = child;
+    runningSteps.add(child);
+    let storing: Promise<unknown> = Promise.resolve();
+    let failure: unknown = null;
+    if (store) {
+      const channel = child.stdio[storedFd] as Duplex;
+      channel.on('error', () => undefined); // the step is gone: its exit says how
+      let said = '';
+      channel.on('data', (chunk: Buffer) => {
+        said += chunk.toString();
+        if (!said.includes('\n')) return;
+        const line = said.slice(0, said.indexOf('\n'));
+        said = said.slice(line.length + 1);
+        storing =
+          line === 'written'
+            ? store().then(
+                () => channel.write('stored\n'),
+                (err: unknown) => {
+                  failure = err;
+                  channel.destroy();
+                },
+              )
+            : Promise.resolve(channel.destroy());
+      });
+    }
     child.on('error', reject);
     child.on('exit', (code) => {
-      runningStep = null;
-      resolve(code);
+      runningSteps.delete(child);
+      // An upload still under way ends first: its outcome is part of the step's.
+      void storing.then(() => (failure ? reject(failure as Error) : resolve(code)));
     });
   });
 }
@@ -156,9 +206,21 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
           return { tool: t.python, prefix: ['-m', 'moerl_pytorch'], env: t.env, name: 'moerl-pytorch' };
         })()
       : { tool: nativeToolPath('moe_train'), prefix: [], env: {}, name: 'moe_train' };
-  for (const step of job.steps) {
+  let stored = false;
+  const storeOutputs = async () => {
+    if (job.hfCheckpoint && rank === 0) {
+      const code = await joinHuggingFace(work, job.hfCheckpoint);
+      if (code !== 0) throw new RankExit(code);
+    }
+    for (const output of job.outputs)
+      if (output.rank === undefined || output.rank === rank) await uploadOutputs(store, work, output);
+    stored = true;
+  };
+  for (const [i, step] of job.steps.entries()) {
     const args = [...trainer.prefix, ...step.map((a) => a.replaceAll('{work}', work))];
-    const code = await runStep(trainer.tool, args, trainer.env);
+    // moe_train's last step waits until the outputs are stored; the PyTorch trainer does not.
+    const last = i === job.steps.length - 1 && trainer.name === 'moe_train';
+    const code = await runStep(trainer.tool, args, trainer.env, last ? storeOutputs : undefined);
     if (stopped) return rankStoppedExitCode;
     if (code !== 0) {
       console.error(
@@ -167,15 +229,17 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
       return code === 2 || code === rankPeerLostExitCode ? code : 1;
     }
   }
-  if (job.hfCheckpoint && rank === 0) {
-    const code = await joinHuggingFace(work, job.hfCheckpoint);
-    if (stopped) return rankStoppedExitCode;
-    if (code !== 0) return code;
-  }
-  for (const output of job.outputs)
-    if (output.rank === undefined || output.rank === rank) await uploadOutputs(store, work, output);
+  if (!stored) await storeOutputs();
+  if (stopped) return rankStoppedExitCode;
   await removeDir(work);
   return 0;
+}
+
+/** Ends the rank with this exit code (its cause is in the log already). */
+class RankExit extends Error {
+  constructor(readonly code: number) {
+    super(`exit ${code}`);
+  }
 }
 
 /**
@@ -234,6 +298,7 @@ export async function main(env: NodeJS.ProcessEnv = process.env): Promise<number
   try {
     return await runRank(env);
   } catch (err) {
+    if (err instanceof RankExit) return stopped ? rankStoppedExitCode : err.code;
     console.error(`rank program: ${(err as Error).message ?? String(err)}`);
     return isBadInput(err) ? 2 : 1;
   }
@@ -245,7 +310,7 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
   // Either way it exits 143 (rankStoppedExitCode: a preemption or a drain is no failure).
   process.on('SIGTERM', () => {
     stopped = true;
-    if (runningStep) runningStep.kill('SIGTERM');
+    if (runningSteps.size > 0) for (const step of runningSteps) step.kill('SIGTERM');
     else process.exit(rankStoppedExitCode);
   });
   const code = await main();

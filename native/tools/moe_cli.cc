@@ -2,10 +2,13 @@
 #include "tools/moe_cli.h"
 
 #include <malloc.h>  // mallopt
+#include <unistd.h>  // read, write on the rank program's descriptor
 
+#include <cerrno>   // errno, EINTR
 #include <climits>  // INT_MAX
 #include <cstdio>   // std::fprintf
-#include <cstdlib>  // std::strtod
+#include <cstdlib>  // std::strtod, std::getenv
+#include <cstring>  // std::strerror
 #include <fstream>  // std::ifstream
 #include <sstream>  // std::ostringstream
 
@@ -34,6 +37,37 @@ int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& b
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return 1;
   }
+}
+
+void wait_until_stored(Rank& rank) {
+  const char* text = std::getenv(kStoredFdEnv);
+  if (text == nullptr || *text == '\0') return;
+  char* end = nullptr;
+  const long fd = std::strtol(text, &end, 10);
+  MOERL_CHECK_INPUT(*end == '\0' && fd >= 3 && fd <= INT_MAX, kStoredFdEnv, "=", text,
+                    " must be a file descriptor number (3 or more)");
+  const int self = rank.comm.rank();
+  const std::string written = "written\n";
+  for (size_t sent = 0; sent < written.size();) {
+    const ssize_t k = ::write(int(fd), written.data() + sent, written.size() - sent);
+    if (k < 0 && errno == EINTR) continue;
+    MOERL_CHECK(k > 0, "rank ", self, ": cannot tell the rank program that the outputs are "
+                "written (", kStoredFdEnv, "=", fd, "): ", std::strerror(errno));
+    sent += size_t(k);
+  }
+  std::string answer;
+  for (char c = 0; c != '\n';) {
+    const ssize_t k = ::read(int(fd), &c, 1);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0)
+      MOERL_FAIL(Internal, "rank ", self, ": the rank program did not store this rank's outputs "
+                 "(", kStoredFdEnv, " closed", k < 0 ? std::string(": ") + std::strerror(errno) : "",
+                 "); its log says why");
+    if (c != '\n') answer += c;
+  }
+  MOERL_CHECK(answer == "stored", "rank ", self, ": the rank program answered \"", answer,
+              "\" instead of \"stored\" on ", kStoredFdEnv);
+  rank.comm.barrier(rank.comm.config().startup_timeout_s);
 }
 
 void keep_freed_memory() {

@@ -43,6 +43,23 @@ struct Rank {
   Rank(const transport::Config& c, int num_experts) : comm(c), ep(comm, num_experts) {}
 };
 
+// The rank program's descriptor for wait_until_stored (workers/rank.ts sets it for a job's
+// last step): a line "written" goes out on it, a line "stored" comes back.
+constexpr const char* kStoredFdEnv = "MOERL_STORED_FD";
+
+// The end of a command that wrote this rank's outputs: under the rank program
+// (MOERL_STORED_FD set), the group does not break up before every rank's outputs are in the
+// store. Says "written", waits for "stored" (the rank program has uploaded them), then waits
+// at a barrier for every rank, up to MOERL_STARTUP_TIMEOUT_S (uploads can take minutes). A
+// rank lost before every rank got there stops the others with PeerFailure (exit 75) and the
+// job restarts as a gang; so no rank exits 0 while another's outputs may still be missing,
+// and a job's first rank to succeed means that every rank has stored its outputs. Why: a
+// Kubernetes Indexed Job never runs an index that succeeded again, so a rank lost after its
+// peers had succeeded would be replaced alone, and a lone rank never meets its group again.
+// The descriptor closed before "stored" means the rank program could not store them: an
+// error (exit 1). Returns at once without MOERL_STORED_FD (a run by hand).
+void wait_until_stored(Rank& rank);
+
 // Value checks for numeric flags: "must be > 0" / ">= 0" naming the flag (CLI11's Range
 // would print DBL_MAX in full). A value that is no number is left to CLI11's conversion error.
 extern const CLI::Validator kPositive;

@@ -14,10 +14,12 @@
 //
 // Rank contract: MOERL_RANK, MOERL_WORLD_SIZE, MOERL_COORDINATOR, MOERL_FI_PROVIDER. Every
 // rank gets the same flags except that --checkpoint, --ref-checkpoint and --out may name a
-// rank-local directory (io/checkpoint.h). Exit 0 done (or --help), 2 bad input (do not
-// retry), anything else retryable. stdout of rank 0, one JSON object per line: the metrics
-// of each optimizer step (also appended to --metrics if given) and, during a long phase, at
-// most about once per second
+// rank-local directory (io/checkpoint.h). Under the rank program, init, sft and grpo keep
+// their group until every rank's outputs are stored (MOERL_STORED_FD, tools/moe_cli.h).
+// Exit 0 done (or --help), 2 bad input (do not retry), 75 a peer was lost, anything else
+// retryable. stdout of rank 0, one JSON object per line: the metrics of each optimizer step
+// (also appended to --metrics if given) and, during a long phase, at most about once per
+// second
 //   {"progress":true,"phase":"sft"|"grpo"|"ref_logprobs"|"read_rollouts",...}
 // with "step"/"steps" (optimizer steps; minibatches for ref_logprobs) and
 // "micro_batch"/"micro_batches" (this rank's, within the step), or "files"/"of".
@@ -157,6 +159,7 @@ int cmd_init_from_hf(const InitOptions& o) {
     std::printf("{\"done\":true,\"out\":%s,\"parameters\":%zu,\"family\":\"%s\",\"config\":%s}\n",
                 io::json_quote(o.out).c_str(), params, m.family.c_str(),
                 model::config_to_json(m.cfg).c_str());
+  wait_until_stored(rank);
   return 0;
 }
 
@@ -174,6 +177,7 @@ int cmd_init(const InitOptions& o) {
   if (rank.ep.rank() == 0)
     std::printf("{\"done\":true,\"out\":%s,\"parameters\":%zu,\"config\":%s}\n",
                 io::json_quote(o.out).c_str(), params, model::config_to_json(cfg).c_str());
+  wait_until_stored(rank);
   return 0;
 }
 
@@ -290,6 +294,7 @@ int cmd_sft(SftOptions& o) {
   }
   io::save_checkpoint(o.out, *ps, opt, rank.ep,
                       "{\"kind\":\"sft\",\"task\":" + io::json_quote(task.empty() ? data : task) + "}");
+  wait_until_stored(rank);
   return 0;
 }
 
@@ -438,6 +443,7 @@ int cmd_grpo(const GrpoOptions& o) {
   }
   io::save_checkpoint(out, *ps, opt, rank.ep,
                       "{\"kind\":\"grpo\",\"iteration\":" + std::to_string(iteration) + "}");
+  wait_until_stored(rank);
   return 0;
 }
 

@@ -81,7 +81,7 @@ void Communicator::gather(const void* send, size_t bytes, void* recv, int root) 
 
 // Dissemination barrier: ceil(log2 R) rounds; in round k rank r signals r + 2^k and waits
 // for r - 2^k, so after the last round everyone has heard (transitively) from everyone.
-void Communicator::barrier() {
+void Communicator::barrier(double timeout_s) {
   const int world = world_size(), self = rank();
   if (world == 1) return;
   uint8_t out = 1, in = 0;
@@ -89,7 +89,8 @@ void Communicator::barrier() {
     const uint32_t op = begin_op();
     post_recv((self - step + world) % world, &in, 1, op, 0);
     post_send((self + step) % world, &out, 1, op, 0);
-    wait_all("barrier");
+    wait_until_done(0, num_posted_, "barrier", timeout_s);
+    recycle();
   }
 }
 

@@ -188,8 +188,9 @@ void Communicator::progress(const char* what) {
   }
 }
 
-void Communicator::wait_until_done(size_t begin, size_t end, const char* what) {
-  const double deadline = now_s() + config_.timeout_s;
+void Communicator::wait_until_done(size_t begin, size_t end, const char* what,
+                                   double timeout_s) {
+  const double deadline = now_s() + timeout_s;
   int idle_polls = 0;
   for (;;) {
     while (begin < end && pending_[begin]->done) ++begin;  // completed prefix
@@ -212,7 +213,7 @@ void Communicator::wait_until_done(size_t begin, size_t end, const char* what) {
         }
       }
       std::ostringstream os;
-      os << "rank " << rank() << ": " << what << " timed out after " << config_.timeout_s
+      os << "rank " << rank() << ": " << what << " timed out after " << timeout_s
          << " s waiting for rank ";
       bool first = true;
       for (int r : waiting_for) os << (first ? "" : ", ") << r, first = false;
@@ -233,13 +234,14 @@ void Communicator::wait_range(size_t begin, size_t end, const char* what) {
   MOERL_CHECK(begin <= end && end <= num_posted(), "wait_range [", begin, ", ", end,
               ") outside the ", num_posted(), " posted messages");
   if (end > num_recycled_)  // recycled messages are done
-    wait_until_done(std::max(begin, num_recycled_) - num_recycled_, end - num_recycled_, what);
+    wait_until_done(std::max(begin, num_recycled_) - num_recycled_, end - num_recycled_, what,
+                    config_.timeout_s);
   if (num_done_ == num_posted_) recycle();
 }
 
 void Communicator::wait_all(const char* what) {
   if (num_posted_ == 0) return;
-  wait_until_done(0, num_posted_, what);
+  wait_until_done(0, num_posted_, what, config_.timeout_s);
   recycle();
 }
 

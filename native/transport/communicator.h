@@ -54,8 +54,11 @@ class Communicator {
   // send [bytes] from every rank -> recv [R*bytes] on root, row r = rank r's bytes (recv is
   // not touched elsewhere and may be null there).
   void gather(const void* send, size_t bytes, void* recv, int root);
-  // Returns once every rank has entered the barrier.
-  void barrier();
+  // Returns once every rank has entered the barrier, waiting up to the exchange deadline
+  // (Config::timeout_s), or up to timeout_s where ranks may arrive minutes apart (once each
+  // has stored its outputs: tools/moe_cli.h, wait_until_stored).
+  void barrier() { barrier(config_.timeout_s); }
+  void barrier(double timeout_s);
 
   // ---- point-to-point (building blocks for ep/) ---------------------------------------
   // begin_op() returns the number of a new collective operation; messages of different
@@ -78,7 +81,7 @@ class Communicator {
   struct Pending;  // one in-flight message, defined in communicator.cc
   void post(bool is_send, int peer, void* data, size_t bytes, uint32_t op, int part);
   void progress(const char* what);
-  void wait_until_done(size_t begin, size_t end, const char* what);
+  void wait_until_done(size_t begin, size_t end, const char* what, double timeout_s);
   void recycle();  // every posted message is done: deregister and reuse the records
   [[noreturn]] void fail(ErrorKind kind, const std::string& message);
 
