@@ -5,7 +5,6 @@
 // replacement pod) redoing at most one chunk per interrupted shard.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { createHash } from 'node:crypto';
 import { chmodSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { cp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -19,8 +18,6 @@ import { createActivities } from '../../activities/index.js';
 import * as keys from '../../activities/layout.js';
 import { openStore, type ObjectStore } from '../../activities/store/index.js';
 import type { CampaignSpec, CampaignSpecInput } from '../../workflows/spec.js';
-import type { WorkflowHandle } from '@temporalio/client';
-import type { campaign } from '../../workflows/campaign.js';
 import type { CampaignState } from '../../workflows/types.js';
 import {
   artifacts,
@@ -32,6 +29,7 @@ import {
 } from '../support/campaign-harness.js';
 import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
 import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
+import { checkpointHashes, finishedCampaign, hostBlasEnv } from '../support/node-campaign.js';
 import { nodeUnsupportedReason, startKubeNode, type KubeNode } from '../support/kube-node.js';
 import { pythonReference } from '../support/python-reference.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
@@ -39,13 +37,6 @@ import { startTestEnvironment, type TestEnvironment } from '../support/temporal.
 const run = promisify(execFile);
 // In CI a machine that cannot run the node fails the suite instead of skipping it.
 const skip = process.env.CI === 'true' ? undefined : nodeUnsupportedReason();
-
-// The host's choice of OpenBLAS kernels, where it makes one (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE),
-// for the pods whose results are compared bit for bit with local processes': a pod left to detect
-// the CPU itself can pick other kernels, which round differently.
-const hostBlasEnv: Record<string, string> = Object.fromEntries(
-  ['OPENBLAS_CORETYPE', 'OPENBLAS_L2_SIZE'].flatMap((k) => (process.env[k] ? [[k, process.env[k]]] : [])),
-);
 
 describe('campaigns on a real Kubernetes node', { skip }, () => {
   let cluster: KubeCluster;
@@ -111,7 +102,7 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
     const started = Date.now();
     return withWorkers(t.nativeConnection, t.namespace, createActivities(deps(cache)), async (queues) => {
       const handle = await startCampaign(t.client, spec, queues);
-      const result = await finished(handle);
+      const result = await finishedCampaign(handle);
       const ms = Date.now() - started;
       console.log(`# campaign ${spec.name} (launcher ${spec.launcher.kind}): ${ms} ms`);
       return { id: handle.workflowId, result, state: await handle.query<CampaignState>('status') };
@@ -311,7 +302,7 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
           `# rollout pod deleted at chunks ${JSON.stringify(before)}, gone after ${Date.now() - deleted} ms`,
         );
         const replacement = await workerPod(firstName);
-        await finished(handle);
+        await finishedCampaign(handle);
         return { id, before, final, replacement, state: await handle.query<CampaignState>('status') };
       },
       queues,
@@ -347,45 +338,6 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
     await apps.deleteNamespacedDeployment({ namespace, name: deployment });
   });
 });
-
-/**
- * The campaign's result, or a failure after `ms` naming where it stands: a campaign whose ranks
- * keep failing retries for good, and the file's own timeout would end it without clean-up.
- */
-async function finished(handle: WorkflowHandle<typeof campaign>, ms = 150_000) {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, fail) => {
-    timer = setTimeout(() => {
-      void handle
-        .query<CampaignState>('status')
-        .then((state) =>
-          fail(new Error(`campaign ${handle.workflowId} not done after ${ms} ms: ${JSON.stringify(state)}`)),
-        );
-    }, ms);
-  });
-  try {
-    return await Promise.race([handle.result(), late]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-/** sha256 of every file a committed checkpoint's manifest lists, hashed from the stored bytes. */
-async function checkpointHashes(store: ObjectStore, campaignId: string, iteration: number) {
-  const prefix = keys.checkpointKey(campaignId, iteration);
-  const manifest = JSON.parse((await store.get(`${prefix}/${keys.manifestName}`)).toString()) as {
-    files: { name: string; sha256: string }[];
-  };
-  const hashes = new Map<string, string>();
-  for (const file of manifest.files) {
-    const sha = createHash('sha256')
-      .update(await store.get(`${prefix}/${file.name}`))
-      .digest('hex');
-    assert.equal(sha, file.sha256, `${prefix}/${file.name} has the sha256 its manifest lists`);
-    hashes.set(file.name, sha);
-  }
-  return hashes;
-}
 
 async function chunksStored(store: ObjectStore, campaignId: string, iteration: number): Promise<number[]> {
   const counts = [0, 0];

@@ -51,7 +51,10 @@ export interface KubeCluster {
   ): Promise<string[]>;
   /** Creates a namespace with a fresh name and waits for its default ServiceAccount. */
   createNamespace(prefix?: string): Promise<string>;
-  /** Ends a running pod on a fake node with this container exit code (0..255). */
+  /**
+   * Ends a running pod on a fake node with this container exit code (0..255). A pod already gone
+   * is left alone: its Job removed it (a Job whose success policy is met stops its other pods).
+   */
   setPodExitCode(namespace: string, pod: string, exitCode: number, reason?: string): Promise<void>;
   /** Runs the pinned kubectl against this cluster (admin). */
   kubectl(
@@ -341,10 +344,14 @@ function clusterHandle(c: {
         );
       const annotations: Record<string, string> = { [kwokExitCodeAnnotation]: String(exitCode) };
       if (reason !== undefined) annotations[kwokExitReasonAnnotation] = reason;
-      await core.patchNamespacedPod(
-        { namespace, name: pod, body: { metadata: { annotations } } },
-        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
-      );
+      await core
+        .patchNamespacedPod(
+          { namespace, name: pod, body: { metadata: { annotations } } },
+          setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+        )
+        .catch((err: unknown) => {
+          if ((err as { code?: number }).code !== 404) throw err;
+        });
     },
     kubectl(args, opts = {}) {
       return runKubectl(c.kubectlPath, ['--kubeconfig', c.kubeconfig, ...args], opts.input);

@@ -29,6 +29,8 @@ function pod(
     state?: V1ContainerState;
     conditions?: V1PodCondition[];
     memory?: string;
+    /** Its rank's failures before the pod, as the Job controller writes them: counted, ignored. */
+    failures?: [number, number];
   } = {},
 ): V1Pod {
   return {
@@ -36,7 +38,15 @@ function pod(
       name: `${job}-${rank}-${opts.suffix ?? 'aaaaa'}`,
       uid: `uid-${rank}-${opts.suffix ?? 'aaaaa'}`,
       creationTimestamp: (opts.created ?? '2026-01-01T00:00:00Z') as unknown as Date,
-      annotations: { 'batch.kubernetes.io/job-completion-index': String(rank) },
+      annotations: {
+        'batch.kubernetes.io/job-completion-index': String(rank),
+        ...(opts.failures
+          ? {
+              'batch.kubernetes.io/job-index-failure-count': String(opts.failures[0]),
+              'batch.kubernetes.io/job-index-ignored-failure-count': String(opts.failures[1]),
+            }
+          : {}),
+      },
     },
     spec: {
       containers: [
@@ -113,6 +123,21 @@ describe('kubernetes launcher: rank states', () => {
     assert.deepEqual(
       [...completedIndexes({ status: { completedIndexes: '0-2,5,7-8' } })],
       [0, 1, 2, 5, 7, 8],
+    );
+  });
+
+  it('once the success policy is met, every rank succeeded, the pods the Job stopped then too', () => {
+    const met: V1Job = {
+      status: { completedIndexes: '0', conditions: [{ type: 'SuccessCriteriaMet', status: 'True' }] },
+    };
+    const pods = [pod(0, 'Succeeded', { state: exited(0) }), pod(1, 'Failed', { state: exited(143) })];
+    assert.deepEqual(
+      rankStatuses(met, pods, 3).map((r) => [r.state, r.exitCode]),
+      [
+        ['succeeded', 0],
+        ['succeeded', 0],
+        ['succeeded', 0],
+      ],
     );
   });
 });
@@ -301,23 +326,47 @@ describe('kubernetes launcher: gang restarts', () => {
   it('counts each gang restart once, however many ranks were lost', () => {
     assert.equal(gangRestarts([]), 0);
     assert.equal(gangRestarts([pod(0, 'Running'), pod(1, 'Running')]), 0);
-    // One restart after ranks 1 and 2 were lost together: every rank has one failed pod.
+    // One restart after ranks 1 and 2 were lost together: every rank has one failed pod, and
+    // the Job controller wrote each rank's failure on its new pod (ranks 0 and 3 exited 75,
+    // ignored; rank 1 was force-deleted and stopped by SIGTERM, 143, ignored; rank 2 crashed).
     const first = [
       pod(0, 'Failed', { state: exited(75) }),
-      pod(1, 'Failed', { state: exited(137) }),
+      pod(1, 'Failed', { state: exited(143) }),
       pod(2, 'Failed', { state: exited(1) }),
       pod(3, 'Failed', { state: exited(75) }),
     ];
-    const second = [0, 1, 2, 3].map((r) => pod(r, 'Running', { suffix: 'bbbbb' }));
+    const failures: [number, number][] = [
+      [0, 1],
+      [0, 1],
+      [1, 0],
+      [0, 1],
+    ];
+    const second = [0, 1, 2, 3].map((r) => pod(r, 'Running', { suffix: 'bbbbb', failures: failures[r] }));
     assert.equal(gangRestarts([...first, ...second]), 1);
-    // A force-deleted pod is gone once the Job has counted it; its peers' pods still tell.
-    assert.equal(gangRestarts([...first.filter((p) => p !== first[1]), ...second]), 1);
+    // The failed pods may be gone (force-deleted, or removed once counted): the new ones tell.
+    assert.equal(gangRestarts(second), 1);
     // A second restart: rank 3 lost, the others exited 75 once more.
-    const third = [0, 1, 2].map((r) => pod(r, 'Failed', { suffix: 'ccccc', state: exited(75) }));
-    assert.equal(
-      gangRestarts([...first, ...third, pod(3, 'Failed', { suffix: 'ccccc', state: exited(1) })]),
-      2,
+    const third = [0, 1, 2, 3].map((r) =>
+      pod(r, 'Running', {
+        suffix: 'ccccc',
+        failures: [failures[r]![0] + (r === 3 ? 1 : 0), failures[r]![1] + (r === 3 ? 0 : 1)],
+      }),
     );
+    assert.equal(gangRestarts(third), 2);
+  });
+
+  it('counts a rank replaced alone while the group formed once, and never the pods the Job stopped after it succeeded', () => {
+    // Rank 2 lost while rank 0 still admitted ranks: its replacement took its place.
+    assert.equal(
+      gangRestarts([0, 1, 3].map((r) => pod(r, 'Running')).concat(pod(2, 'Running', { failures: [0, 1] }))),
+      1,
+    );
+    // The success policy met, the Job stopped the ranks not yet exited (143): no restart.
+    const done = [
+      pod(0, 'Succeeded', { state: exited(0) }),
+      ...[1, 2, 3].map((r) => pod(r, 'Failed', { state: exited(143) })),
+    ];
+    assert.equal(gangRestarts(done), 0);
   });
 
   it('says a rank that exited 75 restarted with its gang, and never blames it for a failed Job', () => {

@@ -92,6 +92,13 @@ describe('kubernetes launcher manifests', () => {
     ]);
   });
 
+  it('succeeds with its first rank, which the native trainer lets exit only once every rank has stored its outputs', () => {
+    assert.deepEqual(job.spec?.successPolicy, { rules: [{ succeededCount: 1 }] });
+    // The PyTorch trainer's ranks exit as each has stored its own: the Job waits for all.
+    const pytorch = jobManifest({ ...spec, job: { ...spec.job, trainer: 'pytorch' } }, settings);
+    assert.equal(pytorch.spec?.successPolicy, undefined);
+  });
+
   it('always bounds how long the Job runs: the settings, else the job, else a day', () => {
     const plain = kubernetesLauncherSchema.parse({ kind: 'kubernetes', namespace: 'n', image: 'i:1' });
     assert.equal(jobManifest(spec, plain).spec?.activeDeadlineSeconds, 24 * 3600);

@@ -6,7 +6,12 @@ import { constants } from 'node:os';
 import type { V1ContainerStateTerminated, V1Job, V1JobCondition, V1Pod } from '@kubernetes/client-node';
 import type { JobFailure, RankStatus } from '../types.js';
 import { rankPeerLostExitCode, rankStoppedExitCode } from '../types.js';
-import { completionIndexKey, rankContainerName } from './manifests.js';
+import {
+  completionIndexKey,
+  indexFailureCountKey,
+  indexIgnoredFailureCountKey,
+  rankContainerName,
+} from './manifests.js';
 
 type Time = Date | string | undefined;
 
@@ -73,7 +78,11 @@ export function completedIndexes(job: V1Job | null): Set<number> {
 export function rankStatuses(job: V1Job | null, pods: Iterable<V1Pod>, worldSize: number): RankStatus[] {
   const current = currentPods(pods);
   const done = completedIndexes(job);
+  // Its success policy met, the Job is done for every rank: one rank succeeds only once all
+  // have stored their outputs (manifests.ts), and the Job stops the pods still running then.
+  const succeeded = jobCondition(job, 'SuccessCriteriaMet') ?? jobCondition(job, 'Complete');
   return Array.from({ length: worldSize }, (_, rank): RankStatus => {
+    if (succeeded) return { rank, state: 'succeeded', exitCode: 0, signal: null };
     const pod = current.get(rank);
     const t = pod ? termination(pod) : undefined;
     const phase = pod?.status?.phase;
@@ -177,17 +186,23 @@ function countedFailures(pods: Iterable<V1Pod>): V1Pod[] {
 }
 
 /**
- * Gang restarts of a job so far: the most failed pods of any one rank. A gang restart replaces
- * every rank's pod once (the lost rank's, and its peers' that exited 75), so it counts once
- * however many ranks were lost at a time.
+ * Gang restarts of a job so far: the most times one rank was started again after a loss, as
+ * the Job controller writes on each pod it makes (the failures of its rank before it, counted
+ * and ignored). A gang restart starts every rank again once, so it counts once however many
+ * ranks were lost at a time; a rank replaced alone while the group was still forming counts
+ * once too. Read from the newest pods, so pods already gone (force-deleted, or removed once
+ * the Job had counted them) still count, and pods the Job stopped after it succeeded do not.
  */
 export function gangRestarts(pods: Iterable<V1Pod>): number {
-  const failed = new Map<number, number>();
+  let most = 0;
   for (const pod of pods) {
-    const rank = podRank(pod);
-    if (rank !== null && pod.status?.phase === 'Failed') failed.set(rank, (failed.get(rank) ?? 0) + 1);
+    const annotations = pod.metadata?.annotations ?? {};
+    const failures = [indexFailureCountKey, indexIgnoredFailureCountKey]
+      .map((key) => Number(annotations[key] ?? 0))
+      .reduce((a, b) => a + b, 0);
+    if (Number.isInteger(failures)) most = Math.max(most, failures);
   }
-  return Math.max(0, ...failed.values());
+  return most;
 }
 
 /**

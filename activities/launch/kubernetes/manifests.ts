@@ -27,6 +27,9 @@ export const rankContainerName = 'rank';
 export const rankWorkDir = '/var/lib/moerl/work';
 /** The annotation (and label) of an Indexed Job's pod holding its completion index: the rank. */
 export const completionIndexKey = 'batch.kubernetes.io/job-completion-index';
+/** The failures of a pod's rank before the Job controller made it: counted, and ignored. */
+export const indexFailureCountKey = 'batch.kubernetes.io/job-index-failure-count';
+export const indexIgnoredFailureCountKey = 'batch.kubernetes.io/job-index-ignored-failure-count';
 /** The label every object of one job carries: one selector finds (and deletes) all of them. */
 export const jobLabel = 'moerl.dev/job';
 /**
@@ -302,6 +305,12 @@ export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec
       // A replacement starts only once the pod it replaces has stopped: two pods of one rank
       // must never run at once.
       podReplacementPolicy: 'Failed',
+      // The native trainer's ranks keep their group until every rank has stored its outputs
+      // (workers/rank.ts): the first rank to succeed means that all have, and the Job is done
+      // (it stops any pod still running). Without it, a rank lost after its peers succeeded
+      // would be replaced alone, and a lone rank never meets its group again: it waits out its
+      // start-up deadline, backoffLimit + 1 times, before the Job fails and is retried whole.
+      ...(spec.job.trainer === 'pytorch' ? {} : { successPolicy: { rules: [{ succeededCount: 1 }] } }),
       podFailurePolicy: {
         rules: [
           // First: a disrupted pod is replaced whatever its exit code (SIGTERM on eviction).
