@@ -97,25 +97,40 @@ async function written(dir: string): Promise<void> {
 const stillRunning = (rank: RankProcess) =>
   Promise.race([rank.exited.then((code) => `exited ${code}`), sleep(0).then(() => 'running')]);
 
+/**
+ * A job whose rank 1 program is stopped (SIGSTOP) once its moe_train runs, so the step writes
+ * its outputs and nobody stores them; after `ms` rank 0 must still be waiting for them.
+ */
+async function heldJob(ms: number): Promise<{ root: string; ranks: RankProcess[] }> {
+  const root = mkdtempSync(join(tmpdir(), 'moerl-rank-stored-'));
+  roots.push(root);
+  const ranks = await startJob(root);
+  const [rank0, rank1] = ranks;
+  try {
+    await stepOf(rank1!.child.pid!);
+    process.kill(rank1!.child.pid!, 'SIGSTOP');
+    await written(join(root, 'work-1', 'out'));
+    await sleep(ms);
+    assert.equal(
+      await stillRunning(rank0!),
+      'running',
+      `rank 0 waits for rank 1's outputs to be stored:\n${rank0!.log()}`,
+    );
+  } catch (err) {
+    for (const rank of ranks) if (rank.child.exitCode === null) process.kill(-rank.child.pid!, 'SIGKILL');
+    throw err;
+  }
+  return { root, ranks };
+}
+
 describe(
   'a job of ranks stores every output before any rank exits (real moe_train)',
   { skip: tools.skip },
   () => {
     it('a rank held up before storing its outputs holds its peers; lost, it stops them with 75, never 0', async () => {
-      const root = mkdtempSync(join(tmpdir(), 'moerl-rank-stored-'));
-      roots.push(root);
-      const [rank0, rank1] = await startJob(root);
+      const { ranks } = await heldJob(3000);
+      const [rank0, rank1] = ranks;
       try {
-        // Rank 1's program stops once its moe_train runs: the step writes, nobody stores.
-        await stepOf(rank1!.child.pid!);
-        process.kill(rank1!.child.pid!, 'SIGSTOP');
-        await written(join(root, 'work-1', 'out'));
-        await sleep(3000);
-        assert.equal(
-          await stillRunning(rank0!),
-          'running',
-          `rank 0 waits for rank 1's outputs to be stored:\n${rank0!.log()}`,
-        );
         process.kill(-rank1!.child.pid!, 'SIGKILL'); // the pod of rank 1 is lost
         assert.equal(
           await rank0!.exited,
@@ -130,15 +145,9 @@ describe(
     });
 
     it('held up for a while, every rank stores its outputs and then exits 0', async () => {
-      const root = mkdtempSync(join(tmpdir(), 'moerl-rank-stored-'));
-      roots.push(root);
-      const [rank0, rank1] = await startJob(root);
+      const { root, ranks } = await heldJob(2000);
+      const [rank0, rank1] = ranks;
       try {
-        await stepOf(rank1!.child.pid!);
-        process.kill(rank1!.child.pid!, 'SIGSTOP');
-        await written(join(root, 'work-1', 'out'));
-        await sleep(2000);
-        assert.equal(await stillRunning(rank0!), 'running', rank0!.log());
         process.kill(rank1!.child.pid!, 'SIGCONT');
         assert.deepEqual(
           await Promise.all([rank0!.exited, rank1!.exited]),
