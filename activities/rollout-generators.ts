@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { ApplicationFailure } from '@temporalio/activity';
 import { acquireCheckpoint } from './checkpoints.js';
 import { EngineError } from './engines/errors.js';
+import { needsRescoring, rescoreSamples } from './engines/rescore.js';
 import type { Completion, RolloutEngine } from './engines/types.js';
 import { nativeToolPath } from './native.js';
 import { runGenerateRanks } from './rollout-ranks.js';
@@ -112,7 +113,11 @@ interface PromptLine {
  * tokens' log-probs asked for; the records written once the whole chunk has answered. A server
  * that breaks the contract (not JSON, no log-probs) fails the shard for good, naming the server
  * and what is wrong; one that is down is waited for (the supervisor restarts a llama-server that
- * died) and the chunk's unanswered requests retried.
+ * died) and the chunk's unanswered requests retried. At a temperature other than 1 the server's
+ * log-probs (temperature 1) are rescored at the sampling temperature by the native core on the
+ * worker's cached copy of the policy (engines/rescore.ts) before the chunk is written: the
+ * records' `logprobs` are those, `engine_logprobs` the server's. A rescoring cut off is done
+ * again with its chunk.
  */
 export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
   const host = deps.rolloutServer;
@@ -136,9 +141,23 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
   const { chunkSize } = plan.spec;
   const chunks = Math.ceil(plan.promptCount / chunkSize);
   const store = deps.openStore(plan.spec.store);
-  const releaseRanks = await deps.rolloutRanks.acquire(run.worldSize, run.signal);
-  if (releaseRanks === null) return;
+  const { temperature } = plan.sampling;
+  const rescore = needsRescoring(temperature);
+  // The policy the rescoring reads: the worker's cached checkpoint, as moe_generate's.
+  const policy = rescore
+    ? await acquireCheckpoint(store, plan.policy, deps.checkpoints, { signal: run.signal }).catch(
+        (err: unknown) => {
+          if (!run.signal.aborted) throw err;
+          return null;
+        },
+      )
+    : null;
+  if (rescore && policy === null) return;
+  const moeHf = rescore ? nativeToolPath('moe_hf', deps.binDir) : '';
+  let releaseRanks: (() => void) | null = null;
   try {
+    releaseRanks = await deps.rolloutRanks.acquire(run.worldSize, run.signal);
+    if (releaseRanks === null) return;
     await host.withPolicy({ store, policy: plan.policy }, run.signal, async (engine) => {
       for (let k = run.startChunk; k < chunks && !run.signal.aborted; k++) {
         const started = Date.now();
@@ -159,6 +178,28 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
           throw err;
         });
         if (answers === null) return;
+        const generated = Date.now();
+        let logprobs = answers.map((a) => a.logprobs);
+        if (policy) {
+          const what = `${plan.what} chunk ${k}`;
+          const rescored = await rescoreSamples({
+            moeHf,
+            checkpointDir: policy.dir,
+            temperature,
+            samples: samples.map(({ p }, j) => ({
+              promptTokens: p.prompt_tokens,
+              tokens: answers[j]!.tokens,
+            })),
+            inputFile: join(run.outDir, `rescore-${k}.jsonl`),
+            what,
+            signal: run.signal,
+          });
+          if (rescored === null) return;
+          logprobs = rescored;
+          console.log(
+            `rollout: ${what}: ${samples.length} completions, ${newTokens} tokens generated in ${(generated - started) / 1000} s, rescored at temperature ${temperature} in ${(Date.now() - generated) / 1000} s`,
+          );
+        }
         const records = samples.map(({ p, s }, j) => ({
           prompt_id: p.prompt_id,
           sample_index: s,
@@ -168,7 +209,8 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
           prompt_tokens: p.prompt_tokens,
           tokens: answers[j]!.tokens,
           text: '',
-          logprobs: answers[j]!.logprobs,
+          logprobs: logprobs[j]!,
+          ...(policy ? { engine_logprobs: answers[j]!.logprobs } : {}),
           finish_reason: answers[j]!.finishReason,
         }));
         await writeFile(
@@ -187,7 +229,8 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
       });
     throw err;
   } finally {
-    releaseRanks();
+    releaseRanks?.();
+    policy?.release();
   }
 };
 

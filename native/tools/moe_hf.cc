@@ -6,18 +6,22 @@
 //       and generation config found beside CONFIG.json, config.json last. CONFIG.json is the
 //       config.json of the model the campaign started from.
 //   moe_hf score (--hf DIR | --checkpoint DIR) --sequences FILE [--max-seq-len N]
+//                [--temperature T] [--completions] [--max-batch-tokens N]
 //                [--grad-out FILE --loss sft|grpo ...]
 //       Teacher-forced log-probs: FILE has JSONL lines {"tokens":[...]} (with "prompt_len",
 //       "old_logprobs" and "advantage" for --loss grpo); prints one line per sequence,
-//       {"logprobs":[log p(tokens[t] | tokens[<t]) for t >= 1]}. With --grad-out (one rank) the
-//       gradients of one step's loss (rl::compute_gradients, every sequence in one micro-batch)
-//       go to FILE as F32 safetensors under the HF tensor names, and a {"loss":...} line is
-//       printed last.
+//       {"logprobs":[log p(tokens[t] | tokens[<t]) for t >= 1]}, p = softmax(logits / T) as
+//       moe_generate samples and records it (default T = 1); with --completions only the
+//       tokens t >= prompt_len. --max-batch-tokens N forwards the sequences in order in batches
+//       of at most N padded tokens (at least one sequence each; 0 = all in one), which bounds
+//       the [batch, T, vocab] logits. With --grad-out (one rank) the gradients of one step's
+//       loss (rl::compute_gradients, every sequence in one micro-batch) go to FILE as F32
+//       safetensors under the HF tensor names, and a {"loss":...} line is printed last.
 //
 // Under the rank contract (MOERL_RANK, ...; none set: one rank) score runs expert parallel:
 // every rank takes every sequence, rank 0 prints. Exit 0 done, 2 bad input, 1 retryable.
-#include <cmath>   // std::exp, std::log
-#include <cstdio>  // std::printf
+#include <algorithm>  // std::max, std::copy
+#include <cstdio>     // std::printf
 #include <memory>
 #include <sstream>
 
@@ -28,6 +32,7 @@
 #include "io/safetensors.h"
 #include "model/expert_comm.h"
 #include "model/model.h"
+#include "model/ops.h"  // softmax_stats
 #include "rl/trainer.h"
 #include "tools/moe_cli.h"
 #include "transport/communicator.h"
@@ -67,6 +72,8 @@ int cmd_export(const ExportOptions& o) {
 struct ScoreOptions {
   std::string hf, checkpoint, sequences, grad_out, loss = "sft";
   int max_seq_len = 0;
+  bool completions = false;
+  int64_t max_batch_tokens = 0;
   rl::LossConfig lc;
 };
 
@@ -112,38 +119,53 @@ int cmd_score(ScoreOptions& o) {
   else
     io::load_weights(o.checkpoint, ps);
 
-  // every rank forwards every sequence, right-padded into one batch
-  const int B = (int)seqs.size(), V = cfg.vocab_size;
-  int T = 0;
-  for (const auto& s : seqs) T = std::max(T, (int)s.tokens.size());
-  std::vector<int32_t> tokens((size_t)B * T, 0), lengths(B);
-  for (int b = 0; b < B; b++) {
-    lengths[b] = (int)seqs[b].tokens.size();
-    std::copy(seqs[b].tokens.begin(), seqs[b].tokens.end(), tokens.begin() + (size_t)b * T);
-  }
+  // every rank forwards every sequence, right-padded into batches of at most max_batch_tokens
+  // padded tokens (in order, at least one sequence each); log p under softmax(logits / T) as
+  // the sampler records it (model::softmax_stats, float64 from float32 logits)
+  const int V = cfg.vocab_size;
+  const float inv_tau = 1.0f / o.lc.temperature;
   model::Activations a;
-  model::model_forward(ps, rank.ep, tokens.data(), lengths.data(), B, T, a);
-  if (rank.ep.rank() == 0) {
-    for (int b = 0; b < B; b++) {
-      std::ostringstream line;
-      line << "{\"logprobs\":[";
-      for (int t = 1; t < lengths[b]; t++) {
-        const float* lg = a.logits.data() + ((size_t)b * T + t - 1) * V;
-        double m = lg[0];
-        for (int v = 1; v < V; v++) m = std::max(m, (double)lg[v]);
-        double sum = 0.0;
-        for (int v = 0; v < V; v++) sum += std::exp((double)lg[v] - m);
-        line << (t > 1 ? "," : "") << io::json_float(lg[seqs[b].tokens[t]] - m - std::log(sum));
-      }
-      line << "]}";
-      std::printf("%s\n", line.str().c_str());
+  for (size_t first = 0; first < seqs.size();) {
+    size_t end = first;
+    int T = 0;
+    while (end < seqs.size()) {
+      const int T2 = std::max(T, (int)seqs[end].tokens.size());
+      if (end > first && o.max_batch_tokens > 0 &&
+          (int64_t)(end + 1 - first) * T2 > o.max_batch_tokens)
+        break;
+      T = T2;
+      end++;
     }
+    const int B = (int)(end - first);
+    std::vector<int32_t> tokens((size_t)B * T, 0), lengths(B);
+    for (int b = 0; b < B; b++) {
+      const rl::TrainSequence& s = seqs[first + b];
+      lengths[b] = (int)s.tokens.size();
+      std::copy(s.tokens.begin(), s.tokens.end(), tokens.begin() + (size_t)b * T);
+    }
+    model::model_forward(ps, rank.ep, tokens.data(), lengths.data(), B, T, a);
+    if (rank.ep.rank() == 0) {
+      for (int b = 0; b < B; b++) {
+        const rl::TrainSequence& s = seqs[first + b];
+        std::ostringstream line;
+        line << "{\"logprobs\":[";
+        for (int t = o.completions ? s.prompt_len : 1; t < lengths[b]; t++) {
+          const float* lg = a.logits.data() + ((size_t)b * T + t - 1) * V;
+          const model::SoftmaxStats st = model::softmax_stats(lg, V, inv_tau, false);
+          line << (t > (o.completions ? s.prompt_len : 1) ? "," : "")
+               << io::json_float(st.logprob(lg, s.tokens[t], inv_tau));
+        }
+        line << "]}";
+        std::printf("%s\n", line.str().c_str());
+      }
+    }
+    first = end;
   }
   if (o.grad_out.empty()) return 0;
   MOERL_CHECK_INPUT(rank.ep.world_size() == 1 && !o.hf.empty(),
                     "--grad-out needs one rank and --hf (it writes every tensor under HF names)");
   o.lc.objective = grpo ? rl::Objective::Grpo : rl::Objective::Sft;
-  o.lc.micro_batch = B;
+  o.lc.micro_batch = (int)seqs.size();
   rl::StepMetrics sm = rl::compute_gradients(ps, rank.ep, seqs, o.lc);
   // the gradient arenas have the parameters' layout: write them as a model of gradients
   model::ParamStore grads(ps.layout);
@@ -197,8 +219,14 @@ int main(int argc, char** argv) {
   sc_cmd->add_option("--z-coef", sc.lc.z_coef, "router z-loss weight");
   sc_cmd->add_option("--clip-eps", sc.lc.clip_eps, "GRPO ratio clip");
   sc_cmd->add_option("--entropy-coef", sc.lc.entropy_coef, "GRPO entropy bonus");
-  sc_cmd->add_option("--temperature", sc.lc.temperature, "GRPO log-prob temperature")
+  sc_cmd->add_option("--temperature", sc.lc.temperature,
+                     "T of the log-probs, softmax(logits / T) (and of the GRPO loss)")
       ->check(kPositive);
+  sc_cmd->add_flag("--completions", sc.completions,
+                   "print the log-probs of tokens t >= prompt_len only");
+  sc_cmd->add_option("--max-batch-tokens", sc.max_batch_tokens,
+                     "padded tokens per forward at most (0 = every sequence in one)")
+      ->check(kNonNegative);
   return run_tool(app, argc, argv, [&] {
     if (*ex_cmd) return cmd_export(ex);
     if (*sc_cmd) {

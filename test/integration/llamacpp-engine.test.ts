@@ -18,6 +18,7 @@ import { convertToGguf, findLlamaCpp, llamaCppMissingReason } from '../../activi
 import { startLlamaCppServer } from '../../activities/engines/llamacpp-server.js';
 import type { LlamaCppServer } from '../../activities/engines/llamacpp-server.js';
 import { openAiEngine } from '../../activities/engines/openai.js';
+import { rescoreSamples } from '../../activities/engines/rescore.js';
 import type { Completion, CompletionRequest, RolloutEngine } from '../../activities/engines/types.js';
 import { loadTokenizer } from '../../activities/models/tokenizer.js';
 import { nativeTools } from '../support/native-tools.js';
@@ -208,6 +209,89 @@ describe(
         `sampled log-probs: max |llama.cpp - moe_hf score| = ${diff.toExponential(2)} over ${tokens} tokens`,
       );
       assert.ok(diff <= LOGPROB_TOLERANCE, `max |llama.cpp - moe_hf score| = ${diff} over ${tokens} tokens`);
+    });
+
+    it("at temperature 0.7 the rescored log-probs are log softmax(logits / 0.7): as moe_generate and transformers compute them, not the server's", async () => {
+      const T = 0.7;
+      const started = Date.now();
+      const sampledCompletions = await Promise.all(
+        prompts.map((p, i) =>
+          engine.complete(request(p, { temperature: T, seed: 300 + i, ignoreEos: true })),
+        ),
+      );
+      const generated = Date.now();
+      // What the rollout activity does with a chunk sampled at T (rollout-generators.ts).
+      const rescored = await rescoreSamples({
+        moeHf: tools.bin('moe_hf'),
+        checkpointDir: ckpt,
+        temperature: T,
+        samples: sampledCompletions.map((c, i) => ({ promptTokens: prompts[i]!, tokens: c.tokens })),
+        inputFile: join(work, 'rescore-0.7.jsonl'),
+        what: 'the test chunk',
+        signal: new AbortController().signal,
+      });
+      const rescoredAt = Date.now();
+      assert.ok(rescored);
+      // transformers' log_softmax(logits / T) of the same tokens on the Hugging Face directory.
+      const file = join(work, 'sequences-0.7.jsonl');
+      writeFileSync(
+        file,
+        jsonl(sampledCompletions.map((c, i) => ({ tokens: [...prompts[i]!, ...c.tokens] }))),
+      );
+      const torch = readJsonl<{ logprobs: number[] }>(
+        await pyref.run('hf_models.py', ['score', dir, file, '--temperature', String(T)]),
+      ).map((r, i) => r.logprobs.slice(-sampledCompletions[i]!.tokens.length));
+      const vsTorch = maxDiff(rescored, torch);
+      const fromServer = maxDiff(
+        rescored,
+        sampledCompletions.map((c) => c.logprobs),
+      );
+      // moe_generate's own records at T: its sampled tokens rescored give its log-probs.
+      const prompted = join(work, 'prompts-0.7.jsonl');
+      writeFileSync(prompted, jsonl(prompts.map((p, i) => ({ prompt_id: i, prompt_tokens: p }))));
+      const out = join(work, 'sampled-0.7');
+      await tools.run(
+        tools.bin('moe_generate'),
+        [
+          ...['--checkpoint', ckpt, '--task', 'qwen3_moe', '--prompts', prompted],
+          ...[
+            '--num-prompts',
+            String(prompts.length),
+            '--samples',
+            '1',
+            '--chunk-size',
+            String(prompts.length),
+          ],
+          ...['--temperature', String(T), '--seed', '5', '--max-new-tokens', String(NEW_TOKENS)],
+          ...['--eos-ids', ...eos.map(String), '--out-dir', out],
+        ],
+        { env: tools.env },
+      );
+      type Sample = { tokens: number[]; logprobs: number[] };
+      const moerl = readJsonl<Sample>(readFileSync(join(out, 'chunk-0.jsonl'), 'utf8'));
+      const again = await rescoreSamples({
+        moeHf: tools.bin('moe_hf'),
+        checkpointDir: ckpt,
+        temperature: T,
+        samples: moerl.map((s, i) => ({ promptTokens: prompts[i]!, tokens: s.tokens })),
+        inputFile: join(work, 'rescore-moe_generate-0.7.jsonl'),
+        what: 'the test chunk',
+        signal: new AbortController().signal,
+      });
+      assert.ok(again);
+      const vsGenerate = maxDiff(
+        again,
+        moerl.map((s) => s.logprobs),
+      );
+      console.log(
+        `temperature ${T}: rescored vs transformers ${vsTorch.toExponential(2)}, vs moe_generate's records ` +
+          `${vsGenerate.toExponential(2)}, vs the server's (temperature 1) ${fromServer.toExponential(2)}; ` +
+          `chunk of ${prompts.length} x ${NEW_TOKENS} tokens generated in ${(generated - started) / 1000} s, ` +
+          `rescored in ${(rescoredAt - generated) / 1000} s`,
+      );
+      assert.ok(vsTorch <= RERUN_TOLERANCE, `rescored vs transformers at T ${T}: ${vsTorch}`);
+      assert.ok(vsGenerate <= RERUN_TOLERANCE, `rescored vs moe_generate at T ${T}: ${vsGenerate}`);
+      assert.ok(fromServer > 0.05, `the server's log-probs are at temperature 1: ${fromServer} apart`);
     });
 
     it('a stop token ends a completion as its last token, finish reason "stop"', async () => {

@@ -7,8 +7,9 @@
       with the test tokenizer (make_tokenizer.py) and a generation_config.json.
       --published-shape (qwen3_moe): every layer sparse and norm_topk_prob true, as published
       Qwen3-MoE checkpoints are; llama.cpp's qwen3moe runs only that shape.
-  hf_models.py score DIR SEQUENCES.jsonl
-      Per line {"tokens":[...]}: {"logprobs":[log p(tokens[t] | tokens[<t]) for t >= 1]}, fp32.
+  hf_models.py score DIR SEQUENCES.jsonl [--temperature T]
+      Per line {"tokens":[...]}: {"logprobs":[log p(tokens[t] | tokens[<t]) for t >= 1]}, fp32
+      logits, p = softmax(logits / T) in float64 (default T = 1).
   hf_models.py generate DIR PROMPTS.jsonl N
       Per line {"prompt_tokens":[...]}: {"tokens":[N greedy new tokens]} (KV cache, no eos stop).
   hf_models.py grad DIR BATCH.jsonl OUT_DIR --loss sft|grpo [--aux-coef C] [--clip-eps E]
@@ -90,7 +91,7 @@ def score(args):
         for row in lines(args.sequences):
             ids = torch.tensor([row["tokens"]])
             logits = model(ids).logits[0].double()
-            lp = torch.log_softmax(logits, dim=-1)
+            lp = torch.log_softmax(logits / args.temperature, dim=-1)
             out = [lp[t - 1, row["tokens"][t]].item() for t in range(1, len(row["tokens"]))]
             print(json.dumps({"logprobs": out}))
 
@@ -193,6 +194,7 @@ def main():
     p = sub.add_parser("score")
     p.add_argument("dir")
     p.add_argument("sequences")
+    p.add_argument("--temperature", type=float, default=1.0)
     p = sub.add_parser("generate")
     p.add_argument("dir")
     p.add_argument("prompts")
