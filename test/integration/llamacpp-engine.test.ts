@@ -3,7 +3,8 @@
 // layer sparse, top-k renormalised), converted to GGUF F32 with llama.cpp's own converter and
 // served on 127.0.0.1 under the supervisor. Greedy completions of prompt token ids against
 // moerl's greedy decode (moe_generate), their log-probs against moerl's teacher-forced ones
-// (moe_hf score), seeds, a killed server restarted, weights loaded by restart; and, against a
+// (moe_hf score), at temperature 0.7 rescored as the rollout activity does (against transformers
+// and moe_generate), seeds, a killed server restarted, weights loaded by restart; and, against a
 // fake server, every malformed answer a typed error.
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';

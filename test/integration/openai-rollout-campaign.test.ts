@@ -6,7 +6,9 @@
 // scoring of the same tokens (moe_hf score on the exported checkpoint); the trainer's
 // mismatch_kl is reported (with the native trainer, larger than a native/native campaign's); a
 // llama-server killed mid-chunk is restarted and the chunk finished, and validation samples from
-// the server too; a SIGKILLed rollout worker redoes at most one chunk per shard in flight.
+// the server too; a SIGKILLed rollout worker redoes at most one chunk per shard in flight. Those
+// two sample at temperature 0.7: the records' log-probs are rescored at 0.7 by the native core
+// (moe_hf score's within 1e-5), the server's temperature-1 values kept beside them.
 // Against a fake server (a small HTTP server in the test) that answers malformed JSON, or
 // completions without log-probs, the campaign pauses naming the server and the problem.
 import assert from 'node:assert/strict';
@@ -60,6 +62,13 @@ const llamacppSkip =
  * (llama.cpp sums by the batch's shape); llamacpp-engine.test.ts's bound.
  */
 const LOGPROB_TOLERANCE = 2e-5;
+/**
+ * The rescored log-probs at a temperature other than 1 (moe_hf score on the worker's checkpoint)
+ * against moe_hf score on the exported checkpoint: the same core on the same weights in other
+ * batch shapes (measured about 1e-6); the tolerance of llamacpp-engine.test.ts between moerl's
+ * scorer, moe_generate and transformers.
+ */
+const RESCORE_TOLERANCE = 1e-5;
 
 describe(
   'campaigns sampled by an OpenAI-compatible rollout server',
@@ -124,20 +133,31 @@ describe(
         );
     }
 
-    /** moerl's log-probs of each record's tokens after its prompt, on checkpoint `iteration`. */
+    /**
+     * moerl's log-probs of each record's tokens after its prompt, on checkpoint `iteration`,
+     * under softmax(logits / temperature).
+     */
     async function scored(
       campaignId: string,
       iteration: number,
       records: RolloutRecord[],
+      temperature = 1,
     ): Promise<number[][]> {
       const hf = join(dir, `export-${campaignId}-${iteration}`);
-      await exportCheckpoint({ store, campaignId, iteration, target: { kind: 'dir', path: hf } });
+      await exportCheckpoint({
+        store,
+        campaignId,
+        iteration,
+        target: { kind: 'dir', path: hf },
+        replace: true,
+      });
       const file = join(dir, `sequences-${campaignId}-${iteration}.jsonl`);
       writeFileSync(
         file,
         records.map((r) => JSON.stringify({ tokens: [...r.prompt_tokens, ...r.tokens] }) + '\n').join(''),
       );
-      const { stdout } = await native.run(native.bin('moe_hf'), ['score', '--hf', hf, '--sequences', file], {
+      const args = ['score', '--hf', hf, '--sequences', file, '--temperature', String(temperature)];
+      const { stdout } = await native.run(native.bin('moe_hf'), args, {
         env: native.env,
         maxBuffer: 1 << 26,
       });
@@ -173,6 +193,40 @@ describe(
         `${campaignId}: llama-server vs moe_hf score: max |dlogp| ${worst} over ${compared} tokens`,
       );
       assert.ok(compared > 0 && worst <= LOGPROB_TOLERANCE, `log-probs differ by ${worst}`);
+    }
+
+    /**
+     * Records the server sampled at `temperature` (not 1) from checkpoint `iteration`: their
+     * `logprobs` are moerl's under softmax(logits / temperature), the server's own (temperature
+     * 1) kept as `engine_logprobs`, which are moerl's at temperature 1.
+     */
+    async function assertRescored(
+      campaignId: string,
+      iteration: number,
+      records: RolloutRecord[],
+      temperature: number,
+    ): Promise<void> {
+      const atT = await scored(campaignId, iteration, records, temperature);
+      const atOne = await scored(campaignId, iteration, records);
+      const worst = (diffs: number[][]) => Math.max(...diffs.flat());
+      const rescored = worst(records.map((r, j) => r.logprobs.map((lp, k) => Math.abs(lp - atT[j]![k]!))));
+      const tokens = records.reduce((n, r) => n + r.tokens.length, 0);
+      console.log(
+        `${campaignId} checkpoint ${iteration} at temperature ${temperature}, ${tokens} tokens: ` +
+          `records vs moe_hf score at ${temperature} ${rescored}`,
+      );
+      assert.ok(tokens > 0 && rescored <= RESCORE_TOLERANCE, `rescored log-probs differ by ${rescored}`);
+      const engine = records.map(
+        (r) => (r as RolloutRecord & { engine_logprobs?: number[] }).engine_logprobs,
+      );
+      engine.forEach((e, j) =>
+        assert.equal(e?.length, records[j]!.tokens.length, `record ${j}: engine_logprobs`),
+      );
+      const server = worst(engine.map((e, j) => e!.map((lp, k) => Math.abs(lp - atOne[j]![k]!))));
+      const moved = worst(engine.map((e, j) => e!.map((lp, k) => Math.abs(lp - records[j]!.logprobs[k]!))));
+      console.log(`  the server's vs moe_hf score at 1 ${server}, records vs the server's ${moved}`);
+      assert.ok(server <= LOGPROB_TOLERANCE, `the server's log-probs differ by ${server}`);
+      assert.ok(moved > 0.05, `records within ${moved} of the server's temperature-1 log-probs`);
     }
 
     /** The llama-servers this test process runs. */
@@ -243,7 +297,8 @@ describe(
               format: 'parquet',
             },
           },
-          validation: { everyIterations: 1, samples: 2, maxNewTokens: 12, shards: 1 },
+          // Sampled at 0.7: the records' log-probs are rescored (assertRescored).
+          validation: { everyIterations: 1, samples: 2, maxNewTokens: 12, shards: 1, temperature: 0.7 },
         });
         // This worker's llama-server: the child of this process other tests' workers do not own.
         const earlier = new Set(children());
@@ -283,14 +338,20 @@ describe(
             records.push(JSON.parse(line) as RolloutRecord);
         assert.equal(records.length, 6, '3 rows x 2 samples');
         for (const r of records) assert.ok(r.tokens.length > 0 && r.logprobs.length === r.tokens.length);
+        await assertRescored(state.campaignId, 1, records, 0.7);
       },
     );
 
     test(
-      'a SIGKILLed rollout worker in front of llama-server redoes at most one chunk per shard',
+      'a SIGKILLed rollout worker in front of llama-server redoes at most one chunk per shard; at temperature 0.7 the records are rescored',
       { skip: llamacppSkip },
       async () => {
-        const s = spec('oa-spot', 'openai', { iterations: 1 });
+        // Sampled at 0.7: every chunk is rescored before it is stored, the chunks in flight at
+        // the kill (generating or rescoring) are done again.
+        const s = spec('oa-spot', 'openai', {
+          iterations: 1,
+          hyperparameters: { maxNewTokens: 24, minibatches: 1, epochs: 1, temperature: 0.7 },
+        });
         const queues = uniqueTaskQueues();
         const env = { ...process.env, ...serverEnv(), MOERL_ROLLOUT_RANKS: '2' };
         let name = 0;
@@ -329,7 +390,14 @@ describe(
         const [summary] = state.recentIterations;
         console.log(`chunks redone after the SIGKILL: ${summary?.chunksRedone}`);
         assert.ok(summary && summary.chunksRedone <= s.rolloutShards, `redone ${summary?.chunksRedone}`);
-        assert.equal((await rollouts(state.campaignId, 1)).length, 16);
+        const records = await rollouts(state.campaignId, 1);
+        assert.equal(records.length, 16);
+        await assertRescored(state.campaignId, 0, records, 0.7);
+        // The trainer (at 0.7) reads the rescored log-probs: the mismatch is the native kernels'
+        // rounding, as native/native's (1e-13), not the temperature's.
+        const [k] = mismatch(state);
+        console.log(`oa-spot mismatch_kl at temperature 0.7: ${k}`);
+        assert.ok(k !== undefined && k >= 0 && k < 1e-6, `mismatch_kl ${k}`);
       },
     );
 
