@@ -50,8 +50,8 @@ COPY cli/ cli/
 RUN npm run build \
  && npm prune --omit=dev --no-audit --no-fund
 
-# ---- runtime ----
-FROM ${NODE_IMAGE}-slim AS runtime
+# ---- base: the slim image, the libraries the native tools load, the moerl user ----
+FROM ${NODE_IMAGE}-slim AS base
 # The libraries the native tools load (ldd of each):
 # libfabric with its providers (efa through rdma-core's libefa), OpenBLAS, libcrypto.
 RUN apt-get update \
@@ -61,6 +61,9 @@ RUN apt-get update \
  && groupadd --gid 65532 moerl \
  && useradd --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin moerl \
  && mkdir -p /var/cache/moerl && chown 65532:65532 /var/cache/moerl
+
+# ---- runtime ----
+FROM base AS runtime
 WORKDIR /app
 COPY --from=ts /app/package.json ./
 COPY --from=ts /app/node_modules/ node_modules/
@@ -78,19 +81,34 @@ ENTRYPOINT ["node", "dist/workers/main.js"]
 
 # ---- pytorch: the runtime plus the PyTorch trainer, for engine.trainer pytorch ----
 # A virtual environment of engines/pytorch with requirements.txt's pins; the rank program runs
-# MOERL_PYTORCH_PYTHON -m moerl_pytorch (docs/engines.md).
-FROM runtime AS pytorch
-USER root
+# MOERL_PYTORCH_PYTHON -m moerl_pytorch (docs/engines.md). The environment (6 GB: PyPI's torch
+# brings the CUDA libraries) is installed on the base, before the runtime's files, and the pins
+# before the package: a change of the TypeScript, the native tools or the trainer's code rebuilds
+# the layers above it, not torch. The runtime's last steps are repeated below for that reason.
+FROM base AS pytorch
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*
-COPY engines/pytorch/ /tmp/moerl-pytorch/
+COPY engines/pytorch/requirements.txt /tmp/moerl-pytorch-requirements.txt
 RUN python3 -m venv /opt/moerl-pytorch \
- && /opt/moerl-pytorch/bin/pip install --no-cache-dir --no-input \
-      -r /tmp/moerl-pytorch/requirements.txt /tmp/moerl-pytorch \
+ && /opt/moerl-pytorch/bin/pip install --no-cache-dir --no-input -r /tmp/moerl-pytorch-requirements.txt \
+ && rm /tmp/moerl-pytorch-requirements.txt
+COPY engines/pytorch/ /tmp/moerl-pytorch/
+RUN /opt/moerl-pytorch/bin/pip install --no-cache-dir --no-input --no-deps /tmp/moerl-pytorch \
  && rm -rf /tmp/moerl-pytorch
-ENV MOERL_PYTORCH_PYTHON=/opt/moerl-pytorch/bin/python
+WORKDIR /app
+COPY --from=ts /app/package.json ./
+COPY --from=ts /app/node_modules/ node_modules/
+COPY --from=ts /app/bin/ bin/
+COPY --from=ts /app/dist/ dist/
+COPY --from=native /src/native/build/bin/moe_train /src/native/build/bin/moe_generate /src/native/build/bin/moe_reward \
+                   /src/native/build/bin/moe_hf /src/native/build/bin/ep_bench native/build/bin/
+ENV NODE_ENV=production \
+    MOERL_NATIVE_BIN=/app/native/build/bin/ \
+    MOERL_CACHE_DIR=/var/cache/moerl \
+    MOERL_PYTORCH_PYTHON=/opt/moerl-pytorch/bin/python
 USER 65532:65532
+ENTRYPOINT ["node", "dist/workers/main.js"]
 
 # The default target: the image without torch.
 FROM runtime

@@ -14,7 +14,10 @@
 #
 # Each image is written to DIR/<name>.tar (default DIR: .moerl/images) with its reference in
 # DIR/<name>.ref, and "<reference> <archive>" is printed on stdout. References are tagged by
-# content (moerl:<package version>-<image id prefix>), never "latest". With --import the
+# content (moerl:<package version>-<image id prefix>), never "latest". After building moerl or
+# moerl-pytorch, buildah's storage keeps that name's new tag alone and no image that the last
+# build of either name did not use: the older tags and layers go, the layer cache of the
+# next build stays (builds of the machine's buildah storage take turns). With --import the
 # archives are imported into containerd's k8s.io namespace at SOCKET (ctr from $CTR, or
 # scripts/tools.sh ctr). Needs root (buildah), debootstrap and the network to Debian's, npm's
 # and PyPI's indexes the first time.
@@ -162,11 +165,12 @@ build_pause() {
 # chroot isolation, so no container network or daemon is needed.
 # dockerfile_image <image name> <Dockerfile target>
 dockerfile_image() {
-  local name="$1" target="$2" base version id ref
+  local name="$1" target="$2" base version id ref started
   command -v buildah >/dev/null || die "buildah is missing: bash scripts/setup.sh packages"
   base="$(bash scripts/image/node-base.sh)" || die "making the Dockerfile's base image failed"
   version="$(sed -n 's/^  "version": "\(.*\)",$/\1/p' package.json | head -1)"
-  buildah bud --quiet --isolation chroot --network host --layers --pull-never \
+  started="$(date +%s)"
+  buildah bud --isolation chroot --network host --layers --pull-never \
     --build-arg NODE_IMAGE="$base" --target "$target" --iidfile "$CACHE/$name.iid" \
     --file Dockerfile . >"$CACHE/$name-build.log" 2>&1 || {
     tail -30 "$CACHE/$name-build.log" >&2
@@ -176,9 +180,17 @@ dockerfile_image() {
   id="${id#sha256:}"
   ref="$REPOSITORY/$name:$version-${id:0:12}"
   buildah tag "$id" "$ref"
-  # The archive is rewritten only when the image changed.
+  # Every image of this build, each step's: the cache hits it logged and the images it made
+  # (no other build runs meanwhile). The next build of this name starts from them.
+  {
+    sed -n -E 's/^--> Using cache ([0-9a-f]{64})$/\1/p' "$CACHE/$name-build.log"
+    images_created | awk -v t="$started" '$2 >= t { print $1 }'
+  } >"$CACHE/$name.images"
+  prune_images "$name" "$ref" "$started"
+  # The archive is rewritten only when the image changed; the old one goes first (7 GB for
+  # moerl-pytorch: the disk need not hold both).
   if [[ "$(cat "$out/$name.ref" 2>/dev/null)" != "$ref" || ! -f "$out/$name.tar" ]]; then
-    rm -f "$out/.$name.tar"
+    rm -f "$out/.$name.tar" "$out/$name.tar" "$out/$name.ref"
     buildah push --quiet "$ref" "docker-archive:$out/.$name.tar:$ref" >&2
     mv "$out/.$name.tar" "$out/$name.tar"
     echo "$ref" >"$out/$name.ref"
@@ -186,8 +198,46 @@ dockerfile_image() {
   echo "$ref $out/$name.tar"
 }
 
+# images_created: "<image id> <created, epoch seconds>" for every image in buildah's storage.
+images_created() {
+  local image_id created
+  buildah images --all --no-trunc --format '{{.ID}}|{{.CreatedAtRaw}}' | while IFS='|' read -r image_id created; do
+    echo "${image_id#sha256:} $(date -d "${created% UTC}" +%s)"
+  done
+}
+
+# prune_images <name> <reference> <build start, epoch seconds>: removes the other tags of
+# $REPOSITORY/<name>, then every untagged image that no recorded build (DIR/cache/*.images)
+# used and that is older than this build (another checkout's build may be under way).
+prune_images() {
+  local name="$1" keep_ref="$2" started="$3" line image_id created tag before after
+  before="$(buildah images --all -q | wc -l)"
+  while read -r tag; do
+    [[ $tag == "$keep_ref" ]] || buildah rmi "$tag" >/dev/null 2>&1 || true
+  done < <(buildah images --format '{{.Name}}:{{.Tag}}' | grep -F "$REPOSITORY/$name:" || true)
+  local kept=()
+  mapfile -t kept < <(cat "$CACHE"/*.images 2>/dev/null)
+  # An intermediate image is dangling once the images made from it are gone: pass after pass.
+  local dangling=() removed=1
+  while [[ $removed -gt 0 ]]; do
+    removed=0
+    mapfile -t dangling < <(buildah images --all --filter dangling=true --no-trunc -q)
+    while read -r image_id created; do
+      [[ $created -lt $started && " ${dangling[*]} " == *" sha256:$image_id "* ]] || continue
+      for line in "${kept[@]}"; do [[ $image_id == "$line" ]] && continue 2; done
+      buildah rmi "$image_id" >/dev/null 2>&1 && removed=$((removed + 1)) # not when in use
+    done < <(images_created)
+  done
+  after="$(buildah images --all -q | wc -l)"
+  [[ $after -eq $before ]] || log "$name: $((before - after)) older image(s) removed from buildah's storage"
+}
+
 build_moerl() { dockerfile_image moerl runtime; }
 build_moerl-pytorch() { dockerfile_image moerl-pytorch pytorch; }
+
+# One build at a time on this machine: a build's pruning must not remove what another uses.
+exec 9>"${TMPDIR:-/tmp}/moerl-build-image.lock"
+flock 9
 
 results=()
 for image in "${images[@]}"; do
