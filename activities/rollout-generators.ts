@@ -10,7 +10,8 @@ import { join } from 'node:path';
 import { ApplicationFailure } from '@temporalio/activity';
 import { acquireCheckpoint } from './checkpoints.js';
 import { EngineError } from './engines/errors.js';
-import { needsRescoring, rescoreSamples } from './engines/rescore.js';
+import { needsRescoring, startRescorer } from './engines/rescore.js';
+import type { Rescorer } from './engines/rescore.js';
 import type { Completion, RolloutEngine } from './engines/types.js';
 import { nativeToolPath } from './native.js';
 import { runGenerateRanks } from './rollout-ranks.js';
@@ -153,12 +154,22 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
       )
     : null;
   if (rescore && policy === null) return;
-  const moeHf = rescore ? nativeToolPath('moe_hf', deps.binDir) : '';
   let releaseRanks: (() => void) | null = null;
+  let scorer = null as Rescorer | null;
   try {
     releaseRanks = await deps.rolloutRanks.acquire(run.worldSize, run.signal);
     if (releaseRanks === null) return;
     await host.withPolicy({ store, policy: plan.policy }, run.signal, async (engine) => {
+      // One scorer for the shard's chunks: the policy loaded once, one forward pass per chunk.
+      if (policy)
+        scorer = startRescorer({
+          moeHf: nativeToolPath('moe_hf', deps.binDir),
+          checkpointDir: policy.dir,
+          temperature,
+          workDir: run.outDir,
+          what: plan.what,
+          signal: run.signal,
+        });
       for (let k = run.startChunk; k < chunks && !run.signal.aborted; k++) {
         const started = Date.now();
         const prompts = lines.slice(k * chunkSize, (k + 1) * chunkSize);
@@ -180,20 +191,12 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
         if (answers === null) return;
         const generated = Date.now();
         let logprobs = answers.map((a) => a.logprobs);
-        if (policy) {
+        if (scorer) {
           const what = `${plan.what} chunk ${k}`;
-          const rescored = await rescoreSamples({
-            moeHf,
-            checkpointDir: policy.dir,
-            temperature,
-            samples: samples.map(({ p }, j) => ({
-              promptTokens: p.prompt_tokens,
-              tokens: answers[j]!.tokens,
-            })),
-            inputFile: join(run.outDir, `rescore-${k}.jsonl`),
+          const rescored = await scorer.score(
+            samples.map(({ p }, j) => ({ promptTokens: p.prompt_tokens, tokens: answers[j]!.tokens })),
             what,
-            signal: run.signal,
-          });
+          );
           if (rescored === null) return;
           logprobs = rescored;
           console.log(
@@ -210,7 +213,7 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
           tokens: answers[j]!.tokens,
           text: '',
           logprobs: logprobs[j]!,
-          ...(policy ? { engine_logprobs: answers[j]!.logprobs } : {}),
+          ...(scorer ? { engine_logprobs: answers[j]!.logprobs } : {}),
           finish_reason: answers[j]!.finishReason,
         }));
         await writeFile(
@@ -229,6 +232,7 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
       });
     throw err;
   } finally {
+    await scorer?.close();
     releaseRanks?.();
     policy?.release();
   }

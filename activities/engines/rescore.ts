@@ -5,12 +5,17 @@
 // which the trainers' ratios and truncated importance sampling read. At T != 1 (and T > 0: a
 // greedy record carries temperature 1, as moe_generate's) the rollout activity scores each
 // chunk's completions once more with the native core on the worker's own copy of the policy:
-// `moe_hf score --checkpoint DIR --temperature T --completions`, one process and one forward per
-// chunk (split by --max-batch-tokens when the chunk is long). This file builds its input and
-// checks its output; rollout-generators.ts runs it.
-import { writeFile } from 'node:fs/promises';
+// `moe_hf score --checkpoint DIR --serve --temperature T --completions`, one process per shard
+// that loads the policy once, and one forward per chunk (split by --max-batch-tokens when the
+// chunk is long). This file runs it, builds its input and checks its output;
+// rollout-generators.ts asks it for each chunk.
+import { spawn } from 'node:child_process';
+import { rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
 import { ApplicationFailure } from '@temporalio/common';
-import { runTool, toolFailure } from '../native.js';
+import { toolFailure } from '../native.js';
+import type { ToolRun } from '../native.js';
 
 /** Type of a rescoring whose output does not fit the chunk (a count, a value): not retried. */
 export const rescoreInvalidErrorType = 'RolloutRescoreInvalid';
@@ -89,6 +94,118 @@ export function parseRescored(stdout: string, samples: readonly RescoredSample[]
   });
 }
 
+export interface RescorerOptions {
+  /** The moe_hf binary. */
+  moeHf: string;
+  /** The policy the chunks were sampled from, as a moerl checkpoint directory. */
+  checkpointDir: string;
+  temperature: number;
+  /** Where the sequences files of the requests are written. */
+  workDir: string;
+  /** Names the scorer in messages ("rollout of iteration 3 shard 1"). */
+  what: string;
+  /** Aborting kills the scorer: a request in flight then resolves null. */
+  signal: AbortSignal;
+}
+
+/** One scorer process for a shard's chunks: the policy loaded once, one forward pass per chunk. */
+export interface Rescorer {
+  /**
+   * Each sample's log-probs under softmax(logits / T); null when aborted. `what` names the chunk.
+   * A scorer that exits 2 is bad input (not retried), another failure retryable (the chunk is
+   * done again), output that does not fit the chunk RolloutRescoreInvalid.
+   */
+  score(samples: readonly RescoredSample[], what: string): Promise<number[][] | null>;
+  /** Ends the scorer (stdin closed, then SIGKILL after 10 s). */
+  close(): Promise<void>;
+}
+
+const stderrTailBytes = 4096;
+
+/**
+ * Starts `moe_hf score --serve` on the checkpoint: it loads the policy once, then scores the
+ * sequences file named by each line written to its stdin (one request at a time).
+ */
+export function startRescorer(o: RescorerOptions): Rescorer {
+  // prettier-ignore
+  const child = spawn(o.moeHf, [
+    'score', '--checkpoint', o.checkpointDir, '--serve',
+    '--temperature', String(o.temperature), '--completions',
+    '--max-batch-tokens', String(rescoreBatchTokens),
+  ], {
+    // One rank, one thread: the shard holds one of the worker's rank slots.
+    env: { ...process.env, OPENBLAS_NUM_THREADS: '1' },
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+  let stderr = '';
+  child.stderr.setEncoding('utf8');
+  child.stderr.on('data', (d: string) => {
+    stderr = (stderr + d).slice(-stderrTailBytes);
+  });
+  // A closed stdin (the scorer gone) is reported by its exit, not as an unhandled error.
+  child.stdin.on('error', () => {});
+  let lines: string[] = [];
+  let pending: {
+    what: string;
+    resolve: (out: string | null) => void;
+    reject: (err: unknown) => void;
+  } | null = null;
+  let exit: ToolRun | null = null;
+  let spawnError: Error | null = null;
+  const failure = (what: string): unknown =>
+    spawnError ??
+    toolFailure(`moe_hf score (${what})`, exit ?? { code: null, signal: null, stderrTail: stderr });
+  createInterface({ input: child.stdout }).on('line', (line) => {
+    if (line.startsWith('{"ready"')) return;
+    if (line.startsWith('{"done"')) {
+      const out = lines.join('\n');
+      lines = [];
+      pending?.resolve(out);
+      pending = null;
+      return;
+    }
+    lines.push(line);
+  });
+  child.on('error', (err) => {
+    spawnError = err;
+  });
+  child.on('close', (code, signal) => {
+    exit = { code, signal, stderrTail: stderr.trim() };
+    o.signal.removeEventListener('abort', kill);
+    if (!pending) return;
+    if (o.signal.aborted) pending.resolve(null);
+    else pending.reject(failure(pending.what));
+    pending = null;
+  });
+  const kill = () => child.kill('SIGKILL');
+  o.signal.addEventListener('abort', kill, { once: true });
+  let requests = 0;
+  return {
+    async score(samples, what) {
+      const input = rescoreInput(samples);
+      if (input === '') return samples.map(() => []);
+      if (o.signal.aborted) return null;
+      if (exit || spawnError) throw failure(what);
+      const file = join(o.workDir, `rescore-${requests++}.jsonl`);
+      await writeFile(file, input);
+      const out = await new Promise<string | null>((resolve, reject) => {
+        pending = { what, resolve, reject };
+        child.stdin.write(`${file}\n`);
+      });
+      await rm(file, { force: true });
+      return out === null ? null : parseRescored(out, samples, what);
+    },
+    async close() {
+      if (exit || spawnError) return;
+      const closed = new Promise<void>((resolve) => child.once('close', () => resolve()));
+      child.stdin.end();
+      const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
+      await closed;
+      clearTimeout(timer);
+    },
+  };
+}
+
 export interface Rescoring {
   /** The moe_hf binary. */
   moeHf: string;
@@ -96,42 +213,21 @@ export interface Rescoring {
   checkpointDir: string;
   temperature: number;
   samples: readonly RescoredSample[];
-  /** The sequences file to write. */
-  inputFile: string;
+  /** Where the sequences file is written. */
+  workDir: string;
   /** Names the chunk in messages ("rollout of iteration 3 shard 1 chunk 2"). */
   what: string;
   /** Aborting kills the scorer: the result is then null. */
   signal: AbortSignal;
 }
 
-/**
- * Each sample's log-probs under softmax(logits / T) by the native scorer; null when aborted. A
- * scorer that exits 2 is bad input (not retried), another failure retryable (the chunk is done
- * again), output that does not fit the chunk RolloutRescoreInvalid.
- */
+/** One chunk rescored by a scorer of its own (startRescorer): started, asked once, closed. */
 export async function rescoreSamples(r: Rescoring): Promise<number[][] | null> {
-  const input = rescoreInput(r.samples);
-  if (input === '') return r.samples.map(() => []);
-  await writeFile(r.inputFile, input);
-  let stdout = '';
-  const run = await runTool(
-    r.moeHf,
-    // prettier-ignore
-    [
-      'score', '--checkpoint', r.checkpointDir, '--sequences', r.inputFile,
-      '--temperature', String(r.temperature), '--completions',
-      '--max-batch-tokens', String(rescoreBatchTokens),
-    ],
-    {
-      // One rank, one thread: the shard holds one of the worker's rank slots.
-      env: { OPENBLAS_NUM_THREADS: '1' },
-      signal: r.signal,
-      onRecord: (rec) => {
-        stdout += JSON.stringify(rec) + '\n';
-      },
-    },
-  );
-  if (r.signal.aborted) return null;
-  if (run.code !== 0) throw toolFailure(`moe_hf score (${r.what})`, run);
-  return parseRescored(stdout, r.samples, r.what);
+  if (rescoreInput(r.samples) === '') return r.samples.map(() => []);
+  const scorer = startRescorer(r);
+  try {
+    return await scorer.score(r.samples, r.what);
+  } finally {
+    await scorer.close();
+  }
 }

@@ -5,7 +5,7 @@
 //       (model.safetensors, or model-0000i-of-0000n.safetensors with the index), the tokenizer
 //       and generation config found beside CONFIG.json, config.json last. CONFIG.json is the
 //       config.json of the model the campaign started from.
-//   moe_hf score (--hf DIR | --checkpoint DIR) --sequences FILE [--max-seq-len N]
+//   moe_hf score (--hf DIR | --checkpoint DIR) (--sequences FILE | --serve) [--max-seq-len N]
 //                [--temperature T] [--completions] [--max-batch-tokens N]
 //                [--grad-out FILE --loss sft|grpo ...]
 //       Teacher-forced log-probs: FILE has JSONL lines {"tokens":[...]} (with "prompt_len",
@@ -14,7 +14,10 @@
 //       moe_generate samples and records it (default T = 1); with --completions only the
 //       tokens t >= prompt_len. --max-batch-tokens N forwards the sequences in order in batches
 //       of at most N padded tokens (at least one sequence each; 0 = all in one), which bounds
-//       the [batch, T, vocab] logits. With --grad-out (one rank) the gradients of one step's
+//       the [batch, T, vocab] logits. --serve (one rank): prints {"ready":true} once the policy
+//       is loaded, then for each line of stdin, the path of such a file, its lines and
+//       {"done":true,"sequences":n}; exits 0 at the end of stdin (how a rollout worker rescores
+//       a shard's chunks with one load). With --grad-out (one rank) the gradients of one step's
 //       loss (rl::compute_gradients, every sequence in one micro-batch) go to FILE as F32
 //       safetensors under the HF tensor names, and a {"loss":...} line is printed last.
 //
@@ -22,6 +25,7 @@
 // every rank takes every sequence, rank 0 prints. Exit 0 done, 2 bad input, 1 retryable.
 #include <algorithm>  // std::max, std::copy
 #include <cstdio>     // std::printf
+#include <iostream>   // std::cin
 #include <memory>
 #include <sstream>
 
@@ -72,7 +76,7 @@ int cmd_export(const ExportOptions& o) {
 struct ScoreOptions {
   std::string hf, checkpoint, sequences, grad_out, loss = "sft";
   int max_seq_len = 0;
-  bool completions = false;
+  bool completions = false, serve = false;
   int64_t max_batch_tokens = 0;
   rl::LossConfig lc;
 };
@@ -100,29 +104,13 @@ std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo
   return out;
 }
 
-int cmd_score(ScoreOptions& o) {
-  MOERL_CHECK_INPUT(o.hf.empty() != o.checkpoint.empty(), "give one of --hf and --checkpoint");
-  io::HfModel hf;
-  model::ModelConfig cfg;
-  if (!o.hf.empty()) {
-    hf = io::read_hf_config(o.hf, o.max_seq_len);
-    cfg = hf.cfg;
-  } else {
-    cfg = io::read_checkpoint_config(o.checkpoint);
-  }
-  const bool grpo = o.loss == "grpo";
-  std::vector<rl::TrainSequence> seqs = read_sequences(o.sequences, grpo);
-  Rank rank(transport::Config::from_env(), cfg.num_experts);
-  model::ParamStore ps(model::make_layout(cfg, rank.ep.first_expert(), rank.ep.num_local_experts()));
-  if (!o.hf.empty())
-    io::load_hf_weights(hf, ps);
-  else
-    io::load_weights(o.checkpoint, ps);
-
-  // every rank forwards every sequence, right-padded into batches of at most max_batch_tokens
-  // padded tokens (in order, at least one sequence each); log p under softmax(logits / T) as
-  // the sampler records it (model::softmax_stats, float64 from float32 logits)
-  const int V = cfg.vocab_size;
+// Prints each sequence's log-probs (rank 0): every rank forwards every sequence, right-padded
+// into batches of at most max_batch_tokens padded tokens (in order, at least one sequence each);
+// log p under softmax(logits / T) as the sampler records it (model::softmax_stats, float64 from
+// float32 logits).
+void print_logprobs(model::ParamStore& ps, Rank& rank, const std::vector<rl::TrainSequence>& seqs,
+                    const ScoreOptions& o) {
+  const int V = ps.layout.cfg.vocab_size;
   const float inv_tau = 1.0f / o.lc.temperature;
   model::Activations a;
   for (size_t first = 0; first < seqs.size();) {
@@ -147,13 +135,13 @@ int cmd_score(ScoreOptions& o) {
     if (rank.ep.rank() == 0) {
       for (int b = 0; b < B; b++) {
         const rl::TrainSequence& s = seqs[first + b];
+        const int from = o.completions ? s.prompt_len : 1;
         std::ostringstream line;
         line << "{\"logprobs\":[";
-        for (int t = o.completions ? s.prompt_len : 1; t < lengths[b]; t++) {
+        for (int t = from; t < lengths[b]; t++) {
           const float* lg = a.logits.data() + ((size_t)b * T + t - 1) * V;
           const model::SoftmaxStats st = model::softmax_stats(lg, V, inv_tau, false);
-          line << (t > (o.completions ? s.prompt_len : 1) ? "," : "")
-               << io::json_float(st.logprob(lg, s.tokens[t], inv_tau));
+          line << (t > from ? "," : "") << io::json_float(st.logprob(lg, s.tokens[t], inv_tau));
         }
         line << "]}";
         std::printf("%s\n", line.str().c_str());
@@ -161,6 +149,46 @@ int cmd_score(ScoreOptions& o) {
     }
     first = end;
   }
+}
+
+int cmd_score(ScoreOptions& o) {
+  MOERL_CHECK_INPUT(o.hf.empty() != o.checkpoint.empty(), "give one of --hf and --checkpoint");
+  MOERL_CHECK_INPUT(o.sequences.empty() == o.serve, "give one of --sequences and --serve");
+  MOERL_CHECK_INPUT(!o.serve || o.grad_out.empty(), "--serve prints log-probs only, not --grad-out");
+  io::HfModel hf;
+  model::ModelConfig cfg;
+  if (!o.hf.empty()) {
+    hf = io::read_hf_config(o.hf, o.max_seq_len);
+    cfg = hf.cfg;
+  } else {
+    cfg = io::read_checkpoint_config(o.checkpoint);
+  }
+  const bool grpo = o.loss == "grpo";
+  std::vector<rl::TrainSequence> seqs;
+  if (!o.serve) seqs = read_sequences(o.sequences, grpo);
+  Rank rank(transport::Config::from_env(), cfg.num_experts);
+  MOERL_CHECK_INPUT(!o.serve || rank.ep.world_size() == 1, "--serve runs on one rank");
+  model::ParamStore ps(model::make_layout(cfg, rank.ep.first_expert(), rank.ep.num_local_experts()));
+  if (!o.hf.empty())
+    io::load_hf_weights(hf, ps);
+  else
+    io::load_weights(o.checkpoint, ps);
+
+  if (o.serve) {
+    // one request per stdin line: a sequences file, answered by its lines and a done line
+    std::printf("{\"ready\":true}\n");
+    std::fflush(stdout);
+    std::string path;
+    while (std::getline(std::cin, path)) {
+      if (path.empty()) continue;
+      const std::vector<rl::TrainSequence> batch = read_sequences(path, false);
+      print_logprobs(ps, rank, batch, o);
+      std::printf("{\"done\":true,\"sequences\":%zu}\n", batch.size());
+      std::fflush(stdout);
+    }
+    return 0;
+  }
+  print_logprobs(ps, rank, seqs, o);
   if (o.grad_out.empty()) return 0;
   MOERL_CHECK_INPUT(rank.ep.world_size() == 1 && !o.hf.empty(),
                     "--grad-out needs one rank and --hf (it writes every tensor under HF names)");
@@ -210,7 +238,9 @@ int main(int argc, char** argv) {
   CLI::App* sc_cmd = app.add_subcommand("score", "teacher-forced log-probs (and gradients)");
   sc_cmd->add_option("--hf", sc.hf, "HF model directory");
   sc_cmd->add_option("--checkpoint", sc.checkpoint, "moerl checkpoint directory");
-  sc_cmd->add_option("--sequences", sc.sequences, "JSONL of {\"tokens\":[...]}")->required();
+  sc_cmd->add_option("--sequences", sc.sequences, "JSONL of {\"tokens\":[...]}");
+  sc_cmd->add_flag("--serve", sc.serve,
+                   "load the policy once, then score the sequences file named by each stdin line");
   sc_cmd->add_option("--max-seq-len", sc.max_seq_len, "with --hf: T_max (0 = the config's)")
       ->check(kNonNegative);
   sc_cmd->add_option("--grad-out", sc.grad_out, "safetensors file for the loss's gradients");

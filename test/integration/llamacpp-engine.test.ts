@@ -227,7 +227,7 @@ describe(
         checkpointDir: ckpt,
         temperature: T,
         samples: sampledCompletions.map((c, i) => ({ promptTokens: prompts[i]!, tokens: c.tokens })),
-        inputFile: join(work, 'rescore-0.7.jsonl'),
+        workDir: work,
         what: 'the test chunk',
         signal: new AbortController().signal,
       });
@@ -275,7 +275,7 @@ describe(
         checkpointDir: ckpt,
         temperature: T,
         samples: moerl.map((s, i) => ({ promptTokens: prompts[i]!, tokens: s.tokens })),
-        inputFile: join(work, 'rescore-moe_generate-0.7.jsonl'),
+        workDir: work,
         what: 'the test chunk',
         signal: new AbortController().signal,
       });

@@ -1,7 +1,7 @@
 // The rescoring of a foreign engine's completions at the sampling temperature
 // (activities/engines/rescore.ts): when it runs, the scorer's input, and the checks of its
-// output, on fake scorer output (strings written here) and a fake moe_hf (a shell script written
-// here that prints what the test says). The real scorer on real completions of a llama-server:
+// output, on fake scorer output (strings written here) and a fake `moe_hf score --serve` (a shell
+// script written here that answers what the test says). The real scorer on real completions of a llama-server:
 // test/integration/llamacpp-engine.test.ts and openai-rollout-campaign.test.ts.
 import assert from 'node:assert/strict';
 import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -15,6 +15,7 @@ import {
   rescoreInput,
   rescoreInvalidErrorType,
   rescoreSamples,
+  startRescorer,
 } from '../../activities/engines/rescore.js';
 import type { RescoredSample } from '../../activities/engines/rescore.js';
 
@@ -93,38 +94,56 @@ describe('rescoring at the sampling temperature (fake scorer output)', () => {
     );
   });
 
-  describe('a fake moe_hf (a script)', () => {
-    /** A fake scorer that saves its arguments and input, prints `stdout` and exits with `code`. */
-    function fakeMoeHf(stdout: string, code = 0): string {
+  describe('a fake moe_hf score --serve (a script)', () => {
+    /**
+     * A fake scorer: records its arguments and each start, answers "ready", then for each stdin
+     * line saves the file it names and prints `stdout` and "done"; with `code` other than 0 it
+     * exits with it at its first request instead (exit 2 with an error line), with `hang` it
+     * never answers.
+     */
+    function fakeMoeHf(stdout: string, code = 0, hang = false): string {
       const path = join(work, `fake-moe_hf-${Math.random().toString(36).slice(2)}`);
       writeFileSync(join(work, 'stdout'), stdout);
+      rmSync(join(work, 'starts'), { force: true });
+      const onRequest = hang
+        ? 'sleep 60'
+        : code !== 0
+          ? `${code === 2 ? "echo 'moe_hf: error: tools/moe_hf.cc:1: bad input' >&2; " : ''}exit ${code}`
+          : `cat ${work}/stdout; echo '{"done":true}'`;
       writeFileSync(
         path,
-        `#!/bin/sh\necho "$@" > ${work}/args\ncat "$5" > ${work}/input\ncat ${work}/stdout\n` +
-          `[ ${code} = 2 ] && echo 'moe_hf: error: tools/moe_hf.cc:1: bad input' >&2\nexit ${code}\n`,
+        `#!/bin/sh\necho "$@" > ${work}/args\necho start >> ${work}/starts\necho '{"ready":true}'\n` +
+          `while read file; do cat "$file" >> ${work}/input; ${onRequest}; done\n`,
       );
       chmodSync(path, 0o755);
+      rmSync(join(work, 'input'), { force: true });
       return path;
     }
+    const options = (moeHf: string, signal = new AbortController().signal) => ({
+      moeHf,
+      checkpointDir: '/ckpt',
+      temperature: 0.7,
+      workDir: work,
+      what: 'rollout of iteration 3 shard 1',
+      signal,
+    });
     const run = (moeHf: string, signal = new AbortController().signal) =>
-      rescoreSamples({
-        moeHf,
-        checkpointDir: '/ckpt',
-        temperature: 0.7,
-        samples,
-        inputFile: join(work, 'sequences.jsonl'),
-        what,
-        signal,
-      });
+      rescoreSamples({ ...options(moeHf, signal), samples, what });
 
-    it('is asked for the completions at the temperature, on the checkpoint, in bounded batches', async () => {
-      const got = await run(fakeMoeHf(line([-0.5, -1.25, -3]) + line([-0.125])));
-      assert.deepEqual(got, [[-0.5, -1.25, -3], [], [-0.125]]);
+    it('is started once per shard on the checkpoint at the temperature, and asked once per chunk', async () => {
+      const scorer = startRescorer(options(fakeMoeHf(line([-0.5, -1.25, -3]) + line([-0.125]))));
+      try {
+        for (const k of [0, 1])
+          assert.deepEqual(await scorer.score(samples, `${what} ${k}`), [[-0.5, -1.25, -3], [], [-0.125]]);
+      } finally {
+        await scorer.close();
+      }
       assert.equal(
         readFileSync(join(work, 'args'), 'utf8').trim(),
-        `score --checkpoint /ckpt --sequences ${join(work, 'sequences.jsonl')} --temperature 0.7 --completions --max-batch-tokens 4096`,
+        'score --checkpoint /ckpt --serve --temperature 0.7 --completions --max-batch-tokens 4096',
       );
-      assert.equal(readFileSync(join(work, 'input'), 'utf8'), rescoreInput(samples));
+      assert.equal(readFileSync(join(work, 'starts'), 'utf8'), 'start\n', 'one process for both chunks');
+      assert.equal(readFileSync(join(work, 'input'), 'utf8'), rescoreInput(samples).repeat(2));
     });
 
     it('output that does not fit the chunk is RolloutRescoreInvalid', async () => {
@@ -151,19 +170,23 @@ describe('rescoring at the sampling temperature (fake scorer output)', () => {
         assert.ok(err instanceof ApplicationFailure);
         assert.equal(err.type, 'NativeToolFailed');
         assert.equal(err.nonRetryable, false);
+        assert.match(err.message, /chunk 2\) exited with code 1/);
         return true;
       });
     });
 
-    it('a completion set without tokens runs no scorer', async () => {
+    it('an abort kills the scorer and the chunk in flight gets no log-probs', async () => {
+      const stop = new AbortController();
+      const scoring = run(fakeMoeHf('', 0, true), stop.signal);
+      setTimeout(() => stop.abort(), 200);
+      assert.equal(await scoring, null);
+    });
+
+    it('a chunk without tokens asks the scorer nothing', async () => {
       const none = await rescoreSamples({
-        moeHf: join(work, 'no-such-moe_hf'),
-        checkpointDir: '/ckpt',
-        temperature: 0.7,
+        ...options(join(work, 'no-such-moe_hf')),
         samples: [{ promptTokens: [1], tokens: [] }],
-        inputFile: join(work, 'none.jsonl'),
         what,
-        signal: new AbortController().signal,
       });
       assert.deepEqual(none, [[]]);
     });
