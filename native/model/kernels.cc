@@ -26,7 +26,8 @@ std::vector<const Kernels*> runnable_kernels() {
   std::vector<const Kernels*> out = {&kernels_baseline::kTable};
 #if defined(__x86_64__)
   // __builtin_cpu_supports also checks that the OS saves the wide registers (XCR0)
-  if (__builtin_cpu_supports("avx2")) out.push_back(&kernels_avx2::kTable);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    out.push_back(&kernels_avx2::kTable);  // built with -mfma (every AVX2 x86-64 has FMA3)
   if (__builtin_cpu_supports("avx512f")) out.push_back(&kernels_avx512::kTable);
 #endif
   return out;

@@ -1,5 +1,5 @@
 // The kernels of kernels.h, compiled once per variant: CMake builds this file with
-// MOERL_KERNELS_NAME = baseline (no flags), avx2 (-mavx2) and avx512 (-mavx512f), each with
+// MOERL_KERNELS_NAME = baseline (no flags), avx2 (-mavx2 -mfma) and avx512 (-mavx512f), each with
 // -ffp-contract=off, into namespace kernels_<name>. Only the vector width and the register
 // blocking differ between them, never the order of a sum (vec.h).
 #include <algorithm>  // std::min
@@ -202,7 +202,7 @@ constexpr int kRows = 2, kOuts = 1;
 
 // out[i0+r, o0+a] for r < R, a < O: lane j of each accumulator sums inp[.,c] * weight[.,c] over
 // c = j mod 16 in channel order (the tail zero-padded), then vec::hsum folds the lanes.
-template <int R, int O>
+template <int R, int O, bool Fma>
 void dot_block(float* out, const float* inp, const float* weight, int IC, int OC, int ldw, int i0,
                int o0, bool prefetch_next) {
   using namespace vec;
@@ -220,7 +220,8 @@ void dot_block(float* out, const float* inp, const float* weight, int IC, int OC
     }
     for (int r = 0; r < R; r++) {
       const f16 x = load16(inp + (size_t)(i0 + r) * IC + c);
-      for (int a = 0; a < O; a++) acc[a][r] += wv[a] * x;
+      for (int a = 0; a < O; a++)
+        acc[a][r] = Fma ? fma16(wv[a], x, acc[a][r]) : acc[a][r] + wv[a] * x;
     }
   }
   if (rest > 0) {
@@ -228,36 +229,62 @@ void dot_block(float* out, const float* inp, const float* weight, int IC, int OC
     for (int a = 0; a < O; a++) wv[a] = load16_tail(w + (size_t)a * ldw + full, rest, 0.0f);
     for (int r = 0; r < R; r++) {
       const f16 x = load16_tail(inp + (size_t)(i0 + r) * IC + full, rest, 0.0f);
-      for (int a = 0; a < O; a++) acc[a][r] += wv[a] * x;
+      for (int a = 0; a < O; a++)
+        acc[a][r] = Fma ? fma16(wv[a], x, acc[a][r]) : acc[a][r] + wv[a] * x;
     }
   }
-  for (int r = 0; r < R; r++)
-    for (int a = 0; a < O; a++) out[(size_t)(i0 + r) * OC + o0 + a] = hsum(acc[a][r]);
+  if constexpr (R * O == 16) {
+    // all 16 sums in one transposed tree (the same bits as hsum each): lane a*R + r
+    const f16 sums = hsum16x16(&acc[0][0]);
+    for (int r = 0; r < R; r++)
+      for (int a = 0; a < O; a++) out[(size_t)(i0 + r) * OC + o0 + a] = sums[a * R + r];
+  } else {
+    for (int r = 0; r < R; r++)
+      for (int a = 0; a < O; a++) out[(size_t)(i0 + r) * OC + o0 + a] = hsum(acc[a][r]);
+  }
 }
 
 // Every row of inp against weight rows [o0, o0 + O).
-template <int O>
+template <int O, bool Fma>
 void all_rows(float* out, const float* inp, const float* weight, int N, int IC, int OC, int ldw,
               int o0, bool prefetch_next) {
   int i = 0;
   for (; i + kRows <= N; i += kRows)
-    dot_block<kRows, O>(out, inp, weight, IC, OC, ldw, i, o0, prefetch_next && i == 0);
-  for (; i < N; i++)
-    dot_block<1, O>(out, inp, weight, IC, OC, ldw, i, o0, prefetch_next && i == 0);
+    dot_block<kRows, O, Fma>(out, inp, weight, IC, OC, ldw, i, o0, prefetch_next && i == 0);
+  // the last N mod kRows rows in one block (an expert's ~8 decode rows often leave 1 to 3):
+  // each output's sum is the same at any R, so only the speed changes
+  const bool pf = prefetch_next && i == 0;
+  if (N - i == 3)
+    dot_block<3, O, Fma>(out, inp, weight, IC, OC, ldw, i, o0, pf);
+  else if (N - i == 2)
+    dot_block<2, O, Fma>(out, inp, weight, IC, OC, ldw, i, o0, pf);
+  else if (N - i == 1)
+    dot_block<1, O, Fma>(out, inp, weight, IC, OC, ldw, i, o0, pf);
+}
+
+template <bool Fma>
+void matmul_rows(float* out, const float* inp, const float* weight, int N, int IC, int OC,
+                 int ldw) {
+  int o = 0;
+  for (; o + kOuts <= OC; o += kOuts)
+    all_rows<kOuts, Fma>(out, inp, weight, N, IC, OC, ldw, o, o + 3 * kOuts <= OC);
+  for (; o < OC; o++) all_rows<1, Fma>(out, inp, weight, N, IC, OC, ldw, o, false);
 }
 
 void matmul_small(float* out, const float* inp, const float* weight, int N, int IC, int OC,
                   int ldw) {
-  int o = 0;
-  for (; o + kOuts <= OC; o += kOuts)
-    all_rows<kOuts>(out, inp, weight, N, IC, OC, ldw, o, o + 3 * kOuts <= OC);
-  for (; o < OC; o++) all_rows<1>(out, inp, weight, N, IC, OC, ldw, o, false);
+  matmul_rows<false>(out, inp, weight, N, IC, OC, ldw);
+}
+
+void matmul_small_fma(float* out, const float* inp, const float* weight, int N, int IC, int OC,
+                      int ldw) {
+  matmul_rows<true>(out, inp, weight, N, IC, OC, ldw);
 }
 
 }  // namespace
 
 extern const Kernels kTable = {MOERL_STR(MOERL_KERNELS_NAME), softmax_stats, softmax_probs,
                                logsoftmax_backward, swiglu_forward, swiglu_backward,
-                               attend_cached, matmul_small};
+                               attend_cached, matmul_small, matmul_small_fma};
 
 }  // namespace moerl::model::MOERL_KERNELS_NS

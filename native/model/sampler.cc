@@ -24,6 +24,18 @@ uint64_t splitmix64(uint64_t& s) {
 
 double next_uniform(uint64_t& s) { return (splitmix64(s) >> 11) * 0x1.0p-53; }
 
+// out [N,OC] = inp [N,IC] @ weight [OC,IC]^T for a decode step's rows: the few-row kernel with
+// fused multiply-adds (kernels.h), 64 rows at a time so that a block of inputs stays in L2
+// while the weight streams through once per block. A row's result depends on its own input
+// alone (never on N or on the other rows of the step), and the kernels do not depend on what
+// OpenBLAS detects.
+void step_matmul(float* out, const float* inp, const float* weight, int N, int IC, int OC) {
+  constexpr int kBlock = 64;
+  for (int i = 0; i < N; i += kBlock)
+    kernels().matmul_small_fma(out + (size_t)i * OC, inp + (size_t)i * IC, weight,
+                               std::min(kBlock, N - i), IC, OC, IC);
+}
+
 // KV cache: per layer, per sequence, T_max rows of k and v, each [Hkv*D] (after q/k-norm and
 // RoPE, as attention reads them).
 struct KvCache {
@@ -56,10 +68,10 @@ void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vect
     if (cfg.qk_norm) {
       qkv_raw.resize((size_t)n * W);
       qk_rstd.resize((size_t)n * (H + Hkv));
-      matmul_forward(qkv_raw.data(), h.data(), lw.wqkv, n, C, W);
+      step_matmul(qkv_raw.data(), h.data(), lw.wqkv, n, C, W);
       qk_norm_forward(qkv.data(), qk_rstd.data(), qkv_raw.data(), lw, n, cfg);
     } else {
-      matmul_forward(qkv.data(), h.data(), lw.wqkv, n, C, W);
+      step_matmul(qkv.data(), h.data(), lw.wqkv, n, C, W);
     }
     if (cfg.rope_theta > 0.0f) rope_forward(qkv.data(), pos.data(), n, W, H + Hkv, D, cfg.rope_theta);
     for (int i = 0; i < n; i++) {
@@ -78,7 +90,7 @@ void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vect
                                 cache.val(l, seq[i], 0) + kh * D, KV, G, len, D, scale);
       }
     }
-    matmul_forward(proj.data(), att.data(), lw.wo, n, Q, C);
+    step_matmul(proj.data(), att.data(), lw.wo, n, Q, C);
     for (size_t j = 0; j < x.size(); j++) x[j] += proj[j];
     rmsnorm_forward(h.data(), rstd.data(), x.data(), lw.ln2, n, C, cfg.norm_eps);
     if (is_dense_layer(cfg, l))
@@ -92,7 +104,7 @@ void decode_step(ParamStore& ps, MoeDecode& moe, KvCache& cache, const std::vect
     std::copy_n(x.data() + (size_t)logit_rows[j] * C, C, x.data() + (size_t)j * C);
   rmsnorm_forward(h.data(), rstd.data(), x.data(), w.lnf, m, C, cfg.norm_eps);
   logits.resize((size_t)m * V);
-  matmul_forward(logits.data(), h.data(), w.lm_head, m, C, V);
+  step_matmul(logits.data(), h.data(), w.lm_head, m, C, V);
 }
 
 // Picks the next token from one row of logits; returns it and its log-prob. p and order are

@@ -9,8 +9,12 @@
 // and `omp simd` reductions sum in an order that follows the vector width.
 #pragma once
 
+#include <cmath>    // std::fma, the baseline's fused multiply-add
 #include <cstdint>  // int32_t, int64_t lanes
 #include <cstring>  // std::memcpy for loads, stores and bit casts
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>  // _mm512_fmadd_ps, _mm256_fmadd_ps
+#endif
 
 namespace moerl::model::vec {
 // Internal linkage: each variant's translation unit keeps its own copies (with one shared
@@ -52,6 +56,50 @@ inline float hsum(f16 v) {
   for (int w = 8; w > 0; w /= 2)
     for (int j = 0; j < w; j++) t[j] += t[j + w];
   return t[0];
+}
+
+// a * b + c with one rounding per lane (IEEE fusedMultiplyAdd, the same bits at any width): one
+// instruction where the variant has FMA (AVX-512; AVX2 is built with -mfma), std::fma per lane
+// on the baseline (exact, slow: a CPU without AVX2 only).
+inline f16 fma16(f16 a, f16 b, f16 c) {
+#if defined(__AVX512F__)
+  return (f16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  __m256 a2[2], b2[2], c2[2];
+  std::memcpy(a2, &a, sizeof a);
+  std::memcpy(b2, &b, sizeof b);
+  std::memcpy(c2, &c, sizeof c);
+  for (int h = 0; h < 2; h++) c2[h] = _mm256_fmadd_ps(a2[h], b2[h], c2[h]);
+  f16 r;
+  std::memcpy(&r, c2, sizeof r);
+  return r;
+#else
+  for (int j = 0; j < 16; j++) c[j] = std::fma(a[j], b[j], c[j]);
+  return c;
+#endif
+}
+
+// Lane k of the result = hsum(v[k]) for 16 vectors, bit for bit: the same tree (lane j + lane
+// j+w for w = 8, 4, 2, 1), run on all 16 at once by transposing pairs of vectors between
+// levels (15 vector adds and 30 two-source shuffles instead of 16 horizontal sums).
+inline f16 hsum16x16(const f16 v[16]) {
+  // level w = 8: c[k] lanes 0-7 sum v[2k], lanes 8-15 v[2k+1]
+  const i16 lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const i16 lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const i16 lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const i16 lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  f16 c[8], d[4], e[2];
+  for (int k = 0; k < 8; k++)
+    c[k] = __builtin_shuffle(v[2 * k], v[2 * k + 1], lo8) +
+           __builtin_shuffle(v[2 * k], v[2 * k + 1], lo8 + 8);
+  // w = 4: d[k] holds 4 vectors' partial sums, 4 lanes each; w = 2: e[k] 8 vectors, 2 lanes
+  for (int k = 0; k < 4; k++)
+    d[k] = __builtin_shuffle(c[2 * k], c[2 * k + 1], lo4) +
+           __builtin_shuffle(c[2 * k], c[2 * k + 1], lo4 + 4);
+  for (int k = 0; k < 2; k++)
+    e[k] = __builtin_shuffle(d[2 * k], d[2 * k + 1], lo2) +
+           __builtin_shuffle(d[2 * k], d[2 * k + 1], lo2 + 2);
+  return __builtin_shuffle(e[0], e[1], lo1) + __builtin_shuffle(e[0], e[1], lo1 + 1);
 }
 
 // exp(x) for x <= 0 in fp32 within 2 ulp (Cephes' expf: x = n ln2 + r, a polynomial in r, 2^n

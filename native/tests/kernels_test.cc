@@ -78,6 +78,8 @@ std::vector<float> outputs(const Kernels& k) {
       std::vector<float> y((size_t)N * OC);
       k.matmul_small(y.data(), x.data(), w.data(), N, IC, OC, IC);
       out.insert(out.end(), y.begin(), y.end());
+      k.matmul_small_fma(y.data(), x.data(), w.data(), N, IC, OC, IC);
+      out.insert(out.end(), y.begin(), y.end());
     }
   return out;
 }
@@ -116,6 +118,15 @@ TEST(Kernels, MatmulSmallMatchesSgemmAndKeepsEachRowsBits) {
     for (int o = 0; o < OC; o++) std::copy_n(w.data() + o * IC, IC, wide.data() + o * (IC + 9));
     k->matmul_small(strided.data(), x.data(), wide.data(), 32, IC, OC, IC + 9);
     EXPECT_TRUE(same_bits(strided, all)) << k->name;
+    // the fused form: as close to sgemm, and a row's bits again independent of the others
+    std::vector<float> fused(32 * OC), fused_one(OC);
+    k->matmul_small_fma(fused.data(), x.data(), w.data(), 32, IC, OC, IC);
+    k->matmul_small_fma(fused_one.data(), x.data() + 11 * IC, w.data(), 1, IC, OC, IC);
+    worst = 0.0;
+    for (size_t i = 0; i < fused.size(); i++)
+      worst = std::max(worst, (double)std::fabs(fused[i] - ref[i]));
+    EXPECT_LT(worst, 1e-5) << k->name;
+    EXPECT_TRUE(same_bits(fused_one, std::vector<float>(fused.begin() + 11 * OC, fused.begin() + 12 * OC)));
   }
 }
 
