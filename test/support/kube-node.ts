@@ -84,6 +84,12 @@ export interface KubeNodeOptions {
   logDir?: string;
   /** Deadline for the whole start-up; default 180 s. */
   startTimeoutMs?: number;
+  /**
+   * containerd's store in the node's folder on disk instead of an 8 GB tmpfs, each imported
+   * layer's blob dropped once unpacked: for images too big for memory (the PyTorch image, about
+   * 7 GB, holds its blobs and its snapshots at once while importing).
+   */
+  containerdOnDisk?: boolean;
 }
 
 /** The node could not start: the message names the step, and the component's log tail. */
@@ -166,7 +172,8 @@ export async function startKubeNode(
     // containerd's content store and snapshots (the unpacked images, the containers' writable
     // layers) on a tmpfs: importing is not bound by the disk, and stop() unmounts it at once
     // instead of deleting tens of thousands of files (half a minute on a busy CI disk).
-    await run('mount', ['-t', 'tmpfs', '-o', 'size=8g,mode=0711', 'moerl-containerd', paths.containerd]);
+    if (!opts.containerdOnDisk)
+      await run('mount', ['-t', 'tmpfs', '-o', 'size=8g,mode=0711', 'moerl-containerd', paths.containerd]);
     mkdirSync(paths.containerdRoot);
     mkdirSync(paths.containerdState);
 
@@ -182,15 +189,18 @@ export async function startKubeNode(
       return proc;
     };
     const containerd = start('containerd', bin.containerd, ['--config', containerdToml]);
-    const ctr = (args: string[]) =>
-      run(bin.ctr, ['--address', paths.containerdSocket, '--namespace', 'k8s.io', ...args], {
-        timeout: 300_000,
-      });
+    const ctr = (args: string[], timeout = 300_000) =>
+      run(bin.ctr, ['--address', paths.containerdSocket, '--namespace', 'k8s.io', ...args], { timeout });
     await waitUntil(containerd, deadline, async () => ((await ctr(['version'])) ? true : 'no answer'));
     const importImage = async (archive: string): Promise<void> => {
       if (!existsSync(archive)) throw new KubeNodeError(`importImage: no image archive at ${archive}`);
       try {
-        await ctr(['images', 'import', '--snapshotter', 'overlayfs', archive]);
+        const discard = opts.containerdOnDisk ? ['--local', '--discard-unpacked-layers'] : [];
+        // A 7 GB image takes minutes: the start-up's deadline bounds it, not a fixed one.
+        await ctr(
+          ['images', 'import', '--snapshotter', 'overlayfs', ...discard, archive],
+          Math.max(300_000, deadline - Date.now()),
+        );
       } catch (err) {
         throw new KubeNodeError(
           `importing ${archive} into the node's containerd failed: ${probeFailureText(err)}`,

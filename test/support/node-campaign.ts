@@ -2,11 +2,13 @@
 // compare what they commit with local ranks' checkpoints, bit for bit.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
+import { Watch, type V1Pod } from '@kubernetes/client-node';
 import type { WorkflowHandle } from '@temporalio/client';
 import * as keys from '../../activities/layout.js';
 import type { ObjectStore } from '../../activities/store/index.js';
 import type { campaign } from '../../workflows/campaign.js';
 import type { CampaignState } from '../../workflows/types.js';
+import type { KubeCluster } from './kube-cluster.js';
 
 /**
  * The host's choice of OpenBLAS kernels, where it makes one (OPENBLAS_CORETYPE,
@@ -54,4 +56,20 @@ export async function checkpointHashes(store: ObjectStore, campaignId: string, i
     hashes.set(file.name, sha);
   }
   return hashes;
+}
+
+/** Every pod of the namespace as last seen, and those seen Succeeded, until stop(). */
+export async function watchPods(cluster: KubeCluster, namespace: string) {
+  const pods = new Map<string, V1Pod>();
+  const succeeded = new Set<string>();
+  const request = await new Watch(cluster.kubeConfig()).watch(
+    `/api/v1/namespaces/${namespace}/pods`,
+    {},
+    (_type, pod: V1Pod) => {
+      pods.set(pod.metadata!.name!, pod);
+      if (pod.status?.phase === 'Succeeded') succeeded.add(pod.metadata!.name!);
+    },
+    () => undefined,
+  );
+  return { pods, succeeded, stop: () => request.abort() };
 }
