@@ -21,7 +21,8 @@
 # MOERL_SKIP_NATIVE=1 skips the native builds and tests. Limits: MOERL_TEST_TIMEOUT_MS per
 # node test (default 600000; node applies it to a whole file too), MOERL_TEST_FILE_TIMEOUT per
 # node test file in seconds (default 900), MOERL_CTEST_TIMEOUT per ctest test in seconds
-# (default 600).
+# (default 600); test/k8s/pytorch-node.test.ts gets at least 1200000 ms and 1500 s (its node
+# imports a 7 GB image).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
@@ -136,9 +137,17 @@ if [[ $skip_setup -eq 0 ]]; then
     }
   fi
   # The real node's images, before any test needs them (the first build takes minutes), when
-  # the tests selected include test/k8s.
-  if want node && { [[ ${#paths[@]} -eq 0 ]] || printf '%s\n' "${paths[@]}" | grep -qE '^(\./)?test/?$|k8s'; }; then
+  # the tests selected include test/k8s; the PyTorch image (about 7 GB, 10 minutes the first
+  # time) when they include test/k8s/pytorch-node.test.ts.
+  selects() { [[ ${#paths[@]} -eq 0 ]] || printf '%s\n' "${paths[@]}" | grep -qE "$1"; }
+  if want node && selects '^(\./)?test/?$|k8s'; then
     bash scripts/setup.sh image || fail_step "build image"
+  fi
+  if want node && selects '^(\./)?test/?$|^(\./)?test/k8s/?$|pytorch-node'; then
+    echo "setup: image: scripts/build-image.sh moerl-pytorch"
+    started=$SECONDS
+    bash scripts/build-image.sh moerl-pytorch >/dev/null || fail_step "build image (pytorch)"
+    echo "setup: image (pytorch): done in $((SECONDS - started))s"
   fi
 fi
 
@@ -254,14 +263,19 @@ note_file() { node_file_notes+=("$(printf '  %-18s %s' '' "$1")"); }
 run_node_file() {
   local file="$1" tap rc
   tap="$(mktemp)"
-  local args=(--test --test-concurrency=1 --test-timeout="${MOERL_TEST_TIMEOUT_MS:-600000}")
+  local limit_ms="${MOERL_TEST_TIMEOUT_MS:-600000}" limit_s="${MOERL_TEST_FILE_TIMEOUT:-900}"
+  if [[ $file == */pytorch-node.test.js ]]; then
+    limit_ms=$((limit_ms > 1200000 ? limit_ms : 1200000))
+    limit_s=$((limit_s > 1500 ? limit_s : 1500))
+  fi
+  local args=(--test --test-concurrency=1 --test-timeout="$limit_ms")
   args+=(--test-reporter=spec --test-reporter-destination=stdout)
   args+=(--test-reporter=tap --test-reporter-destination="$tap")
   [[ -n $name_pattern ]] && args+=(--test-name-pattern="$name_pattern")
   # timeout makes itself a process group leader: its pid names the group. The AWS SDK's own
   # switch silences its notice that later releases need a newer Node: noise in every S3 test.
   AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED=true \
-    timeout --kill-after=30s "${MOERL_TEST_FILE_TIMEOUT:-900}s" node "${args[@]}" "$file" &
+    timeout --kill-after=30s "${limit_s}s" node "${args[@]}" "$file" &
   current_group=$!
   wait "$current_group"
   rc=$?
@@ -280,7 +294,7 @@ run_node_file() {
   rm -f "$tap"
   if [[ $rc -eq 124 || $rc -eq 137 ]]; then
     node_failed=$((node_failed + 1))
-    note_file "$file: killed after ${MOERL_TEST_FILE_TIMEOUT:-900}s"
+    note_file "$file: killed after ${limit_s}s"
     return
   fi
   if [[ -z $pass ]]; then
