@@ -4,7 +4,7 @@
 // answers, a timeout per request, retries with backoff and jitter for what may pass (connection
 // refused while a server restarts, 5xx, 408, 429, timeouts), and typed errors (errors.ts) for
 // the rest. The HTTP contract is in docs/engines.md#rollout-engines.
-import { excerpt } from '../rewards/reward-model.js';
+import { AttemptError, excerpt, readBody, sleep } from '../http-client.js';
 import { EngineError } from './errors.js';
 import type { EngineFailureKind } from './errors.js';
 import type { Completion, CompletionRequest, FinishReason, RolloutEngine } from './types.js';
@@ -36,63 +36,6 @@ const errorBodyBytes = 4096;
 
 /** A log-prob at or below this is llama.cpp's stand-in for log(0) (-FLT_MAX): not a probability. */
 const zeroProbability = -1e30;
-
-class AttemptError extends Error {
-  constructor(
-    message: string,
-    readonly kind: EngineFailureKind,
-    readonly status?: number,
-  ) {
-    super(message);
-  }
-}
-
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) return reject(signal.reason);
-    const onAbort = () => {
-      clearTimeout(timer);
-      reject(signal?.reason);
-    };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    signal?.addEventListener('abort', onAbort, { once: true });
-  });
-}
-
-/** At most `limit` bytes of the body; past it "too large" (`fail`) or the bytes so far (`truncate`). */
-async function readBody(response: Response, limit: number, onExceed: 'fail' | 'truncate'): Promise<string> {
-  const tooLarge = (bytes: string) =>
-    new AttemptError(
-      `answer of ${bytes} bytes exceeds the limit of ${limit} bytes (maxResponseBytes)`,
-      'protocol',
-      response.status,
-    );
-  const declared = Number(response.headers.get('content-length') ?? NaN);
-  if (onExceed === 'fail' && declared > limit) {
-    await response.body?.cancel();
-    throw tooLarge(String(declared));
-  }
-  if (!response.body) return '';
-  const reader = response.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (total + value.byteLength > limit) {
-      await reader.cancel();
-      if (onExceed === 'fail') throw tooLarge(`more than ${limit}`);
-      chunks.push(value.subarray(0, limit - total));
-      break;
-    }
-    chunks.push(value);
-    total += value.byteLength;
-  }
-  return Buffer.concat(chunks).toString('utf8');
-}
 
 function checkRequest(r: CompletionRequest): void {
   const bad = (field: string, value: unknown, allowed: string) =>

@@ -4,7 +4,7 @@
 // exponential backoff and jitter for failures that may pass (5xx, 408, 429, network, timeout).
 // Its error messages end up in workflow history, so what they quote of the server's answer is
 // short, one line, free of control characters and of the configured header values.
-import { printable } from '../printable.js';
+import { AttemptError, excerpt, readBody, sleep, type HttpFailureKind } from '../http-client.js';
 import { BadInputError, BadRolloutError, RewardModelError } from './errors.js';
 import type { RolloutRecord } from './rollout-record.js';
 import { isTaskName, taskNames, verify } from './verifiers.js';
@@ -131,54 +131,6 @@ function checkOptions(o: HttpRewardModelOptions): URL {
 }
 
 /**
- * Why an attempt failed: "unavailable" may pass (retried), "rejected" is a 4xx answer to this
- * request, "protocol" a server that answered against docs/rewards.md (a 2xx with a bad body, a
- * redirect, a body over the size limit); asking again would get the same answer.
- */
-type FailureKind = 'unavailable' | 'rejected' | 'protocol';
-
-class AttemptError extends Error {
-  constructor(
-    message: string,
-    readonly kind: FailureKind,
-    readonly status?: number,
-  ) {
-    super(message);
-  }
-}
-
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) return reject(signal.reason);
-    const onAbort = () => {
-      clearTimeout(timer);
-      reject(signal?.reason);
-    };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    signal?.addEventListener('abort', onAbort, { once: true });
-  });
-}
-
-/** Characters of the server's answer quoted in a message at most. */
-export const excerptChars = 200;
-
-/**
- * Server text fit for an error message (and so for workflow history): `secrets` replaced by
- * "[redacted]", control and invisible formatting characters (terminal escapes, bidi overrides)
- * and runs of whitespace turned into one space, at most `excerptChars` characters.
- */
-export function excerpt(text: string, secrets: readonly string[] = []): string {
-  let redacted = text;
-  for (const secret of secrets) redacted = redacted.split(secret).join('[redacted]');
-  const clean = printable(redacted);
-  const chars = Array.from(clean);
-  return chars.length > excerptChars ? `${chars.slice(0, excerptChars).join('')}...` : clean;
-}
-
-/**
  * The header values to redact from quoted answers: each value, and its credential without the
  * scheme ("Bearer t0ken" → also "t0ken"). Short values are left alone: redacting "1" would
  * mangle every number.
@@ -186,41 +138,6 @@ export function excerpt(text: string, secrets: readonly string[] = []): string {
 function secretsOf(headers: Record<string, string>): string[] {
   const values = Object.values(headers).flatMap((v) => [v, v.replace(/^\S+\s+/, '')]);
   return [...new Set(values.map((v) => v.trim()))].filter((v) => v.length >= 4);
-}
-
-/**
- * Reads at most `limit` bytes of the body. Past it the stream is cancelled and the answer is
- * either "too large" (`fail`) or the bytes read so far (for an error status, quoted only).
- */
-async function readBody(response: Response, limit: number, onExceed: 'fail' | 'truncate'): Promise<string> {
-  const tooLarge = (bytes: string) =>
-    new AttemptError(
-      `response body of ${bytes} bytes exceeds the limit of ${limit} bytes (maxResponseBytes)`,
-      'protocol',
-      response.status,
-    );
-  const declared = Number(response.headers.get('content-length') ?? NaN);
-  if (onExceed === 'fail' && declared > limit) {
-    await response.body?.cancel();
-    throw tooLarge(String(declared));
-  }
-  if (!response.body) return '';
-  const reader = response.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    if (total + value.byteLength > limit) {
-      await reader.cancel();
-      if (onExceed === 'fail') throw tooLarge(`more than ${limit}`);
-      chunks.push(value.subarray(0, limit - total));
-      break;
-    }
-    chunks.push(value);
-    total += value.byteLength;
-  }
-  return Buffer.concat(chunks).toString('utf8');
 }
 
 /** Bytes of an error answer read for its excerpt. */
@@ -327,7 +244,7 @@ export function httpRewardModel(options: HttpRewardModelOptions): RewardFunction
     return rewards as number[];
   }
 
-  const notRetried: Record<FailureKind, string> = {
+  const notRetried: Record<HttpFailureKind, string> = {
     unavailable: '',
     rejected: '; the server rejected the request, not retried',
     protocol: '; the server broke the reward-model protocol, not retried',

@@ -13,8 +13,8 @@ import {
   toApplicationFailure,
 } from '../../activities/rewards/errors.js';
 import { rewardFunction } from '../../activities/reward.js';
+import { excerptChars } from '../../activities/http-client.js';
 import {
-  excerptChars,
   httpRewardModel,
   type HttpRewardModelOptions,
   type RewardModelSample,
