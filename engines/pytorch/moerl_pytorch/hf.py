@@ -3,6 +3,7 @@ transformers in float32, written back in the dtype the source's config.json name
 source's tokenizer and generation files beside them and the source's config.json last, as
 `moe_hf export` does; the AdamW state beside them."""
 
+import json
 import os
 import shutil
 import tempfile
@@ -109,14 +110,29 @@ def save_hf(model, state_dict: dict[str, torch.Tensor], source: HfDir, out_dir: 
             with open(src, "rb") as f:
                 _write_atomic(os.path.join(out_dir, name), f.read())
     opt_path = os.path.join(out_dir, OPTIMIZER_FILE)
-    save_file({k: v.contiguous() for k, v in optimizer_state.items()}, f"{opt_path}.tmp",
-              metadata={"format": OPTIMIZER_FORMAT, "version": "1", "step": str(optimizer_step)})
+    metadata = {"format": OPTIMIZER_FORMAT, "version": "1", "step": str(optimizer_step)}
+    save_file({k: v.contiguous() for k, v in optimizer_state.items()}, f"{opt_path}.tmp", metadata=metadata)
+    order_metadata(f"{opt_path}.tmp", metadata)
     with open(f"{opt_path}.tmp", "rb") as f:
         os.fsync(f.fileno())
     os.replace(f"{opt_path}.tmp", opt_path)
     _fsync_dir(out_dir)
     _write_atomic(config_path, source.config_bytes)
     _fsync_dir(out_dir)
+
+
+def order_metadata(path: str, metadata: dict[str, str]) -> None:
+    """Rewrites the safetensors header of `path` with its metadata in the order of `metadata`.
+    safetensors writes the metadata from a hash map, in an order that changes from process to
+    process, and a checkpoint's bytes must not (ranks on two machines commit the same file)."""
+    with open(path, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        header["__metadata__"] = dict(metadata)  # same keys and values: same length, same place
+        text = json.dumps(header, separators=(",", ":")).encode()
+        assert len(text) <= size, f"{path}: the reordered header outgrew its {size} bytes"
+        f.seek(8)
+        f.write(text + b" " * (size - len(text)))
 
 
 def read_optimizer_state(d: HfDir, names: dict[str, tuple[int, ...]]):
