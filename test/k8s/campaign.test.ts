@@ -29,7 +29,7 @@ import {
 } from '../support/campaign-harness.js';
 import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
 import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
-import { checkpointHashes, finishedCampaign, hostBlasEnv } from '../support/node-campaign.js';
+import { checkpointHashes, finishedCampaign, hostBlasEnv, watchPods } from '../support/node-campaign.js';
 import { nodeUnsupportedReason, startKubeNode, type KubeNode } from '../support/kube-node.js';
 import { pythonReference } from '../support/python-reference.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
@@ -345,22 +345,6 @@ async function chunksStored(store: ObjectStore, campaignId: string, iteration: n
     for await (const _ of store.list(`${keys.rolloutShardPrefix(campaignId, iteration, shard)}/`))
       counts[shard]!++;
   return counts;
-}
-
-/** Every pod of the namespace as last seen, and those seen Succeeded, until stop(). */
-async function watchPods(cluster: KubeCluster, namespace: string) {
-  const pods = new Map<string, V1Pod>();
-  const succeeded = new Set<string>();
-  const request = await new Watch(cluster.kubeConfig()).watch(
-    `/api/v1/namespaces/${namespace}/pods`,
-    {},
-    (_type, pod: V1Pod) => {
-      pods.set(pod.metadata!.name!, pod);
-      if (pod.status?.phase === 'Succeeded') succeeded.add(pod.metadata!.name!);
-    },
-    () => undefined,
-  );
-  return { pods, succeeded, stop: () => request.abort() };
 }
 
 /** The pod's last state, from its DELETED event: the kubelet reports every container ended first. */
