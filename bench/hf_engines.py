@@ -41,6 +41,11 @@ def native(tool, args, extra_env=None):
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+
+
 def baseline_rss_mib():
     # a moe_train process that loads its libraries and does almost nothing
     out = subprocess.run(["/usr/bin/time", "-f", "peak_kib %M", os.path.join(BIN, "moe_train"), "sgemm",
@@ -185,6 +190,9 @@ def main():
             f"ranks_{r}": (rss - baseline_rss_mib()) / ((dense + (params - dense) / r) * 4 / 2**20)
             for r, rss in ((1, rss1), (2, rss2))},
         "runs": runs, "repeats": REPEATS,
+        # the machine: OpenBLAS's kernels decide the GRPO step's large GEMMs (docs/benchmarks.md)
+        "cpu": cpu_model(),
+        "blas_core": native("moe_train", ["sgemm", "--size", "64", "--repeats", "1"])[-1]["blas_core"],
     }
     if llamacpp:
         with open(os.path.join(work, "gen", "chunk-0.jsonl")) as f:

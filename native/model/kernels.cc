@@ -1,5 +1,9 @@
-// Picks the kernel variant once (kernels.h): the widest the CPU runs, or MOERL_KERNELS.
+// Picks the kernel variant once (kernels.h): the widest the CPU runs, or MOERL_KERNELS; and
+// the OpenBLAS core type a process should ask for.
 #include "model/kernels.h"
+
+#include <cblas.h>    // openblas_get_corename
+#include <strings.h>  // strcasecmp
 
 #include <cstdlib>  // std::getenv
 #include <cstring>  // std::strcmp
@@ -53,6 +57,25 @@ const Kernels& choose() {
 const Kernels& kernels() {
   static const Kernels& k = choose();
   return k;
+}
+
+const char* blas_core() { return openblas_get_corename(); }
+
+const char* blas_core_to_set() {
+  const char* set = std::getenv("OPENBLAS_CORETYPE");
+  if (set != nullptr && *set != '\0') return nullptr;
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return nullptr;
+  // OpenBLAS's x86-64 cores with AVX2 kernels (0.3.21 to 0.3.30)
+  for (const char* avx2 :
+       {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"})
+    if (strcasecmp(blas_core(), avx2) == 0) return nullptr;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return avx512 ? "SkylakeX" : "Haswell";
+#else
+  return nullptr;
+#endif
 }
 
 }  // namespace moerl::model

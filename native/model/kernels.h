@@ -53,4 +53,14 @@ const Kernels& kernels();
 // Every variant this CPU can run, baseline first (tests compare them).
 std::vector<const Kernels*> runnable_kernels();
 
+// The kernels OpenBLAS runs (openblas_get_corename: "Haswell", "SkylakeX", ...).
+const char* blas_core();
+// The OPENBLAS_CORETYPE a process should set, or nullptr: OpenBLAS picks its kernels by the CPU
+// model, and on a model its release does not know it falls back to pre-AVX2 kernels (0.3.21 on
+// an Emerald Rapids host: "Prescott", sgemm at a fifth of the speed). Where the CPU runs AVX2
+// and FMA but OpenBLAS chose kernels without them, this names the family the CPU does run:
+// "SkylakeX" with AVX-512 (F, BW, DQ, VL), "Haswell" otherwise. nullptr when
+// OPENBLAS_CORETYPE is set (the user's choice stands) or OpenBLAS's own choice uses AVX2.
+const char* blas_core_to_set();
+
 }  // namespace moerl::model

@@ -2,7 +2,8 @@
 // lists its options; bad flags exit 2 naming the flag; list files (--rollouts-file,
 // --rewards-file) give exactly what the comma forms give; progress lines; a chunk
 // generated twice by two processes is byte-identical; SFT examples as token ids train exactly
-// as the same examples as text.
+// as the same examples as text; a tool runs OpenBLAS's AVX2 kernels on any CPU that has them,
+// unless OPENBLAS_CORETYPE says otherwise.
 #include <gtest/gtest.h>
 #include <sys/wait.h>  // WEXITSTATUS
 #include <unistd.h>    // getpid
@@ -73,6 +74,30 @@ TEST(ToolsHelp, EveryToolAndCommandExitsZeroListingItsOptions) {
     for (const std::string& o : options)
       EXPECT_NE(r.output.find(o), std::string::npos) << argv[0] << " " << argv[1] << " lacks " << o;
   }
+}
+
+// OpenBLAS 0.3.21 falls back to its SSE3 kernels ("Prescott") on a CPU model it does not know;
+// the tools then run themselves again with OPENBLAS_CORETYPE set (model::blas_core_to_set).
+TEST(ToolsBlas, ToolsRunOpenBlasAvx2KernelsWhereTheCpuHasThemUnlessTold) {
+  auto core = [](const std::vector<std::string>& env) {
+    std::vector<std::string> argv = {"env"};
+    argv.insert(argv.end(), env.begin(), env.end());
+    argv.insert(argv.end(), {kTrain, "sgemm", "--size", "64", "--repeats", "1"});
+    const Result r = run(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<io::Json> lines = r.json_lines();
+    return lines.empty() ? std::string() : io::string_field(lines.back(), "blas_core", "sgemm");
+  };
+  const std::string chosen = core({"-u", "OPENBLAS_CORETYPE"});
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    const std::set<std::string> avx2 = {"Haswell", "Zen", "SkylakeX", "Cooperlake",
+                                        "SapphireRapids", "Excavator"};
+    EXPECT_TRUE(avx2.count(chosen)) << "OpenBLAS runs " << chosen << " on a CPU with AVX2";
+  }
+#endif
+  EXPECT_FALSE(chosen.empty());
+  EXPECT_EQ(core({"OPENBLAS_CORETYPE=Prescott"}), "Prescott");
 }
 
 TEST(ToolsHelp, BadFlagsExitTwoNamingTheFlag) {

@@ -2,7 +2,7 @@
 #include "tools/moe_cli.h"
 
 #include <malloc.h>  // mallopt
-#include <unistd.h>  // read, write on the rank program's descriptor
+#include <unistd.h>  // read, write on the rank program's descriptor; execv
 
 #include <cerrno>   // errno, EINTR
 #include <climits>  // INT_MAX
@@ -14,10 +14,20 @@
 
 #include "common/check.h"
 #include "io/json.h"
+#include "model/kernels.h"
 
 namespace moerl::tools {
 
+void run_with_cpu_blas_kernels(char** argv) {
+  const char* core = model::blas_core_to_set();
+  if (core == nullptr) return;
+  setenv("OPENBLAS_CORETYPE", core, 1);
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE");
+}
+
 int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  run_with_cpu_blas_kernels(argv);
   const std::string name = app.get_name();
   try {
     app.parse(argc, argv);

@@ -28,6 +28,13 @@ constexpr int kPeerLostExitCode = 75;
 // was lost (PeerFailure); 1 anything else (retryable: this rank's own failure).
 int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
+// OpenBLAS reads OPENBLAS_CORETYPE once, as it loads: a process whose OpenBLAS fell back to
+// kernels slower than the CPU runs (model::blas_core_to_set) runs itself again with it set, so
+// every tool on such a host gets the same, faster kernels (and so the same bits), and so do
+// the processes it starts. Returns only when nothing is to change or the exec failed (then with
+// OpenBLAS's own choice). run_tool calls it first; a tool with its own main calls it first too.
+void run_with_cpu_blas_kernels(char** argv);
+
 // For the commands that run the model (sft, grpo, generate, score): freed memory stays in the
 // process for the next allocation instead of going back to the kernel. A forward and backward
 // free and allocate buffers of the same sizes layer after layer; each fresh mapping costs a page

@@ -40,6 +40,7 @@
 #include "io/json.h"
 #include "io/sha256.h"
 #include "model/expert_comm.h"
+#include "model/kernels.h"
 #include "model/weights.h"
 #include "rl/trainer.h"
 #include "tasks/tasks.h"
@@ -464,8 +465,9 @@ int cmd_sgemm(const BenchOptions& o) {
     if (r > 0) gflops.push_back(2.0 * n * n * (double)n / s / 1e9);
   }
   std::sort(gflops.begin(), gflops.end());
-  std::printf("{\"sgemm_size\":%d,\"sgemm_gflops\":%.3f,\"sgemm_gflops_best\":%.3f}\n", n,
-              gflops[gflops.size() / 2], gflops.back());
+  std::printf("{\"sgemm_size\":%d,\"sgemm_gflops\":%.3f,\"sgemm_gflops_best\":%.3f,"
+              "\"blas_core\":\"%s\"}\n",
+              n, gflops[gflops.size() / 2], gflops.back(), model::blas_core());
   return 0;
 }
 

@@ -4,7 +4,7 @@ find_package(MPI COMPONENTS CXX)
 if(MPI_CXX_FOUND)
   add_executable(rollout_bench_mpi ${CMAKE_CURRENT_LIST_DIR}/rollout_bench_mpi.cc)
   target_link_libraries(rollout_bench_mpi PRIVATE MPI::MPI_CXX moerl_model moerl_io moerl_tasks
-                        CLI11::CLI11)
+                        moerl_tool_cli)
 else()
   message(STATUS "rollout_bench_mpi: no MPI found, bench/rollout_throughput runs without it")
 endif()

@@ -26,6 +26,7 @@
 #include "model/sampler.h"
 #include "tasks/tasks.h"
 #include "tasks/tokenizer.h"
+#include "tools/moe_cli.h"  // run_with_cpu_blas_kernels
 
 namespace moerl::tools {
 namespace {
@@ -199,6 +200,7 @@ void run(const Options& o, int rank, int R) {
 
 int main(int argc, char** argv) {
   using namespace moerl::tools;
+  run_with_cpu_blas_kernels(argv);  // the kernels moe_generate runs, before MPI starts
   MPI_Init(&argc, &argv);
   int rank = 0, R = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
