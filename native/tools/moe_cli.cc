@@ -9,6 +9,7 @@
 #include <cstdio>   // std::fprintf
 #include <cstdlib>  // std::strtod, std::getenv
 #include <cstring>  // std::strerror
+#include <filesystem>  // read_symlink
 #include <fstream>  // std::ifstream
 #include <sstream>  // std::ostringstream
 
@@ -21,8 +22,13 @@ namespace moerl::tools {
 void run_with_cpu_blas_kernels(char** argv) {
   const char* core = model::blas_core_to_set();
   if (core == nullptr) return;
+  // The binary's own path, not /proc/self/exe: the kernel names the process after the path it
+  // execs (comm, what ps and pgrep show), and it must stay moe_train, not "exe".
+  std::error_code error;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", error).string();
+  if (error) return;
   setenv("OPENBLAS_CORETYPE", core, 1);
-  execv("/proc/self/exe", argv);
+  execv(self.c_str(), argv);
   unsetenv("OPENBLAS_CORETYPE");
 }
 
