@@ -7,20 +7,19 @@
 // checkpoint); the volume holds two checkpoints' weights, not three.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
 import { CoreV1Api, type V1EnvVar, type V1Pod } from '@kubernetes/client-node';
-import { repoRoot } from '../../cli/temporal-tools.js';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { startCampaign, tinyRealSpec, uniqueTaskQueues, withWorkers } from '../support/campaign-harness.js';
-import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
-import { nodeUnsupportedReason, startKubeNode, type KubeNode } from '../support/kube-node.js';
-import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
+import { waitFor, type KubeCluster } from '../support/kube-cluster.js';
+import { startNodeCampaignEnv, type NodeCampaignEnv } from '../support/node-campaign.js';
+import { nodeUnsupportedReason, type KubeNode } from '../support/kube-node.js';
+import type { TestEnvironment } from '../support/temporal.js';
 
 const run = promisify(execFile);
 // In CI a machine that cannot run the node fails the suite instead of skipping it.
@@ -31,6 +30,7 @@ const sizeLimit = '10Mi';
 const sizeLimitBytes = 10 * 1024 * 1024;
 
 describe("a rollout worker's cache within its volume on a real node", { skip }, () => {
+  let env: NodeCampaignEnv;
   let cluster: KubeCluster;
   let node: KubeNode;
   let t: TestEnvironment;
@@ -39,36 +39,13 @@ describe("a rollout worker's cache within its volume on a real node", { skip }, 
   let namespace: string;
   let dir: string;
   let storePath: string;
-  const stop = new AbortController();
 
   before(async () => {
-    const started = Date.now();
-    const built = await run('bash', [join(repoRoot(), 'scripts', 'build-image.sh'), 'moerl'], {
-      timeout: 600_000,
-    });
-    const [ref, archive] = built.stdout.trim().split(' ');
-    assert.ok(ref && archive, `scripts/build-image.sh printed "${built.stdout}"`);
-    image = ref;
-    cluster = await startKubeCluster({ kwok: false });
-    node = await startKubeNode(cluster, { images: [archive] });
-    console.log(`# image built, cluster and node Ready in ${Date.now() - started} ms`);
+    env = await startNodeCampaignEnv('cache');
+    ({ cluster, node, t, image, namespace, dir, storePath } = env);
     core = cluster.kubeConfig().makeApiClient(CoreV1Api);
-    namespace = await cluster.createNamespace('cache');
-    t = await startTestEnvironment();
-    // The pod runs as uid 65532 and shares the store with this (root) process through a hostPath.
-    process.umask(0);
-    dir = mkdtempSync(join(tmpdir(), 'moerl-k8s-cache-'));
-    chmodSync(dir, 0o777);
-    storePath = join(dir, 'store');
-    mkdirSync(storePath, { mode: 0o777 });
   });
-  after(async () => {
-    stop.abort();
-    await t?.teardown();
-    await node?.stop();
-    await cluster?.stop();
-    if (dir) rmSync(dir, { recursive: true, force: true });
-  });
+  after(() => env?.stop());
 
   /** Four iterations sampling checkpoints 0 to 3 of the demo's policy, updates in this process. */
   const spec = (name: string) =>
@@ -151,7 +128,7 @@ describe("a rollout worker's cache within its volume on a real node", { skip }, 
   ) {
     const queues = uniqueTaskQueues();
     await rolloutWorker(name, queues.rollout.slice(0, -'rollout'.length), cacheEnv);
-    const deps = workerActivityDeps(stop.signal, {
+    const deps = workerActivityDeps(env.signal, {
       ...process.env,
       MOERL_CACHE_DIR: join(dir, `cache-${name}`),
     });

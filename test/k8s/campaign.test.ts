@@ -5,14 +5,12 @@
 // replacement pod) redoing at most one chunk per interrupted shard.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { chmodSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { cp } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
 import { AppsV1Api, CoreV1Api, Watch, type V1Pod } from '@kubernetes/client-node';
-import { repoRoot } from '../../cli/temporal-tools.js';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import * as keys from '../../activities/layout.js';
@@ -28,17 +26,25 @@ import {
   withWorkers,
 } from '../support/campaign-harness.js';
 import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
-import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
-import { checkpointHashes, finishedCampaign, hostBlasEnv, watchPods } from '../support/node-campaign.js';
-import { nodeUnsupportedReason, startKubeNode, type KubeNode } from '../support/kube-node.js';
+import { waitFor, type KubeCluster } from '../support/kube-cluster.js';
+import {
+  checkpointHashes,
+  finishedCampaign,
+  hostBlasEnv,
+  watchPods,
+  startNodeCampaignEnv,
+  type NodeCampaignEnv,
+} from '../support/node-campaign.js';
+import { nodeUnsupportedReason, type KubeNode } from '../support/kube-node.js';
 import { pythonReference } from '../support/python-reference.js';
-import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
+import type { TestEnvironment } from '../support/temporal.js';
 
 const run = promisify(execFile);
 // In CI a machine that cannot run the node fails the suite instead of skipping it.
 const skip = process.env.CI === 'true' ? undefined : nodeUnsupportedReason();
 
 describe('campaigns on a real Kubernetes node', { skip }, () => {
+  let env: NodeCampaignEnv;
   let cluster: KubeCluster;
   let node: KubeNode;
   let t: TestEnvironment;
@@ -48,41 +54,17 @@ describe('campaigns on a real Kubernetes node', { skip }, () => {
   let namespace: string;
   let dir: string;
   let storePath: string;
-  const stop = new AbortController();
 
   before(async () => {
-    const started = Date.now();
-    const built = await run('bash', [join(repoRoot(), 'scripts', 'build-image.sh'), 'moerl'], {
-      timeout: 600_000,
-    });
-    const [ref, archive] = built.stdout.trim().split(' ');
-    assert.ok(ref && archive, `scripts/build-image.sh printed "${built.stdout}"`);
-    image = ref;
-    cluster = await startKubeCluster({ kwok: false });
-    node = await startKubeNode(cluster, { images: [archive] });
-    console.log(`# image built, cluster and node Ready in ${Date.now() - started} ms`);
+    env = await startNodeCampaignEnv('campaign');
+    ({ cluster, node, t, image, namespace, dir, storePath } = env);
     core = cluster.kubeConfig().makeApiClient(CoreV1Api);
     apps = cluster.kubeConfig().makeApiClient(AppsV1Api);
-    namespace = await cluster.createNamespace('campaign');
-    t = await startTestEnvironment();
-    // Pods run as uid 65532 and share the store with this (root) process through a hostPath:
-    // every directory either side creates must stay writable by the other.
-    process.umask(0);
-    dir = mkdtempSync(join(tmpdir(), 'moerl-k8s-campaign-'));
-    chmodSync(dir, 0o777);
-    storePath = join(dir, 'store');
-    mkdirSync(storePath, { mode: 0o777 });
   });
-  after(async () => {
-    stop.abort();
-    await t?.teardown();
-    await node?.stop();
-    await cluster?.stop();
-    if (dir) rmSync(dir, { recursive: true, force: true });
-  });
+  after(() => env?.stop());
 
   const deps = (name: string) =>
-    workerActivityDeps(stop.signal, {
+    workerActivityDeps(env.signal, {
       ...process.env,
       KUBECONFIG: cluster.kubeconfig,
       MOERL_CACHE_DIR: join(dir, `cache-${name}`),

@@ -9,16 +9,12 @@
 // group until every rank's outputs were stored: the lost rank's replacement ran alone, its
 // peers having exited 0, and waited for them until its start-up deadline.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { randomInt } from 'node:crypto';
-import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { promisify } from 'node:util';
 import { CoreV1Api, Watch, type V1Job, type V1Pod } from '@kubernetes/client-node';
-import { repoRoot } from '../../cli/temporal-tools.js';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import { rankWorkDir } from '../../activities/launch/kubernetes/manifests.js';
@@ -27,12 +23,17 @@ import type { UpdateOutput } from '../../activities/types.js';
 import type { CampaignSpecInput } from '../../workflows/spec.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { startCampaign, tinyRealSpec, withWorkers } from '../support/campaign-harness.js';
-import { checkpointHashes, finishedCampaign, hostBlasEnv } from '../support/node-campaign.js';
-import { startKubeCluster, type KubeCluster } from '../support/kube-cluster.js';
-import { nodeUnsupportedReason, startKubeNode, type KubeNode } from '../support/kube-node.js';
-import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
+import {
+  checkpointHashes,
+  finishedCampaign,
+  hostBlasEnv,
+  startNodeCampaignEnv,
+  type NodeCampaignEnv,
+} from '../support/node-campaign.js';
+import type { KubeCluster } from '../support/kube-cluster.js';
+import { nodeUnsupportedReason } from '../support/kube-node.js';
+import type { TestEnvironment } from '../support/temporal.js';
 
-const run = promisify(execFile);
 // In CI a machine that cannot run the node fails the suite instead of skipping it.
 const skip = process.env.CI === 'true' ? undefined : nodeUnsupportedReason();
 
@@ -53,44 +54,21 @@ interface Fault {
 }
 
 describe('an EP 4 update is a gang on a real node', { skip }, () => {
+  let env: NodeCampaignEnv;
   let cluster: KubeCluster;
-  let node: KubeNode;
   let t: TestEnvironment;
   let core: CoreV1Api;
   let image: string;
   let namespace: string;
   let dir: string;
   let storePath: string;
-  const stop = new AbortController();
 
   before(async () => {
-    const started = Date.now();
-    const built = await run('bash', [join(repoRoot(), 'scripts', 'build-image.sh'), 'moerl'], {
-      timeout: 600_000,
-    });
-    const [ref, archive] = built.stdout.trim().split(' ');
-    assert.ok(ref && archive, `scripts/build-image.sh printed "${built.stdout}"`);
-    image = ref;
-    cluster = await startKubeCluster({ kwok: false });
-    node = await startKubeNode(cluster, { images: [archive], logDir: process.env.GANG_LOGS });
-    console.log(`# image built, cluster and node Ready in ${Date.now() - started} ms`);
+    env = await startNodeCampaignEnv('gang', { node: { logDir: process.env.GANG_LOGS } });
+    ({ cluster, t, image, namespace, dir, storePath } = env);
     core = cluster.kubeConfig().makeApiClient(CoreV1Api);
-    namespace = await cluster.createNamespace('gang');
-    t = await startTestEnvironment();
-    // Pods run as uid 65532 and share the store with this (root) process through a hostPath.
-    process.umask(0);
-    dir = mkdtempSync(join(tmpdir(), 'moerl-k8s-gang-'));
-    chmodSync(dir, 0o777);
-    storePath = join(dir, 'store');
-    mkdirSync(storePath, { mode: 0o777 });
   });
-  after(async () => {
-    stop.abort();
-    await t?.teardown();
-    await node?.stop();
-    await cluster?.stop();
-    if (dir) rmSync(dir, { recursive: true, force: true });
-  });
+  after(() => env?.stop());
 
   // Four updates at EP 4 (one expert per rank) of a policy that an SFT warm start has taught
   // the `add` task a little, so that every update has groups with unequal rewards to train on
@@ -102,7 +80,7 @@ describe('an EP 4 update is a gang on a real node', { skip }, () => {
     tinyRealSpec(name, dir, {
       task: { builtin: 'add' },
       model: { layers: 2, hidden: 64, heads: 4, experts: worldSize, topK: 2, contextLength: 32 },
-      sftWarmStartSteps: 150,
+      sftWarmStartSteps: 300,
       retention: { keepLast: 5, keepBest: true }, // every checkpoint kept, to compare
       iterations: 4,
       promptsPerIteration: 32,
@@ -115,7 +93,7 @@ describe('an EP 4 update is a gang on a real node', { skip }, () => {
   /** Runs the campaign; returns its id, result, state and each update's output by iteration. */
   async function runCampaign(name: string, launcher: CampaignSpecInput['launcher'], faults: Fault[] = []) {
     const activities = createActivities(
-      workerActivityDeps(stop.signal, {
+      workerActivityDeps(env.signal, {
         ...process.env,
         KUBECONFIG: cluster.kubeconfig,
         MOERL_CACHE_DIR: join(dir, `cache-${name}`),

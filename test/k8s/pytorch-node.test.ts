@@ -6,12 +6,9 @@
 // tests' reference interpreter, whose pins are the image's.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
-import { repoRoot } from '../../cli/temporal-tools.js';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import * as keys from '../../activities/layout.js';
@@ -20,12 +17,19 @@ import type { CampaignSpecInput } from '../../workflows/spec.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { startCampaign, withWorkers } from '../support/campaign-harness.js';
 import { hfCampaignSpec, writeHfCampaignFixture } from '../support/hf-campaign-fixtures.js';
-import { startKubeCluster, type KubeCluster } from '../support/kube-cluster.js';
-import { nodeUnsupportedReason, startKubeNode, type KubeNode } from '../support/kube-node.js';
+import type { KubeCluster } from '../support/kube-cluster.js';
+import { nodeUnsupportedReason, type KubeNode } from '../support/kube-node.js';
 import { nativeTools } from '../support/native-tools.js';
-import { checkpointHashes, finishedCampaign, hostBlasEnv, watchPods } from '../support/node-campaign.js';
+import {
+  checkpointHashes,
+  finishedCampaign,
+  hostBlasEnv,
+  watchPods,
+  startNodeCampaignEnv,
+  type NodeCampaignEnv,
+} from '../support/node-campaign.js';
 import { pytorchEngine } from '../support/pytorch-engine.js';
-import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
+import type { TestEnvironment } from '../support/temporal.js';
 
 const run = promisify(execFile);
 // In CI a machine that cannot run the node fails the suite instead of skipping it.
@@ -34,49 +38,26 @@ const engine = pytorchEngine();
 const native = nativeTools(['moe_train', 'moe_generate', 'moe_hf']);
 
 describe('the PyTorch trainer as pods on a real node', { skip: skip || engine.skip || native.skip }, () => {
+  let env: NodeCampaignEnv;
   let cluster: KubeCluster;
   let node: KubeNode;
   let t: TestEnvironment;
   let image: string;
   let namespace: string;
   let dir: string;
-  const stop = new AbortController();
 
   before(async () => {
-    const started = Date.now();
-    // scripts/test.sh builds the image first; a cold build here takes longer than this file may.
-    const built = await run('bash', [join(repoRoot(), 'scripts', 'build-image.sh'), 'moerl-pytorch'], {
-      timeout: 600_000,
+    env = await startNodeCampaignEnv('pytorch', {
+      target: 'moerl-pytorch',
+      // 7 GB: on disk, not in the node's tmpfs; its import takes minutes.
+      node: { containerdOnDisk: true, startTimeoutMs: 600_000 },
     });
-    const [ref, archive] = built.stdout.trim().split(' ');
-    assert.ok(ref && archive, `scripts/build-image.sh printed "${built.stdout}"`);
-    image = ref;
-    cluster = await startKubeCluster({ kwok: false });
-    // 7 GB: on disk, not in the node's tmpfs; its import takes minutes.
-    node = await startKubeNode(cluster, {
-      images: [archive],
-      containerdOnDisk: true,
-      startTimeoutMs: 600_000,
-    });
-    console.log(`# image built, cluster and node Ready in ${Date.now() - started} ms`);
-    namespace = await cluster.createNamespace('pytorch');
-    t = await startTestEnvironment();
-    // Pods run as uid 65532 and share the store with this (root) process through a hostPath:
-    // every directory either side creates must stay writable by the other.
-    process.umask(0);
-    dir = mkdtempSync(join(tmpdir(), 'moerl-k8s-pytorch-'));
-    chmodSync(dir, 0o777);
+    ({ cluster, node, t, image, namespace, dir } = env);
     await writeHfCampaignFixture(dir, engine.pyref);
     // safetensors writes its file owner-only; the pods read the store as another user.
     await run('chmod', ['-R', 'a+rX', join(dir, 'store')]);
   });
-  after(async () => {
-    stop.abort();
-    await t?.teardown();
-    await node?.stop();
-    await cluster?.stop();
-    if (dir) rmSync(dir, { recursive: true, force: true });
-  });
+  after(() => env?.stop());
 
   // The pods' torch and the local ranks' run one thread each whatever this process was given.
   const threads = { OMP_NUM_THREADS: '1' };
@@ -98,7 +79,7 @@ describe('the PyTorch trainer as pods on a real node', { skip: skip || engine.sk
 
   async function runCampaign(name: string, launcher: CampaignSpecInput['launcher']) {
     const activities = createActivities(
-      workerActivityDeps(stop.signal, {
+      workerActivityDeps(env.signal, {
         ...process.env,
         ...threads,
         ...(process.env.MOERL_PYREF_PYTHON ? { MOERL_PYTORCH_PYTHON: process.env.MOERL_PYREF_PYTHON } : {}),

@@ -1,14 +1,89 @@
 // For tests that run campaigns whose trainer ranks are pods on the real node (kube-node.ts) and
 // compare what they commit with local ranks' checkpoints, bit for bit.
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { chmodSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { Watch, type V1Pod } from '@kubernetes/client-node';
 import type { WorkflowHandle } from '@temporalio/client';
 import * as keys from '../../activities/layout.js';
 import type { ObjectStore } from '../../activities/store/index.js';
+import { repoRoot } from '../../cli/temporal-tools.js';
 import type { campaign } from '../../workflows/campaign.js';
 import type { CampaignState } from '../../workflows/types.js';
-import type { KubeCluster } from './kube-cluster.js';
+import { startKubeCluster, type KubeCluster } from './kube-cluster.js';
+import { startKubeNode, type KubeNode, type KubeNodeOptions } from './kube-node.js';
+import { startTestEnvironment, type TestEnvironment } from './temporal.js';
+
+/** What a real-node campaign test runs against (startNodeCampaignEnv). */
+export interface NodeCampaignEnv {
+  /** The image scripts/build-image.sh built, as the pods name it. */
+  image: string;
+  cluster: KubeCluster;
+  node: KubeNode;
+  namespace: string;
+  t: TestEnvironment;
+  /**
+   * A folder of this process's (root) shared with the pods (uid 65532) through hostPaths, mode
+   * 0777 and this process's umask 0, so that every directory either side creates stays writable
+   * by the other; `store` below it is the campaigns' store.
+   */
+  dir: string;
+  storePath: string;
+  /** Aborted first by stop(): the signal of the activities' dependencies. */
+  signal: AbortSignal;
+  /** Stops everything above and removes `dir`. */
+  stop(): Promise<void>;
+}
+
+/**
+ * The image of Dockerfile target `target` (scripts/build-image.sh), a control plane without kwok,
+ * a real node that imported the image before it was Ready, a namespace `<prefix>-…`, the Temporal
+ * test environment and a shared folder. On a failure it stops what it had started.
+ */
+export async function startNodeCampaignEnv(
+  prefix: string,
+  opts: { target?: 'moerl' | 'moerl-pytorch'; node?: Omit<KubeNodeOptions, 'images'> } = {},
+): Promise<NodeCampaignEnv> {
+  const started = Date.now();
+  const abort = new AbortController();
+  const env: Partial<NodeCampaignEnv> = { signal: abort.signal };
+  const stop = async () => {
+    abort.abort();
+    await env.t?.teardown();
+    await env.node?.stop();
+    await env.cluster?.stop();
+    if (env.dir) rmSync(env.dir, { recursive: true, force: true });
+  };
+  try {
+    // Set-up builds both images first (scripts/setup.sh, scripts/test.sh): seconds here.
+    const built = await promisify(execFile)(
+      'bash',
+      [join(repoRoot(), 'scripts', 'build-image.sh'), opts.target ?? 'moerl'],
+      { timeout: 600_000 },
+    );
+    const [image, archive] = built.stdout.trim().split(' ');
+    assert.ok(image && archive, `scripts/build-image.sh printed "${built.stdout}"`);
+    env.image = image;
+    env.cluster = await startKubeCluster({ kwok: false });
+    env.node = await startKubeNode(env.cluster, { ...opts.node, images: [archive] });
+    console.log(`# image built, cluster and node Ready in ${Date.now() - started} ms`);
+    env.namespace = await env.cluster.createNamespace(prefix);
+    env.t = await startTestEnvironment();
+    process.umask(0);
+    env.dir = mkdtempSync(join(tmpdir(), `moerl-k8s-${prefix}-`));
+    chmodSync(env.dir, 0o777);
+    env.storePath = join(env.dir, 'store');
+    mkdirSync(env.storePath, { mode: 0o777 });
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return { ...(env as NodeCampaignEnv), stop };
+}
 
 /**
  * The host's choice of OpenBLAS kernels, where it makes one (OPENBLAS_CORETYPE,
