@@ -61,15 +61,19 @@ const Kernels& kernels() {
 
 const char* blas_core() { return openblas_get_corename(); }
 
+bool blas_core_uses_avx2(const char* core) {
+  for (const char* avx2 :
+       {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"})
+    if (strcasecmp(core, avx2) == 0) return true;
+  return false;
+}
+
 const char* blas_core_to_set() {
   const char* set = std::getenv("OPENBLAS_CORETYPE");
   if (set != nullptr && *set != '\0') return nullptr;
 #if defined(__x86_64__)
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return nullptr;
-  // OpenBLAS's x86-64 cores with AVX2 kernels (0.3.21 to 0.3.30)
-  for (const char* avx2 :
-       {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"})
-    if (strcasecmp(blas_core(), avx2) == 0) return nullptr;
+  if (blas_core_uses_avx2(blas_core())) return nullptr;
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   return avx512 ? "SkylakeX" : "Haswell";

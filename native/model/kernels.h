@@ -55,6 +55,8 @@ std::vector<const Kernels*> runnable_kernels();
 
 // The kernels OpenBLAS runs (openblas_get_corename: "Haswell", "SkylakeX", ...).
 const char* blas_core();
+// Whether OpenBLAS's kernels of that name use AVX2 (its x86-64 cores, 0.3.21 to 0.3.30).
+bool blas_core_uses_avx2(const char* core);
 // The OPENBLAS_CORETYPE a process should set, or nullptr: OpenBLAS picks its kernels by the CPU
 // model, and on a model its release does not know it falls back to pre-AVX2 kernels (0.3.21 on
 // an Emerald Rapids host: "Prescott", sgemm at a fifth of the speed). Where the CPU runs AVX2
