@@ -11,7 +11,7 @@
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
 #   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
 #   kube-tools   the test cluster's binaries: Kubernetes, etcd, kwok, containerd, CNI plugins,
-#                CoreDNS, Kueue (scripts/tools.sh; built once, cached; not a default step: the demo
+#                CoreDNS, Kueue, KEDA (scripts/tools.sh; built once, cached; not a default step: the demo
 #                does not need them, the tests do)
 #   reward-python  the reward functions' pinned Python environment with math-verify
 #                (scripts/reward-python.sh; made once in the tools cache; not a default step:
@@ -154,12 +154,12 @@ step_tools() {
 }
 
 # The test cluster: control plane (one build gives all five Kubernetes binaries), etcd, kwok,
-# the real node's containerd, CNI plugins and CoreDNS, Kueue for the queueing tests, and KEDA's CRDs
-# for the autoscaling manifests (a module download, nothing built). Built
-# once into the tools cache.
+# the real node's containerd, CNI plugins and CoreDNS, Kueue for the queueing tests, KEDA's CRDs
+# for the autoscaling manifests (a module download) and KEDA's operator and metrics server for the
+# autoscaling test (the longest build after Kubernetes). Built once into the tools cache.
 step_kube_tools() {
   local tool path
-  for tool in kube-apiserver etcd kwok containerd cni-plugins coredns kueue keda-crds; do
+  for tool in kube-apiserver etcd kwok containerd cni-plugins coredns kueue keda-crds keda-operator; do
     path="$(run_tool "$tool")" || return 1
     say "tools: $tool $path"
   done

@@ -17,6 +17,8 @@
 #                                           (static targets), for the opt-in scrape test
 #   keda-crds                               KEDA's CustomResourceDefinitions (a folder; nothing
 #                                           is built), for the autoscaling manifests' tests
+#   keda-operator keda-adapter              KEDA's operator and its metrics API server (one
+#                                           build), for the autoscaling test on a control plane
 #
 # Order: the override variable (the name upper-cased with - as _, plus _PATH: KUBELET_PATH,
 # KUBE_APISERVER_PATH, ...; but TEMPORAL_CLI_PATH, and CNI_PLUGINS_DIR for the folder), then
@@ -41,13 +43,13 @@ COREDNS_VERSION=v1.15.0
 KUEUE_VERSION=v0.17.0
 # Prometheus 3's Go module versions are v0.3MM.P for v3.MM.P: v0.316.0 is Prometheus 3.16.0.
 PROMETHEUS_VERSION=v0.316.0
-# The KEDA release whose ScaledObject and TriggerAuthentication k8s/autoscaling is written for.
-KEDA_VERSION=v2.21.0
 # Kubernetes and etcd replace their own sub-modules with local paths, so `go install` refuses
 # them; they are built from wrapper modules whose go.mod (with go.sum) pins them instead:
 # k8s.io/kubernetes in scripts/kube-tools/kubernetes/go.mod, which also replaces each staging
 # module (k8s.io/api, ...) by its published v0.<minor>.<patch>; go.etcd.io/etcd/server/v3 in
-# scripts/kube-tools/etcd/go.mod.
+# scripts/kube-tools/etcd/go.mod. KEDA's go.mod carries a replace directive, which binds only
+# its own builds: scripts/kube-tools/keda/go.mod repeats it beside the pin of the KEDA release
+# k8s/autoscaling is written for (its CRDs, operator and metrics server).
 KUBE_TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)/kube-tools"
 
 KUBERNETES_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
@@ -70,6 +72,7 @@ build_of() {
     temporal | versitygw | kwok | etcd | coredns | kueue | prometheus | keda-crds) echo "$1" ;;
     kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl) echo kubernetes ;;
     containerd | ctr) echo containerd ;;
+    keda-operator | keda-adapter) echo keda ;;
     cni-plugins) echo cni-plugins ;;
     *) usage ;;
   esac
@@ -82,6 +85,7 @@ build_outputs() {
     cni-plugins) basename -a "${CNI_PLUGINS[@]}" | tr '\n' ' ' ;;
     kueue) echo kueue kueue-crds ;;
     keda-crds) echo crds ;;
+    keda) echo keda-operator keda-adapter ;;
     *) echo "$1" ;;
   esac
 }
@@ -114,7 +118,7 @@ build_version() {
     coredns) echo "$COREDNS_VERSION" ;;
     kueue) echo "$KUEUE_VERSION" ;;
     prometheus) echo "$PROMETHEUS_VERSION" ;;
-    keda-crds) echo "$KEDA_VERSION" ;;
+    keda-crds | keda) wrapper_version keda github.com/kedacore/keda/v2 ;;
     kubernetes) wrapper_version kubernetes k8s.io/kubernetes ;;
     etcd) wrapper_version etcd go.etcd.io/etcd/server/v3 ;;
   esac
@@ -172,6 +176,13 @@ go_command() {
       printf '%s\n' build -trimpath "-ldflags=$ldflags" -o "$out/" "${pkgs[@]}"
       ;;
     etcd) printf '%s\n' build -trimpath '-ldflags=-s -w' -o "$out/etcd" go.etcd.io/etcd/server/v3 ;;
+    keda)
+      # Every scaler's cloud SDK is compiled in (KEDA has no build tags to leave them out):
+      # most of the build's time. One go build, so the packages both share compile once.
+      local ldflags="-s -w -X github.com/kedacore/keda/v2/version.Version=${version#v} -X github.com/kedacore/keda/v2/version.GitCommit="
+      printf '%s\n' build -trimpath "-ldflags=$ldflags" -o "$out/" \
+        github.com/kedacore/keda/v2/cmd/operator github.com/kedacore/keda/v2/cmd/adapter
+      ;;
     # Only the module's source: its CRDs are copied out below (copy_module_crds).
     keda-crds) printf '%s\n' mod download "github.com/kedacore/keda/v2@$version" ;;
   esac
@@ -212,7 +223,7 @@ build_with_go() {
   tmp="$(mktemp -d "$parent/.build-$build-XXXXXX")"
   chmod 755 "$tmp"
   mapfile -t args < <(go_command "$build" "$version" "$tmp")
-  [[ "$build" == kubernetes || "$build" == etcd ]] && workdir="$KUBE_TOOLS_DIR/$build"
+  [[ "$build" == kubernetes || "$build" == etcd || "$build" == keda ]] && workdir="$KUBE_TOOLS_DIR/$build"
   # Outside any module: a download must not touch a go.mod.
   [[ "$build" == keda-crds ]] && workdir="$tmp"
   started=$SECONDS
@@ -234,6 +245,9 @@ build_with_go() {
   trap - TERM INT HUP
   if [[ "$build" == kueue ]]; then
     copy_module_crds "sigs.k8s.io/kueue@$version" config/components/crd/bases '*.yaml' "$tmp/kueue-crds"
+  fi
+  if [[ "$build" == keda ]]; then
+    mv "$tmp/operator" "$tmp/keda-operator" && mv "$tmp/adapter" "$tmp/keda-adapter"
   fi
   if [[ "$build" == keda-crds ]]; then
     copy_module_crds "github.com/kedacore/keda/v2@$version" config/crd/bases 'keda.sh_*.yaml' "$tmp/crds"

@@ -15,7 +15,13 @@ import { join, resolve } from 'node:path';
 import { CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, type V1Node } from '@kubernetes/client-node';
 import { freePort } from '../../cli/dev-server.js';
 import { resolveTool, type ToolName } from '../../cli/temporal-tools.js';
-import { createClusterPki, serviceClusterIpRange, writeKubeconfig, type CertPair } from './kube-pki.js';
+import {
+  createClusterPki,
+  frontProxyClientName,
+  serviceClusterIpRange,
+  writeKubeconfig,
+  type CertPair,
+} from './kube-pki.js';
 import {
   kwokExitCodeAnnotation,
   kwokExitReasonAnnotation,
@@ -201,6 +207,16 @@ async function startOnce(
       // loopback; nothing in these tests reaches the apiserver through that Service.
       '--endpoint-reconciler-type=none',
       '--profiling=false',
+      // The aggregation layer, for API servers such as KEDA's external metrics (keda.ts): the
+      // apiserver proxies to them with this client certificate and tells them the user in
+      // headers they trust because the certificate is the cluster CA's, with this one name.
+      `--requestheader-client-ca-file=${pki.ca.certPath}`,
+      `--requestheader-allowed-names=${frontProxyClientName}`,
+      '--requestheader-username-headers=X-Remote-User',
+      '--requestheader-group-headers=X-Remote-Group',
+      '--requestheader-extra-headers-prefix=X-Remote-Extra-',
+      `--proxy-client-cert-file=${pki.frontProxyClient.certPath}`,
+      `--proxy-client-key-file=${pki.frontProxyClient.keyPath}`,
     ]);
     await waitUntil(apiserver, deadline, async () => {
       const answer = await httpsGet(`${server}/readyz?verbose`, tls);
@@ -226,6 +242,8 @@ async function startOnce(
       '--use-service-account-credentials=true',
       `--cluster-signing-cert-file=${pki.ca.certPath}`,
       `--cluster-signing-key-file=${pki.ca.keyPath}`,
+      // Autoscalers answer within a test's patience (default 15 s).
+      '--horizontal-pod-autoscaler-sync-period=3s',
     ]);
     const scheduler = start(2, 'kube-scheduler', bin['kube-scheduler'], [
       `--kubeconfig=${schedulerKubeconfig}`,

@@ -26,6 +26,8 @@ export interface ClusterPki {
   scheduler: CertPair;
   /** The apiserver's client certificate towards kubelets (logs, exec). */
   apiserverKubeletClient: CertPair;
+  /** The apiserver's client certificate towards aggregated API servers (KEDA's metrics server). */
+  frontProxyClient: CertPair;
   /** Service-account token signing key (private, PEM) and its public key. */
   serviceAccountKey: string;
   serviceAccountPub: string;
@@ -39,12 +41,16 @@ export const apiserverServiceNames = [
   'kubernetes.default.svc.cluster.local',
 ];
 
+/** The one name the apiserver's aggregation layer accepts as its front proxy. */
+export const frontProxyClientName = 'front-proxy-client';
+
 export interface CertRequest {
   /** Subject common name: the user name for client certificates. */
   cn: string;
   /** Subject organizations: the groups for client certificates. */
   orgs?: string[];
-  usage: 'client' | 'server';
+  /** 'both': a mutual-TLS peer that serves and connects with one certificate. */
+  usage: 'client' | 'server' | 'both';
   dnsNames?: string[];
   ips?: string[];
   days?: number;
@@ -84,7 +90,7 @@ export async function issueCert(
       '[ext]',
       'basicConstraints = critical,CA:FALSE',
       'keyUsage = critical,digitalSignature,keyEncipherment',
-      `extendedKeyUsage = ${req.usage === 'client' ? 'clientAuth' : 'serverAuth'}`,
+      `extendedKeyUsage = ${{ client: 'clientAuth', server: 'serverAuth', both: 'serverAuth,clientAuth' }[req.usage]}`,
       'subjectKeyIdentifier = hash',
       'authorityKeyIdentifier = keyid',
       ...(altNames.length ? [`subjectAltName = ${altNames.join(',')}`] : []),
@@ -143,34 +149,42 @@ export async function createClusterPki(dir: string): Promise<ClusterPki> {
   const serviceAccountPub = join(dir, 'sa.pub');
   const client = (name: string, cn: string, orgs: string[] = []) =>
     issueCert(dir, name, ca, { cn, orgs, usage: 'client' });
-  const [apiserver, loopbackServing, admin, controllerManager, scheduler, apiserverKubeletClient] =
-    await Promise.all([
-      issueCert(dir, 'apiserver', ca, {
-        cn: 'kube-apiserver',
-        usage: 'server',
-        dnsNames: ['localhost', ...apiserverServiceNames],
-        ips: ['127.0.0.1', serviceIp(1)],
-      }),
-      issueCert(dir, 'loopback-serving', ca, {
-        cn: 'localhost',
-        usage: 'server',
-        dnsNames: ['localhost'],
-        ips: ['127.0.0.1'],
-      }),
-      client('admin', 'kubernetes-admin', ['system:masters']),
-      client('controller-manager', 'system:kube-controller-manager'),
-      client('scheduler', 'system:kube-scheduler'),
-      client('apiserver-kubelet-client', 'kube-apiserver-kubelet-client', ['system:masters']),
-      openssl([
-        'genpkey',
-        '-algorithm',
-        'EC',
-        '-pkeyopt',
-        'ec_paramgen_curve:P-256',
-        '-out',
-        serviceAccountKey,
-      ]),
-    ]);
+  const [
+    apiserver,
+    loopbackServing,
+    admin,
+    controllerManager,
+    scheduler,
+    apiserverKubeletClient,
+    frontProxyClient,
+  ] = await Promise.all([
+    issueCert(dir, 'apiserver', ca, {
+      cn: 'kube-apiserver',
+      usage: 'server',
+      dnsNames: ['localhost', ...apiserverServiceNames],
+      ips: ['127.0.0.1', serviceIp(1)],
+    }),
+    issueCert(dir, 'loopback-serving', ca, {
+      cn: 'localhost',
+      usage: 'server',
+      dnsNames: ['localhost'],
+      ips: ['127.0.0.1'],
+    }),
+    client('admin', 'kubernetes-admin', ['system:masters']),
+    client('controller-manager', 'system:kube-controller-manager'),
+    client('scheduler', 'system:kube-scheduler'),
+    client('apiserver-kubelet-client', 'kube-apiserver-kubelet-client', ['system:masters']),
+    client('front-proxy-client', frontProxyClientName),
+    openssl([
+      'genpkey',
+      '-algorithm',
+      'EC',
+      '-pkeyopt',
+      'ec_paramgen_curve:P-256',
+      '-out',
+      serviceAccountKey,
+    ]),
+  ]);
   await openssl(['pkey', '-in', serviceAccountKey, '-pubout', '-out', serviceAccountPub]);
   return {
     ca,
@@ -180,6 +194,7 @@ export async function createClusterPki(dir: string): Promise<ClusterPki> {
     controllerManager,
     scheduler,
     apiserverKubeletClient,
+    frontProxyClient,
     serviceAccountKey,
     serviceAccountPub,
   };

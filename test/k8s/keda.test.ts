@@ -1,0 +1,451 @@
+// The elastic rollout fleet end to end: KEDA's real operator and metrics server (support/keda.ts)
+// on a real control plane scale the rollout Deployment and ScaledObject of the eks overlay (as
+// rendered, k8s/autoscaling) by moerl_rollout_ranks_wanted, which a control worker's demand
+// reader (workers/demand.ts) serves from real campaigns on the Temporal dev server. The
+// Deployment's pods run on kwok nodes; this file plays their kubelet: each pod that runs gets a
+// rollout worker in this process (recording test activities, marking its pod busy or idle as a
+// real worker does), and a pod that is deleted has its worker stopped gracefully.
+// Checked, with staleness 0 and then 1, three iterations each: replicas rise to the shards'
+// need (each shard waits until all shards of its iteration run, one per pod), a scale-in while
+// one shard still runs deletes the idle pod and keeps the busy one, the fleet is at zero while
+// an update runs (staleness 0) and after a campaign, and comes back for the next; no pod is
+// deleted under a running activity and no shard runs twice.
+// Test-only settings: a pod is 1 CPU (1 rank, 1 shard of EP 1 at a time) with targetValue 1;
+// KEDA polls every second and cools down in 5 s; the HPA scales down after 2 s; the controller
+// manager's HPA sync period is 3 s (kube-cluster.ts).
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { AppsV1Api, CoreV1Api, type V1Pod } from '@kubernetes/client-node';
+import { Context, sleep } from '@temporalio/activity';
+import { NativeConnection } from '@temporalio/worker';
+import { logTail } from '../../cli/dev-server.js';
+import { Registry } from 'prom-client';
+import { stringify } from 'yaml';
+import type { CampaignActivities, RolloutShardInput, UpdateInput } from '../../activities/types.js';
+import { rolloutDemandReader, trackRolloutDemand } from '../../workers/demand.js';
+import { serveMetrics, type MetricsServer } from '../../workers/metrics.js';
+import { podBusyMarker } from '../../workers/pod-deletion-cost.js';
+import { runWorkers } from '../../workers/worker.js';
+import type { TaskQueues } from '../../workflows/types.js';
+import {
+  startCampaign,
+  testSpec,
+  uniqueTaskQueues,
+  waitFor,
+  withWorkers,
+  workflowBundle,
+} from '../support/campaign-harness.js';
+import { startKeda, type Keda } from '../support/keda.js';
+import { startKubeCluster, type KubeCluster } from '../support/kube-cluster.js';
+import { createRecordingTestActivities } from '../support/recording-activities.js';
+import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
+import { find, parseObjects, render, type K8sObject } from './render.js';
+
+const shards = 2;
+const t0 = Date.now();
+const deployment = 'moerl-rollout';
+
+let cluster: KubeCluster;
+let keda: Keda | undefined;
+let t: TestEnvironment;
+let metrics: MetricsServer;
+let namespace: string;
+const queues: TaskQueues = uniqueTaskQueues();
+const stopDemand = new AbortController();
+let tracking: Promise<void> | undefined;
+
+/** The rendered eks objects this test applies, sized and timed for a test (see the top). */
+async function fleetObjects(
+  metricsUrl: string,
+): Promise<{ objects: K8sObject[]; nodeLabels: Record<string, string> }> {
+  const eks = parseObjects(await render('eks'));
+  const rollout = structuredClone(find(eks, 'Deployment', deployment)) as K8sObject & {
+    spec: {
+      template: { spec: { nodeSelector: Record<string, string>; containers: { resources: object }[] } };
+    };
+  };
+  const pod = rollout.spec.template.spec;
+  for (const c of pod.containers)
+    c.resources = { requests: { cpu: '1', memory: '1Gi' }, limits: { cpu: '1', memory: '1Gi' } };
+  const scaled = structuredClone(find(eks, 'ScaledObject', deployment)) as K8sObject & {
+    spec: {
+      pollingInterval: number;
+      cooldownPeriod: number;
+      maxReplicaCount: number;
+      advanced: { horizontalPodAutoscalerConfig: { behavior: { scaleDown: object } } };
+      triggers: { type: string; metadata: Record<string, string> }[];
+    };
+  };
+  scaled.spec.pollingInterval = 1;
+  scaled.spec.cooldownPeriod = 5;
+  scaled.spec.maxReplicaCount = 4;
+  scaled.spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleDown = {
+    stabilizationWindowSeconds: 2,
+    policies: [{ type: 'Pods', value: 2, periodSeconds: 5 }],
+  };
+  const trigger = scaled.spec.triggers.find((tr) => tr.type === 'metrics-api');
+  assert.ok(trigger, 'the ScaledObject has its metrics-api trigger');
+  trigger.metadata.url = metricsUrl;
+  trigger.metadata.targetValue = '1';
+  // KEDA reads the target's environment (envFrom included) for triggers that name a variable.
+  const config = eks.filter((o) => o.kind === 'ConfigMap' && o.metadata.name.startsWith('moerl-config'));
+  const account = find(eks, 'ServiceAccount', 'moerl-rollout');
+  const objects = [...config, account, rollout, scaled].map((o) => ({
+    ...o,
+    metadata: { ...o.metadata, namespace },
+  }));
+  return { objects, nodeLabels: pod.nodeSelector };
+}
+
+/** Pods of the rollout Deployment, deleting ones included. */
+async function rolloutPods(): Promise<V1Pod[]> {
+  const core = cluster.kubeConfig().makeApiClient(CoreV1Api);
+  return (await core.listNamespacedPod({ namespace, labelSelector: 'moerl.dev/role=rollout' })).items;
+}
+
+async function replicas(): Promise<number> {
+  const apps = cluster.kubeConfig().makeApiClient(AppsV1Api);
+  return (await apps.readNamespacedDeployment({ namespace, name: deployment })).spec?.replicas ?? 0;
+}
+
+interface PodWorker {
+  pod: string;
+  running: number;
+  /** Activities running when its pod was deleted and the worker told to stop. */
+  runningAtStop?: number;
+  /** What runs now, e.g. "rolloutShard c/1/0", and what ran when it was told to stop. */
+  active: Set<string>;
+  activeAtStop?: string[];
+  /** Shards (campaign/iteration/shard) it ran. */
+  ran: string[];
+  stop: AbortController;
+  done: Promise<void>;
+}
+
+/**
+ * Plays the kubelet for the rollout pods on kwok nodes: a rollout worker per running pod, stopped
+ * (gracefully, as SIGTERM stops a real one) once its pod is deleted.
+ */
+function rolloutFleet(activities: CampaignActivities) {
+  const workers = new Map<string, PodWorker>();
+  const halt = new AbortController();
+  const start = (pod: string): PodWorker => {
+    const marker = podBusyMarker({
+      pod: { name: pod, namespace },
+      kubeConfig: cluster.kubeConfig(),
+      log: (line) => console.error(`pod ${pod}: ${line}`),
+    });
+    const w: PodWorker = {
+      pod,
+      running: 0,
+      ran: [],
+      active: new Set(),
+      stop: new AbortController(),
+      done: Promise.resolve(),
+    };
+    const counted = Object.fromEntries(
+      Object.entries(activities).map(([name, fn]) => [
+        name,
+        async (input: unknown) => {
+          const i = input as RolloutShardInput;
+          const what = `${name} ${i.campaignId}/${i.iteration}/${i.shard ?? '-'} at ${Date.now() - t0} ms`;
+          w.running++;
+          w.active.add(what);
+          if (name === 'rolloutShard') w.ran.push(`${i.campaignId}/${i.iteration}/${i.shard}`);
+          try {
+            return await (fn as (i: unknown) => Promise<unknown>)(input);
+          } finally {
+            w.running--;
+            w.active.delete(what);
+          }
+        },
+      ]),
+    ) as unknown as CampaignActivities;
+    // A connection each: the SDK allows one worker per task queue on a connection, a pod one.
+    w.done = (async () => {
+      const connection = await NativeConnection.connect({ address: t.address });
+      try {
+        await runWorkers({
+          roles: ['rollout'],
+          connection,
+          namespace: t.namespace,
+          taskQueues: queues,
+          activities: marker.instrument(counted),
+          rolloutRanks: 1,
+          shutdownGraceMs: 30_000,
+          signal: w.stop.signal,
+        });
+      } finally {
+        await connection.close();
+      }
+    })();
+    return w;
+  };
+  const loop = (async () => {
+    while (!halt.signal.aborted) {
+      const pods = await rolloutPods();
+      const live = new Set<string>();
+      for (const p of pods) {
+        const name = p.metadata!.name!;
+        if (p.metadata?.deletionTimestamp) continue;
+        live.add(name);
+        if (p.status?.phase === 'Running' && !workers.has(name)) {
+          console.error(`pod ${name} runs at ${Date.now() - t0} ms`);
+          workers.set(name, start(name));
+        }
+      }
+      for (const w of workers.values())
+        if (!live.has(w.pod) && w.runningAtStop === undefined) {
+          w.runningAtStop = w.running;
+          w.activeAtStop = [...w.active];
+          console.error(
+            `pod ${w.pod} deleted at ${Date.now() - t0} ms running [${w.activeAtStop.join('; ')}]`,
+          );
+          w.stop.abort();
+        }
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  })();
+  return {
+    workers,
+    /** Workers whose pod is not deleted. */
+    live: () => [...workers.values()].filter((w) => w.runningAtStop === undefined),
+    async stop() {
+      halt.abort();
+      await loop;
+      for (const w of workers.values()) w.stop.abort();
+      await Promise.all([...workers.values()].map((w) => w.done));
+    },
+  };
+}
+
+/**
+ * Recording activities whose shards each wait until every shard of their iteration runs (one per
+ * pod: the fleet has grown to the need) and any hold on them is released; with `updateWaitsForZero`
+ * an update waits until the fleet is at zero (no campaign wants a rollout worker meanwhile).
+ */
+function fleetActivities(opts: {
+  updateWaitsForZero: (campaignId: string) => boolean;
+  fleetAtZero: () => Promise<boolean>;
+}) {
+  const { activities, calls } = createRecordingTestActivities();
+  const startedShards = new Map<string, number>();
+  const held = new Set<string>();
+  const waitUntil = async (ready: () => boolean | Promise<boolean>) => {
+    while (!(await ready())) {
+      Context.current().heartbeat();
+      await sleep(200);
+    }
+  };
+  const gated: CampaignActivities = {
+    ...activities,
+    rolloutShard: async (input: RolloutShardInput) => {
+      const iteration = `${input.campaignId}/${input.iteration}`;
+      startedShards.set(iteration, (startedShards.get(iteration) ?? 0) + 1);
+      await waitUntil(
+        () => (startedShards.get(iteration) ?? 0) >= shards && !held.has(`${iteration}/${input.shard}`),
+      );
+      return activities.rolloutShard(input);
+    },
+    updatePolicy: async (input: UpdateInput) => {
+      if (opts.updateWaitsForZero(input.campaignId)) await waitUntil(opts.fleetAtZero);
+      return activities.updatePolicy(input);
+    },
+  };
+  return {
+    activities: gated,
+    calls,
+    hold: (key: string) => held.add(key),
+    release: (key: string) => held.delete(key),
+    started: (iteration: string) => startedShards.get(iteration) ?? 0,
+  };
+}
+
+before(
+  async () => {
+    cluster = await startKubeCluster({ kwok: true });
+    keda = await startKeda(cluster);
+    t = await startTestEnvironment();
+    await workflowBundle();
+    namespace = await cluster.createNamespace('moerl-keda');
+    const registry = new Registry();
+    metrics = await serveMetrics(registry, 0, '127.0.0.1');
+    tracking = trackRolloutDemand({
+      registry,
+      read: rolloutDemandReader(t.nativeConnection.workflowService, t.namespace, queues),
+      intervalMs: 500,
+      signal: stopDemand.signal,
+    });
+    const { objects, nodeLabels } = await fleetObjects(metrics.url);
+    await cluster.addFakeNodes(2, nodeLabels);
+    const applied = await cluster.kubectl(['apply', '-f', '-'], {
+      input: objects.map((o) => stringify(o)).join('---\n'),
+    });
+    assert.equal(applied.code, 0, applied.stderr);
+    const ready = waitFor(
+      'the ScaledObject to be ready',
+      async () => {
+        const out = await cluster.kubectl([
+          '-n',
+          namespace,
+          'get',
+          'scaledobject',
+          deployment,
+          '-o',
+          'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
+        ]);
+        return out.stdout === 'True' ? true : undefined;
+      },
+      120_000,
+      500,
+    );
+    // Why KEDA would not take it is in its operator's log.
+    await ready.catch((err: Error) => {
+      throw new Error(`${err.message}; keda-operator log:\n${logTail(keda!.operatorLog, 0)}`);
+    });
+  },
+  { timeout: 900_000 },
+);
+
+after(async () => {
+  stopDemand.abort();
+  await tracking;
+  await metrics?.close();
+  await keda?.stop();
+  await t?.teardown();
+  await cluster?.stop();
+});
+
+describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA, real control plane, kwok nodes)', () => {
+  it('follows 3 iterations with staleness 0 then 1, scales in idle pods first, is at zero between and after campaigns', async () => {
+    let first = '';
+    // Zero is no pod and no worker left, not only replicas 0: a pod being deleted still polls
+    // until its worker stops (SIGTERM, for a real one), and a shard it took then would fail.
+    let fleetAtZero = async () => false;
+    const gates = fleetActivities({
+      updateWaitsForZero: (campaignId) => campaignId === first,
+      fleetAtZero: () => fleetAtZero(),
+    });
+    const fleet = rolloutFleet(gates.activities);
+    fleetAtZero = async () =>
+      (await replicas()) === 0 && (await rolloutPods()).length === 0 && fleet.live().length === 0;
+    const samples: { at: number; replicas: number; running: number }[] = [];
+    const sampling = new AbortController();
+    const sampler = (async () => {
+      while (!sampling.signal.aborted) {
+        const live = fleet.live();
+        samples.push({
+          at: Date.now(),
+          replicas: await replicas(),
+          running: live.reduce((n, w) => n + w.running, 0),
+        });
+        await new Promise((r) => setTimeout(r, 500));
+      }
+    })();
+    try {
+      assert.equal(await replicas(), 0, 'no rollout pod before any campaign');
+      await withWorkers(
+        t.nativeConnection,
+        t.namespace,
+        gates.activities,
+        async () => {
+          // Staleness 0: the fleet grows to 2 pods per rollout and is at zero while each update runs.
+          const spec0 = testSpec({
+            name: 'keda-s0',
+            iterations: 3,
+            rolloutShards: shards,
+            rolloutEpWorldSize: 1,
+            staleness: 0,
+          });
+          const handle0 = await startCampaign(t.client, spec0, queues);
+          first = handle0.workflowId;
+          gates.hold(`${first}/1/1`);
+          await waitFor(
+            'both shards of iteration 1 to run, one per pod',
+            async () => (gates.started(`${first}/1`) === shards ? true : undefined),
+            120_000,
+            200,
+          );
+          const busy = fleet.live().find((w) => w.ran.includes(`${first}/1/1`));
+          assert.ok(busy, 'a pod runs shard 1');
+          // Shard 0 ends; shard 1 runs on: the demand falls to 1 pod, and the idle pod goes.
+          await waitFor(
+            'the scale-in to 1 pod',
+            async () => ((await replicas()) === 1 ? true : undefined),
+            120_000,
+            200,
+          );
+          await waitFor(
+            'the idle pod to go',
+            async () => (fleet.live().length === 1 ? true : undefined),
+            60_000,
+            200,
+          );
+          assert.equal(fleet.live()[0]?.pod, busy.pod, 'the pod mid-shard stays');
+          assert.equal(busy.running, 1, 'its shard still runs');
+          gates.release(`${first}/1/1`);
+          assert.equal((await handle0.result()).status, 'completed');
+          await waitFor(
+            'the fleet at zero after the campaign',
+            async () => ((await fleetAtZero()) ? true : undefined),
+            120_000,
+            200,
+          );
+
+          // Staleness 1, after the fleet went to zero: it comes back for the new campaign.
+          const spec1 = testSpec({
+            name: 'keda-s1',
+            iterations: 3,
+            rolloutShards: shards,
+            rolloutEpWorldSize: 1,
+            staleness: 1,
+          });
+          const handle1 = await startCampaign(t.client, spec1, queues);
+          assert.equal((await handle1.result()).status, 'completed');
+          await waitFor(
+            'the fleet at zero after the second campaign',
+            async () => ((await fleetAtZero()) ? true : undefined),
+            120_000,
+            200,
+          );
+          for (const [handle, iterations] of [
+            [handle0, 3],
+            [handle1, 3],
+          ] as const)
+            for (let i = 1; i <= iterations; i++)
+              assert.equal(
+                gates.started(`${handle.workflowId}/${i}`),
+                shards,
+                `${handle.workflowId} iteration ${i}: each shard ran once`,
+              );
+        },
+        queues,
+        ['control', 'train'],
+      );
+    } finally {
+      sampling.abort();
+      await sampler;
+      await fleet.stop();
+    }
+    const stoppedBusy = [...fleet.workers.values()].filter((w) => (w.runningAtStop ?? 0) > 0);
+    assert.deepEqual(
+      stoppedBusy.map((w) => w.pod),
+      [],
+      'no pod was deleted while it ran an activity',
+    );
+    const shardCalls = gates.calls.filter((c) => c.activity === 'rolloutShard');
+    assert.equal(shardCalls.length, 2 * 3 * shards, 'every shard ran');
+    assert.deepEqual(
+      shardCalls.filter((c) => c.attempt > 1),
+      [],
+      'no shard ran twice',
+    );
+    const peak = Math.max(...samples.map((s) => s.replicas));
+    assert.ok(peak >= shards && peak <= 4, `replicas peaked at ${peak}`);
+    const runningBeyondFleet = samples.filter((s) => s.running > s.replicas);
+    assert.deepEqual(runningBeyondFleet, [], 'replicas never fell below the running activities');
+    console.log(
+      `fleet: ${fleet.workers.size} pods over the run; replicas sampled ${samples.length} times, peak ${peak}`,
+    );
+  });
+});
