@@ -97,6 +97,10 @@ async function fleetObjects(
   return { objects, nodeLabels: pod.nodeSelector };
 }
 
+/** Three iterations of `shards` shards of one rank each. */
+const fleetSpec = (name: string, staleness: 0 | 1) =>
+  testSpec({ name, iterations: 3, rolloutShards: shards, rolloutEpWorldSize: 1, staleness });
+
 /** Pods of the rollout Deployment, deleting ones included. */
 async function rolloutPods(): Promise<V1Pod[]> {
   const core = cluster.kubeConfig().makeApiClient(CoreV1Api);
@@ -329,6 +333,13 @@ describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA
     const fleet = rolloutFleet(gates.activities);
     fleetAtZero = async () =>
       (await replicas()) === 0 && (await rolloutPods()).length === 0 && fleet.live().length === 0;
+    const reachesZero = (when: string) =>
+      waitFor(
+        `the fleet at zero ${when}`,
+        async () => ((await fleetAtZero()) ? true : undefined),
+        120_000,
+        200,
+      );
     const samples: { at: number; replicas: number; running: number }[] = [];
     const sampling = new AbortController();
     const sampler = (async () => {
@@ -350,13 +361,7 @@ describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA
         gates.activities,
         async () => {
           // Staleness 0: the fleet grows to 2 pods per rollout and is at zero while each update runs.
-          const spec0 = testSpec({
-            name: 'keda-s0',
-            iterations: 3,
-            rolloutShards: shards,
-            rolloutEpWorldSize: 1,
-            staleness: 0,
-          });
+          const spec0 = fleetSpec('keda-s0', 0);
           const handle0 = await startCampaign(t.client, spec0, queues);
           first = handle0.workflowId;
           gates.hold(`${first}/1/1`);
@@ -385,29 +390,13 @@ describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA
           assert.equal(busy.running, 1, 'its shard still runs');
           gates.release(`${first}/1/1`);
           assert.equal((await handle0.result()).status, 'completed');
-          await waitFor(
-            'the fleet at zero after the campaign',
-            async () => ((await fleetAtZero()) ? true : undefined),
-            120_000,
-            200,
-          );
+          await reachesZero('after the campaign');
 
           // Staleness 1, after the fleet went to zero: it comes back for the new campaign.
-          const spec1 = testSpec({
-            name: 'keda-s1',
-            iterations: 3,
-            rolloutShards: shards,
-            rolloutEpWorldSize: 1,
-            staleness: 1,
-          });
+          const spec1 = fleetSpec('keda-s1', 1);
           const handle1 = await startCampaign(t.client, spec1, queues);
           assert.equal((await handle1.result()).status, 'completed');
-          await waitFor(
-            'the fleet at zero after the second campaign',
-            async () => ((await fleetAtZero()) ? true : undefined),
-            120_000,
-            200,
-          );
+          await reachesZero('after the second campaign');
           for (const [handle, iterations] of [
             [handle0, 3],
             [handle1, 3],
