@@ -46,6 +46,8 @@ const t0 = Date.now();
 const deployment = 'moerl-rollout';
 
 let cluster: KubeCluster;
+let core: CoreV1Api;
+let apps: AppsV1Api;
 let keda: Keda | undefined;
 let t: TestEnvironment;
 let metrics: MetricsServer;
@@ -103,12 +105,10 @@ const fleetSpec = (name: string, staleness: 0 | 1) =>
 
 /** Pods of the rollout Deployment, deleting ones included. */
 async function rolloutPods(): Promise<V1Pod[]> {
-  const core = cluster.kubeConfig().makeApiClient(CoreV1Api);
   return (await core.listNamespacedPod({ namespace, labelSelector: 'moerl.dev/role=rollout' })).items;
 }
 
 async function replicas(): Promise<number> {
-  const apps = cluster.kubeConfig().makeApiClient(AppsV1Api);
   return (await apps.readNamespacedDeployment({ namespace, name: deployment })).spec?.replicas ?? 0;
 }
 
@@ -268,6 +268,8 @@ function fleetActivities(opts: {
 before(
   async () => {
     cluster = await startKubeCluster({ kwok: true });
+    core = cluster.kubeConfig().makeApiClient(CoreV1Api);
+    apps = cluster.kubeConfig().makeApiClient(AppsV1Api);
     keda = await startKeda(cluster);
     t = await startTestEnvironment();
     await workflowBundle();

@@ -9,23 +9,22 @@
 // dials, verifying the metrics server's certificate for <service>.<namespace>.svc.
 // One exception to "everything binds 127.0.0.1": KEDA's metrics server serves its own
 // Prometheus metrics on every interface (its --port has no host part); it gets a free port.
-import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync } from 'node:fs';
+import { copyFileSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
 import { freePort } from '../../cli/dev-server.js';
 import { resolveTool, type ToolName } from '../../cli/temporal-tools.js';
-import type { KubeCluster } from './kube-cluster.js';
+import { installOperatorCrds, type KubeCluster } from './kube-cluster.js';
 import { issueCert } from './kube-pki.js';
 import { spawnGroup, waitUntilReady, type GroupProcess } from './process-group.js';
 
 /** KEDA's namespace: where it looks for its cluster-wide objects (KEDA_CLUSTER_OBJECT_NAMESPACE). */
-export const kedaNamespace = 'keda';
+const kedaNamespace = 'keda';
 const metricsServerService = 'keda-metrics-apiserver';
 const externalMetricsApiService = 'v1beta1.external.metrics.k8s.io';
 
 export interface Keda {
   operatorLog: string;
-  metricsServerLog: string;
   stop(): Promise<void>;
 }
 
@@ -58,19 +57,7 @@ export async function startKeda(cluster: KubeCluster, opts: { startTimeoutMs?: n
   const operatorBinary = await tool('keda-operator');
   const adapterBinary = await tool('keda-adapter');
   const crds = await tool('keda-crds');
-  if (!existsSync(crds) || readdirSync(crds).length === 0) throw new KedaError(`no KEDA CRDs in ${crds}`);
-  await kubectlOrThrow(cluster, "applying KEDA's CRDs", ['apply', '--server-side', '-f', crds]);
-  await kubectlOrThrow(cluster, "waiting for KEDA's CRDs", [
-    'wait',
-    '--for=condition=Established',
-    '--timeout=60s',
-    ...readdirSync(crds).map((f) => `crd/${f.replace(/^keda\.sh_(.*)\.yaml$/, '$1.keda.sh')}`),
-  ]);
-  await kubectlOrThrow(cluster, `creating namespace ${kedaNamespace}`, [
-    'create',
-    'namespace',
-    kedaNamespace,
-  ]);
+  await installOperatorCrds(cluster, 'KEDA', crds, kedaNamespace);
 
   const dir = join(cluster.dir, 'keda');
   const certDir = join(dir, 'certs');
@@ -198,7 +185,7 @@ export async function startKeda(cluster: KubeCluster, opts: { startTimeoutMs?: n
       },
       (message) => new KedaError(message),
     );
-    return { operatorLog: operator.logFile, metricsServerLog: metricsServer.logFile, stop };
+    return { operatorLog: operator.logFile, stop };
   } catch (err) {
     await stop();
     throw err;

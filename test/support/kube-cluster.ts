@@ -8,7 +8,15 @@
 // Failed with that code in status.containerStatuses[].state.terminated.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { request } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -389,6 +397,34 @@ async function waitForNode(core: CoreV1Api, name: string): Promise<void> {
     const tainted = (node.spec?.taints ?? []).some((t) => t.key.startsWith('node.kubernetes.io/'));
     return ready && !tainted ? true : `Ready=${ready}, taints=${JSON.stringify(node.spec?.taints ?? [])}`;
   });
+}
+
+/**
+ * Installs an operator's CustomResourceDefinitions from `dir` (files named <group>_<plural>.yaml,
+ * as controller-gen writes them), waits until each is established, and creates the operator's
+ * `namespace`. `what` names the operator in the errors.
+ */
+export async function installOperatorCrds(
+  cluster: KubeCluster,
+  what: string,
+  dir: string,
+  namespace: string,
+): Promise<void> {
+  const files = existsSync(dir) ? readdirSync(dir).filter((f) => f.endsWith('.yaml')) : [];
+  if (files.length === 0) throw new KubeClusterError(`no ${what} CRDs in ${dir}`);
+  const apply = await cluster.kubectl(['apply', '--server-side', '-f', dir]);
+  if (apply.code !== 0) throw new KubeClusterError(`applying ${what}'s CRDs failed: ${apply.stderr}`);
+  const established = await cluster.kubectl([
+    'wait',
+    '--for=condition=Established',
+    '--timeout=60s',
+    ...files.map((f) => `crd/${f.replace(/^(.*?)_(.*)\.yaml$/, '$2.$1')}`),
+  ]);
+  if (established.code !== 0)
+    throw new KubeClusterError(`${what}'s CRDs are not established: ${established.stderr}`);
+  const ns = await cluster.kubectl(['create', 'namespace', namespace]);
+  if (ns.code !== 0 && !/AlreadyExists/.test(ns.stderr))
+    throw new KubeClusterError(`creating namespace ${namespace} failed: ${ns.stderr}`);
 }
 
 /**

@@ -5,12 +5,12 @@
 // Kueue's Job webhook would add. Kueue reads its metrics certificate from a fixed path under
 // /etc, so it runs in a mount namespace of its own where /etc is an overlay holding that file;
 // the host's /etc is never written. That needs root (CAP_SYS_ADMIN), as the real node does.
-import { copyFileSync, existsSync, mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { stringify } from 'yaml';
 import { freePort, findOnPath } from '../../cli/dev-server.js';
 import { resolveTool, type ToolName } from '../../cli/temporal-tools.js';
-import type { KubeCluster } from './kube-cluster.js';
+import { installOperatorCrds, type KubeCluster } from './kube-cluster.js';
 import { issueCert } from './kube-pki.js';
 import { spawnGroup, waitUntilReady } from './process-group.js';
 
@@ -47,22 +47,8 @@ export async function startKueue(
   const deadline = Date.now() + (opts.startTimeoutMs ?? 120_000);
   // scripts/tools.sh resolves kueue too; cli/temporal-tools.ts only lists its own in ToolName.
   const binary = await resolveTool('kueue' as unknown as ToolName);
-  const crds = join(dirname(binary), 'kueue-crds');
-  if (!existsSync(crds) || readdirSync(crds).length === 0)
-    throw new KueueError(`no Kueue CRDs in ${crds} (scripts/tools.sh copies them beside the binary)`);
-
-  const apply = await cluster.kubectl(['apply', '--server-side', '-f', crds]);
-  if (apply.code !== 0) throw new KueueError(`applying Kueue's CRDs failed: ${apply.stderr}`);
-  const established = await cluster.kubectl([
-    'wait',
-    '--for=condition=Established',
-    '--timeout=60s',
-    ...readdirSync(crds).map((f) => `crd/${f.replace(/^kueue\.x-k8s\.io_(.*)\.yaml$/, '$1.kueue.x-k8s.io')}`),
-  ]);
-  if (established.code !== 0) throw new KueueError(`Kueue's CRDs are not established: ${established.stderr}`);
-  const ns = await cluster.kubectl(['create', 'namespace', kueueNamespace]);
-  if (ns.code !== 0 && !/AlreadyExists/.test(ns.stderr))
-    throw new KueueError(`creating namespace ${kueueNamespace} failed: ${ns.stderr}`);
+  // scripts/tools.sh copies the CRDs beside the binary.
+  await installOperatorCrds(cluster, 'Kueue', join(dirname(binary), 'kueue-crds'), kueueNamespace);
 
   const dir = join(cluster.dir, 'kueue');
   const certDir = join(dir, 'certs');
