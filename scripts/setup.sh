@@ -242,4 +242,8 @@ for step in "${steps[@]}"; do
     break
   fi
 done
+# The tool builds' Go caches go once the run's tool steps are done (scripts/tools.sh).
+if [[ " ${steps[*]} " == *" tools "* || " ${steps[*]} " == *" kube-tools "* ]]; then
+  bash "$ROOT/scripts/tools.sh" --clean-go-caches 2>&1 | sed 's/^tools.sh: /setup: /'
+fi
 exit $failed

@@ -86,6 +86,7 @@ passed=0
 failed=0
 skipped=0
 summary=()
+failure_reports=()
 record() { summary+=("$(printf '  %-18s %s' "$1" "$2")"); }
 fail_step() {
   failed=$((failed + 1))
@@ -93,6 +94,12 @@ fail_step() {
 }
 finish() {
   echo
+  # The failed files' own reports again, last, where a reader of only the log's tail sees them.
+  if [[ ${#failure_reports[@]} -gt 0 ]]; then
+    echo "failures:"
+    printf '%s\n' "${failure_reports[@]}"
+    echo
+  fi
   echo "summary:"
   printf '%s\n' "${summary[@]}"
   echo "total: $passed passed, $failed failed, $skipped skipped"
@@ -260,9 +267,19 @@ pyref_skip_reason='python reference not installed'
 # And that of activities/engines/llamacpp.ts: the llama.cpp rollout engine tests must run under CI.
 llamacpp_skip_reason='llama.cpp not built'
 note_file() { node_file_notes+=("$(printf '  %-18s %s' '' "$1")"); }
+# keep_failure_report <file> <spec report>: the report's "failing tests" part (or its last
+# lines when the file never got that far: killed, crashed) without Node's own stack frames, at
+# most 60 lines.
+keep_failure_report() {
+  local file="$1" report="$2" part
+  part="$(sed -n '/^✖ failing tests:$/,$p' "$report" | sed '1d' | grep -vE '^ +at (.*\()?node:' | head -n 60)"
+  [[ -n $part ]] || part="$(tail -n 30 "$report")"
+  failure_reports+=("--- $file" "$part")
+}
 run_node_file() {
-  local file="$1" tap rc
+  local file="$1" tap rc report
   tap="$(mktemp)"
+  report="$(mktemp)"
   local limit_ms="${MOERL_TEST_TIMEOUT_MS:-600000}" limit_s="${MOERL_TEST_FILE_TIMEOUT:-900}"
   if [[ $file == */pytorch-node.test.js ]]; then
     limit_ms=$((limit_ms > 1200000 ? limit_ms : 1200000))
@@ -271,6 +288,7 @@ run_node_file() {
   local args=(--test --test-concurrency=1 --test-timeout="$limit_ms")
   args+=(--test-reporter=spec --test-reporter-destination=stdout)
   args+=(--test-reporter=tap --test-reporter-destination="$tap")
+  args+=(--test-reporter=spec --test-reporter-destination="$report")
   [[ -n $name_pattern ]] && args+=(--test-name-pattern="$name_pattern")
   # timeout makes itself a process group leader: its pid names the group. The AWS SDK's own
   # switch silences its notice that later releases need a newer Node: noise in every S3 test.
@@ -295,11 +313,15 @@ run_node_file() {
   if [[ $rc -eq 124 || $rc -eq 137 ]]; then
     node_failed=$((node_failed + 1))
     note_file "$file: killed after ${limit_s}s"
+    keep_failure_report "$file" "$report"
+    rm -f "$report"
     return
   fi
   if [[ -z $pass ]]; then
     node_failed=$((node_failed + 1))
     note_file "$file: no results (exit $rc)"
+    keep_failure_report "$file" "$report"
+    rm -f "$report"
     return
   fi
   local bad=$((${fail:-0} + ${cancelled:-0}))
@@ -308,6 +330,8 @@ run_node_file() {
     bad=1
     note_file "$file: exit $rc with no failed test"
   fi
+  [[ $bad -gt 0 ]] && keep_failure_report "$file" "$report"
+  rm -f "$report"
   if [[ ${CI:-} == true && $native_skip -gt 0 ]]; then
     skip=$((skip - native_skip))
     bad=$((bad + native_skip))

@@ -3,6 +3,7 @@
 # stdout (for cni-plugins: a folder of CNI plugin binaries). Diagnostics go to stderr.
 #
 #   scripts/tools.sh <name>
+#   scripts/tools.sh --clean-go-caches
 #
 #   temporal versitygw                      Temporal CLI dev server, S3 gateway
 #   kube-apiserver kube-controller-manager  a Kubernetes control plane and node ...
@@ -28,6 +29,10 @@
 # version than the one the tests and the other components are pinned to. The cache lives outside the
 # repository so clones and `git clean` keep it:
 #   ${MOERL_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/moerl/tools}/<build>-<version>/<name>
+# The builds download modules and compile into Go caches of their own in that folder (go-caches/),
+# which the builds of one set-up run share; --clean-go-caches removes them (scripts/setup.sh does,
+# after its tool steps): after every Kubernetes-side build they hold about 19 GB, and the tests
+# need that disk (the PyTorch node test's image import alone takes 13 GB at its peak).
 set -euo pipefail
 
 # Pinned versions: the only place they are written down. temporal v1.5.1 is the newest CLI
@@ -194,6 +199,21 @@ tools_dir() {
   (cd "$base" && pwd -P)
 }
 
+go_caches_dir() { echo "$(tools_dir)/go-caches"; }
+
+# The module cache is read-only by design: go clean empties it.
+clean_go_caches() {
+  local dir
+  dir="$(go_caches_dir)"
+  [[ -d $dir ]] || return 0
+  if [[ -d $dir/mod ]] && command -v go >/dev/null 2>&1; then
+    GOMODCACHE="$dir/mod" GOWORK=off go clean -modcache
+  fi
+  chmod -R u+w "$dir" 2>/dev/null || true
+  rm -rf "$dir"
+  log "removed the tool builds' Go caches ($dir)"
+}
+
 # Prints the absolute path of an executable file, or fails.
 absolute_executable() {
   local path="$1"
@@ -218,6 +238,10 @@ build_with_go() {
   fi
   local parent tmp started go_pid workdir=. args=()
   parent="$(dirname "$final_dir")"
+  # Exported: copy_module_crds reads the same module cache.
+  export GOCACHE GOMODCACHE
+  GOCACHE="$(go_caches_dir)/build"
+  GOMODCACHE="$(go_caches_dir)/mod"
   # Leftovers of builds killed with SIGKILL a day or more ago.
   find "$parent" -maxdepth 1 -name ".build-$build-*" -mmin +1440 -exec rm -rf {} + 2>/dev/null || true
   tmp="$(mktemp -d "$parent/.build-$build-XXXXXX")"
@@ -313,4 +337,8 @@ resolve() {
 }
 
 [[ $# -eq 1 ]] || usage
-resolve "$1"
+if [[ $1 == --clean-go-caches ]]; then
+  clean_go_caches
+else
+  resolve "$1"
+fi

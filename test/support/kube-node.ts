@@ -18,6 +18,8 @@ import {
   mkdtempSync,
   readdirSync,
   readFileSync,
+  statfsSync,
+  statSync,
   writeFileSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -194,6 +196,7 @@ export async function startKubeNode(
     await waitUntil(containerd, deadline, async () => ((await ctr(['version'])) ? true : 'no answer'));
     const importImage = async (archive: string): Promise<void> => {
       if (!existsSync(archive)) throw new KubeNodeError(`importImage: no image archive at ${archive}`);
+      const free = freeBytes(paths.containerdRoot);
       try {
         const discard = opts.containerdOnDisk ? ['--local', '--discard-unpacked-layers'] : [];
         // A 7 GB image takes minutes: the start-up's deadline bounds it, not a fixed one.
@@ -202,8 +205,14 @@ export async function startKubeNode(
           Math.max(300_000, deadline - Date.now()),
         );
       } catch (err) {
+        // Importing holds the layers twice at its peak (the content store and the unpacked
+        // snapshots): a full disk is the usual cause.
+        const gb = (bytes: number) =>
+          bytes >= 1e9 ? `${(bytes / 1e9).toFixed(1)} GB` : `${(bytes / 1e6).toFixed(1)} MB`;
         throw new KubeNodeError(
-          `importing ${archive} into the node's containerd failed: ${probeFailureText(err)}`,
+          `importing ${archive} (${gb(statSync(archive).size)}) into the node's containerd failed ` +
+            `with ${gb(free)} free in ${paths.containerdRoot} before it, ${gb(freeBytes(paths.containerdRoot))} after: ` +
+            probeFailureText(err),
         );
       }
     };
@@ -317,6 +326,11 @@ function readContainerLog(podLogs: string, namespace: string, pod: string, conta
     if (match) out += match[2] + (match[1] === 'F' ? '\n' : '');
   }
   return out;
+}
+
+function freeBytes(path: string): number {
+  const fs = statfsSync(path);
+  return fs.bavail * fs.bsize;
 }
 
 function nodePaths(dir: string): NodePaths {
