@@ -5,6 +5,7 @@ import { join, resolve } from 'node:path';
 import { describeCampaign } from '../campaigns.js';
 import type { Command, CommandContext } from '../command.js';
 import { UsageError } from '../errors.js';
+import { prometheusBase, readFleet } from '../report/fleet.js';
 import { resolvePrices } from '../report/prices.js';
 
 /** The campaign's page in the Temporal UI, from the UI's base URL. */
@@ -25,7 +26,8 @@ function uiLink(base: string | undefined, namespace: string, id: string): string
 export const reportCommand: Command = {
   name: 'report',
   summary: 'write an HTML report (charts, economics) of a campaign, with its data as JSON and CSV',
-  usage: 'report <campaign-id> [--out DIR] [--prices FILE] [--rollout-price P] [--train-price P] [--ui URL]',
+  usage:
+    'report <campaign-id> [--out DIR] [--prices FILE] [--rollout-price P] [--train-price P] [--ui URL] [--prometheus URL [--fleet-selector S]]',
   options: {
     out: { type: 'string' },
     prices: { type: 'string' },
@@ -35,6 +37,8 @@ export const reportCommand: Command = {
     'train-nodes': { type: 'string' },
     currency: { type: 'string' },
     ui: { type: 'string' },
+    prometheus: { type: 'string' },
+    'fleet-selector': { type: 'string' },
   },
   optionHelp: {
     '--out DIR': 'where report.html, report.json and iterations.csv go (default .moerl/reports/<id>)',
@@ -45,6 +49,10 @@ export const reportCommand: Command = {
     '--train-nodes N': 'nodes in the train pool (default 1)',
     '--currency C': 'currency of the prices (default USD)',
     '--ui URL': 'base URL of the Temporal UI, for the link in the header (env MOERL_TEMPORAL_UI)',
+    '--prometheus URL':
+      "the Prometheus server that scrapes the rollout workers: the fleet's pod- and rank-seconds over the campaign, its busy fraction and cost (env MOERL_PROMETHEUS_URL)",
+    '--fleet-selector S':
+      "label matchers that pick the campaign's rollout workers there, e.g. 'job=\"moerl-rollout\"' (default: every worker the server scrapes)",
   },
   details: `Reads the workflow history of every run (across continue-as-new) and the metrics each update
 stored under campaigns/<id>/metrics/ (a relative fs store resolves against the current folder).
@@ -65,17 +73,26 @@ The page needs no network: the charting library is inside it. With --json the re
     // Bad prices or a bad URL fail before anything is read; node counts default from the spec.
     resolvePrices(flags, undefined);
     const ui = uiLink(ctx.string('ui') ?? ctx.io.env.MOERL_TEMPORAL_UI, ctx.temporal().namespace, id);
+    const prometheusUrl = ctx.string('prometheus') ?? ctx.io.env.MOERL_PROMETHEUS_URL;
+    const prometheus = prometheusUrl === undefined ? null : prometheusBase(prometheusUrl);
+    const selector = ctx.string('fleet-selector') ?? '';
+    if (selector && !prometheus) throw new UsageError('--fleet-selector needs --prometheus');
     // Loaded only when a report is made: the store's S3 client and the page's renderer would
     // slow every other command's start.
-    const [{ collectReport }, { buildReport, writeReport }] = await Promise.all([
+    const [{ collectReport }, { buildReport, writeReport }, { campaignWindow }] = await Promise.all([
       import('../report/collect.js'),
       import('../report/index.js'),
+      import('../report/model.js'),
     ]);
     const client = await ctx.client();
     await describeCampaign(client, id);
     const source = await collectReport(client, id);
     const prices = resolvePrices(flags, source.spec);
-    const report = buildReport(source, prices, ui);
+    const { startedAt, endedAt } = campaignWindow(source);
+    const fleet = prometheus
+      ? await readFleet(prometheus, selector, { from: startedAt, to: endedAt ?? source.readAt })
+      : null;
+    const report = buildReport(source, prices, ui, fleet);
     const dir = resolve(ctx.string('out') ?? join('.moerl', 'reports', id));
     const paths = writeReport(report, dir);
     ctx.print(report, () =>

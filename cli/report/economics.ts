@@ -4,6 +4,7 @@
 import type { ActivityRecord } from '../history.js';
 import type { RolloutShardOutput } from '../../activities/types.js';
 import type { CampaignSpec } from '../../workflows/spec.js';
+import type { FleetSamples } from './fleet.js';
 import type { ReportModel } from './model.js';
 import type { PoolPrice, Prices } from './prices.js';
 
@@ -12,6 +13,24 @@ export interface PoolFigures extends PoolPrice {
   busySeconds: number;
   busyFraction: number | null;
   /** nodes × price × wall hours; null without a price. */
+  cost: number | null;
+}
+
+/** The rollout fleet as Prometheus saw it (cli/report/fleet.ts), against the work it did. */
+export interface FleetFigures {
+  source: string;
+  stepSeconds: number;
+  /** Σ pods × step: node-seconds of the rollout pool, one worker pod per node. */
+  podSeconds: number;
+  /** Σ ranks × step: the moe_generate ranks the fleet offered. */
+  rankSeconds: number;
+  meanPods: number;
+  peakPods: number;
+  /** Σ over the rollout pool's activities of (close − start) × the ranks each holds. */
+  busyRankSeconds: number;
+  /** busyRankSeconds ÷ rankSeconds; null when the fleet offered none. */
+  busyFraction: number | null;
+  /** podSeconds / 3600 × the rollout price; null without a price. */
   cost: number | null;
 }
 
@@ -37,6 +56,8 @@ export interface Economics {
     train: PoolFigures;
     control: { busySeconds: number; busyFraction: number | null };
   };
+  /** With `moerl report --prometheus`: the fleet measured; its cost replaces the rollout pool's below. */
+  fleet: FleetFigures | null;
   totalCost: number | null;
   generatedTokens: number;
   trainedTokens: number | null;
@@ -86,6 +107,40 @@ export function unionSeconds(intervals: readonly [number, number][]): number {
 const perMillion = (cost: number | null, tokens: number | null) =>
   cost === null || tokens === null || tokens <= 0 ? null : cost / (tokens / 1e6);
 
+/**
+ * The measured fleet against the ranks the rollout pool's activities held while they ran: a
+ * shard its rolloutEpWorldSize, any other rollout-queue activity one (as workers/demand.ts
+ * counts the demand).
+ */
+function fleetFigures(
+  samples: FleetSamples,
+  activities: readonly ActivityRecord[],
+  spec: CampaignSpec,
+  price: number | null,
+  readAt: number,
+): FleetFigures {
+  const step = samples.stepSeconds;
+  const podSeconds = samples.pods.reduce((s, x) => s + x, 0) * step;
+  const rankSeconds = samples.ranks.reduce((s, x) => s + x, 0) * step;
+  let busyRankSeconds = 0;
+  for (const a of activities) {
+    if (poolOf[a.activity] !== 'rollout' || a.startedAt === null) continue;
+    const ranks = a.activity === 'rolloutShard' ? spec.rolloutEpWorldSize : 1;
+    busyRankSeconds += (Math.max(0, (a.closedAt ?? readAt) - a.startedAt) / 1000) * ranks;
+  }
+  return {
+    source: samples.source,
+    stepSeconds: step,
+    podSeconds,
+    rankSeconds,
+    meanPods: samples.pods.length ? podSeconds / step / samples.pods.length : 0,
+    peakPods: Math.max(0, ...samples.pods),
+    busyRankSeconds,
+    busyFraction: rankSeconds > 0 ? busyRankSeconds / rankSeconds : null,
+    cost: price === null ? null : (podSeconds / 3600) * price,
+  };
+}
+
 /** Seconds one chunk took in shards that were not interrupted, per iteration (mean). */
 function chunkSeconds(activities: readonly ActivityRecord[]): Map<number, number> {
   const per = new Map<number, number[]>();
@@ -104,6 +159,7 @@ export function economics(
   spec: CampaignSpec,
   prices: Prices,
   readAt: number,
+  fleetSamples: FleetSamples | null = null,
 ): Economics {
   const wall = model.header.wallSeconds;
   const end = (a: ActivityRecord) => a.closedAt ?? readAt;
@@ -123,7 +179,11 @@ export function economics(
   const rollout = pool('rollout');
   const train = pool('train');
   const control = busy('control');
-  const totalCost = rollout.cost === null || train.cost === null ? null : rollout.cost + train.cost;
+  const fleet = fleetSamples
+    ? fleetFigures(fleetSamples, activities, spec, prices.rollout.nodeHourPrice, readAt)
+    : null;
+  const rolloutCost = fleet ? fleet.cost : rollout.cost;
+  const totalCost = rolloutCost === null || train.cost === null ? null : rolloutCost + train.cost;
 
   const generatedTokens = model.iterations.reduce((s, it) => s + (it.tokens ?? 0), 0);
   const trained = model.iterations.filter((it) => it.train);
@@ -196,11 +256,12 @@ export function economics(
     currency: prices.currency,
     wallSeconds: wall,
     pools: { rollout, train, control: { busySeconds: control, busyFraction: fraction(control) } },
+    fleet,
     totalCost,
     generatedTokens,
     trainedTokens,
     costPerMillionGeneratedTokens: perMillion(totalCost, generatedTokens),
-    rolloutCostPerMillionGeneratedTokens: perMillion(rollout.cost, generatedTokens),
+    rolloutCostPerMillionGeneratedTokens: perMillion(rolloutCost, generatedTokens),
     costPerMillionTrainedTokens: perMillion(totalCost, trainedTokens),
     trainCostPerMillionTrainedTokens: perMillion(train.cost, trainedTokens),
     interruptions: {

@@ -86,6 +86,16 @@ function economicsTable(e: Economics): string {
         `${p.rollout.nodes} nodes at ${money(p.rollout.nodeHourPrice, c)}/node-hour; busy ${percent(p.rollout.busyFraction)} (${seconds(p.rollout.busySeconds)}); cost ${money(p.rollout.cost, c)}`,
       ),
     ],
+    ...(e.fleet
+      ? [
+          [
+            'rollout fleet (measured)',
+            escape(
+              `${(e.fleet.podSeconds / 3600).toFixed(3)} node-hours (mean ${decimal(e.fleet.meanPods)}, peak ${e.fleet.peakPods} pods); ranks busy ${percent(e.fleet.busyFraction)} of ${seconds(e.fleet.rankSeconds)} rank-seconds; cost ${money(e.fleet.cost, c)} — from ${e.fleet.source}`,
+            ),
+          ] as [string, string],
+        ]
+      : []),
     [
       'train pool',
       escape(

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { charts } from './charts.js';
 import type { ReportSource } from './collect.js';
 import { economics, type Economics } from './economics.js';
+import type { FleetSamples } from './fleet.js';
 import { renderHtml } from './html.js';
 import { buildModel, type ReportModel } from './model.js';
 import type { Prices } from './prices.js';
@@ -14,12 +15,17 @@ export interface ReportDocument extends ReportModel {
   economics: Economics;
 }
 
-export function buildReport(source: ReportSource, prices: Prices, temporalUi: string | null): ReportDocument {
+export function buildReport(
+  source: ReportSource,
+  prices: Prices,
+  temporalUi: string | null,
+  fleet: FleetSamples | null = null,
+): ReportDocument {
   const model = buildModel(source, temporalUi);
   return {
     generatedAt: new Date(source.readAt).toISOString(),
     ...model,
-    economics: economics(model, source.records.activities, source.spec, prices, source.readAt),
+    economics: economics(model, source.records.activities, source.spec, prices, source.readAt, fleet),
   };
 }
 

@@ -169,14 +169,22 @@ function checkpointsKept(activities: readonly ActivityRecord[]): ReportHeader['c
 const iso = (ms: number) => new Date(ms).toISOString();
 const ms = (text: string) => new Date(text).getTime();
 
+/** The campaign's wall time (ms): the first run's first event to the last run's last, or null while it runs. */
+export function campaignWindow(source: ReportSource): { startedAt: number; endedAt: number | null } {
+  const first = source.records.runSpans[0];
+  const last = source.records.runSpans.at(-1);
+  const ended = last?.closedAs && last.closedAs !== 'continued-as-new';
+  return {
+    startedAt: first ? ms(first.startedAt) : source.readAt,
+    endedAt: ended && last ? ms(last.lastEventAt) : null,
+  };
+}
+
 export function buildModel(source: ReportSource, temporalUi: string | null): ReportModel {
   const { records, history, spec } = source;
   const acts = records.activities;
-  const first = records.runSpans[0];
+  const { startedAt, endedAt } = campaignWindow(source);
   const last = records.runSpans.at(-1);
-  const startedAt = first ? ms(first.startedAt) : source.readAt;
-  const ended = last?.closedAs && last.closedAs !== 'continued-as-new';
-  const endedAt = ended && last ? ms(last.lastEventAt) : null;
   const runIndex = new Map(records.runSpans.map((r, i) => [r.runId, i + 1]));
 
   const commitClosed = (iteration: number) =>

@@ -5,8 +5,10 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { after, describe, it } from 'node:test';
-import { UsageError } from '../../cli/errors.js';
+import { CliError, UsageError } from '../../cli/errors.js';
 import { historyFromRecords, type ActivityRecord, type CampaignRecords } from '../../cli/history.js';
 import type { ReportSource } from '../../cli/report/collect.js';
 import { parse, View } from 'vega';
@@ -14,6 +16,7 @@ import { compile } from 'vega-lite';
 import { charts } from '../../cli/report/charts.js';
 import { buildReport, iterationsCsv } from '../../cli/report/index.js';
 import { unionSeconds } from '../../cli/report/economics.js';
+import { prometheusBase, readFleet } from '../../cli/report/fleet.js';
 import { resolvePrices } from '../../cli/report/prices.js';
 import { testSpec } from '../support/campaign-harness.js';
 
@@ -282,5 +285,123 @@ describe('report formulas', () => {
     assert.throws(() => resolvePrices({ rolloutPrice: '' }, spec), /--rollout-price: got ""/);
     writeFileSync(file, 'rollout: { nodeHourPrice: 2 }\n');
     assert.deepEqual(resolvePrices({ file, trainPrice: '3' }, spec).rollout, { nodeHourPrice: 2, nodes: 2 });
+  });
+});
+
+/**
+ * A fake Prometheus server: answers /api/v1/query_range for count() and sum() of the capacity
+ * metric with a fleet of `pods(t)` workers of 2 ranks each, and records the queries it got.
+ */
+async function fakePrometheus(
+  pods: (t: number) => number,
+  answer?: (res: import('node:http').ServerResponse) => void,
+) {
+  const queries: URLSearchParams[] = [];
+  const server = createServer((req, res) => {
+    const q = new URL(req.url!, 'http://x').searchParams;
+    queries.push(q);
+    if (answer) return answer(res);
+    const [start, end, step] = ['start', 'end', 'step'].map((k) => Number(q.get(k)));
+    const per = q.get('query')!.startsWith('sum(') ? 2 : 1;
+    const values: [number, string][] = [];
+    for (let t = start!; t <= end!; t += step!) if (pods(t) > 0) values.push([t, String(pods(t) * per)]);
+    res.setHeader('content-type', 'application/json');
+    res.end(
+      JSON.stringify({
+        status: 'success',
+        data: { resultType: 'matrix', result: values.length ? [{ metric: {}, values }] : [] },
+      }),
+    );
+  });
+  await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  return { base, queries, close: () => new Promise((ok) => server.close(ok)) };
+}
+
+describe('the rollout fleet measured by Prometheus (fake Prometheus server)', () => {
+  it('pod- and rank-seconds over the campaign, the busy fraction against the ranks its activities held, the cost from pod-hours', async () => {
+    // Two workers from 10 s to 40 s of the 50 s campaign, none before or after.
+    const prom = await fakePrometheus((t) => (t >= 10 && t <= 40 ? 2 : 0));
+    try {
+      const fleet = await readFleet(prom.base, 'job="moerl-rollout"', { from: 0, to: s(50) });
+      assert.deepEqual(prom.queries.map((q) => q.get('query')).sort(), [
+        'count(moerl_rollout_rank_capacity{job="moerl-rollout"})',
+        'sum(moerl_rollout_rank_capacity{job="moerl-rollout"})',
+      ]);
+      assert.deepEqual(
+        ['start', 'end', 'step'].map((k) => prom.queries[0]!.get(k)),
+        ['0', '50', '1'],
+      );
+      const prices = resolvePrices({ rolloutPrice: '36', trainPrice: '72', trainNodes: '2' }, spec);
+      const e = buildReport(source, prices, null, fleet).economics;
+      const f = e.fleet!;
+      assert.equal(f.podSeconds, 31 * 2, '31 one-second samples of 2 pods');
+      assert.equal(f.rankSeconds, 31 * 4);
+      assert.equal(f.peakPods, 2);
+      assert.equal(f.meanPods, 62 / 51);
+      // The shards ran 12-22 s and 20-30 s with rolloutEpWorldSize ranks each; the reward 0-31 s with one.
+      const ep = spec.rolloutEpWorldSize;
+      assert.equal(f.busyRankSeconds, 10 * ep + 10 * ep + 31);
+      assert.equal(f.busyFraction, f.busyRankSeconds / 124);
+      assert.equal(f.cost, (62 / 3600) * 36);
+      assert.equal(e.totalCost, f.cost! + 2, 'the measured fleet replaces the rollout pool in the total');
+      assert.equal(e.rolloutCostPerMillionGeneratedTokens, f.cost! / (1800 / 1e6));
+      assert.equal(buildReport(source, prices, null).economics.fleet, null, 'no fleet without Prometheus');
+    } finally {
+      await prom.close();
+    }
+  });
+
+  it('a long campaign is read at a coarser step within the point limit; no worker at all is zero, not an error', async () => {
+    const prom = await fakePrometheus(() => 0);
+    try {
+      const day = 30 * 3600 * 1000;
+      const fleet = await readFleet(prom.base, '', { from: s(100), to: s(100) + day });
+      assert.equal(fleet.stepSeconds, 11, '108,000 s in at most 10,000 steps');
+      assert.equal(fleet.pods.length, Math.floor(108_000 / 11) + 1);
+      assert.equal(prom.queries[0]!.get('query')?.includes('moerl_rollout_rank_capacity{}'), true);
+      assert.ok(fleet.pods.every((x) => x === 0));
+    } finally {
+      await prom.close();
+    }
+  });
+
+  it("bad URLs, refusals and answers that are not Prometheus's are errors naming the server and the query", async () => {
+    assert.throws(
+      () => prometheusBase('localhost:9090'),
+      (e: Error) => e instanceof UsageError && /--prometheus: got "localhost:9090"/.test(e.message),
+    );
+    assert.equal(prometheusBase('http://127.0.0.1:9090/prom/'), 'http://127.0.0.1:9090/prom');
+    const refusing = await fakePrometheus(
+      () => 0,
+      (res) => {
+        res.statusCode = 400;
+        res.end(
+          JSON.stringify({ status: 'error', errorType: 'bad_data', error: 'parse error: unexpected "}"' }),
+        );
+      },
+    );
+    const notJson = await fakePrometheus(
+      () => 0,
+      (res) => res.end('<html>a login page</html>'),
+    );
+    try {
+      await assert.rejects(
+        readFleet(refusing.base, 'job=', { from: 0, to: s(10) }),
+        (e: Error) =>
+          e instanceof CliError &&
+          e.message.includes(refusing.base) &&
+          e.message.includes('{job=}') &&
+          /refused it \(HTTP 400\): parse error/.test(e.message),
+      );
+      await assert.rejects(
+        readFleet(notJson.base, '', { from: 0, to: s(10) }),
+        /not JSON: is this a Prometheus server\?/,
+      );
+      await refusing.close();
+      await assert.rejects(readFleet(refusing.base, '', { from: 0, to: s(10) }), /cannot reach the server/);
+    } finally {
+      await notJson.close();
+    }
   });
 });
