@@ -15,17 +15,14 @@
 // manager's HPA sync period is 3 s (kube-cluster.ts).
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { AppsV1Api, CoreV1Api, type V1Pod } from '@kubernetes/client-node';
+import { AppsV1Api, CoreV1Api } from '@kubernetes/client-node';
 import { Context, sleep } from '@temporalio/activity';
-import { NativeConnection } from '@temporalio/worker';
 import { logTail } from '../../cli/dev-server.js';
 import { Registry } from 'prom-client';
 import { stringify } from 'yaml';
 import type { CampaignActivities, RolloutShardInput, UpdateInput } from '../../activities/types.js';
 import { rolloutDemandReader, trackRolloutDemand } from '../../workers/demand.js';
 import { serveMetrics, type MetricsServer } from '../../workers/metrics.js';
-import { podBusyMarker } from '../../workers/pod-deletion-cost.js';
-import { runWorkers } from '../../workers/worker.js';
 import type { TaskQueues } from '../../workflows/types.js';
 import {
   startCampaign,
@@ -38,12 +35,16 @@ import {
 import { startKeda, type Keda } from '../support/keda.js';
 import { startKubeCluster, type KubeCluster } from '../support/kube-cluster.js';
 import { createRecordingTestActivities } from '../support/recording-activities.js';
+import {
+  fleetObjects,
+  rolloutDeployment as deployment,
+  rolloutFleet as startRolloutFleet,
+  rolloutPods,
+  rolloutReplicas,
+} from '../support/rollout-fleet.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
-import { find, parseObjects, render, type K8sObject } from './render.js';
 
 const shards = 2;
-const t0 = Date.now();
-const deployment = 'moerl-rollout';
 
 let cluster: KubeCluster;
 let core: CoreV1Api;
@@ -56,172 +57,12 @@ const queues: TaskQueues = uniqueTaskQueues();
 const stopDemand = new AbortController();
 let tracking: Promise<void> | undefined;
 
-/** The rendered eks objects this test applies, sized and timed for a test (see the top). */
-async function fleetObjects(
-  metricsUrl: string,
-): Promise<{ objects: K8sObject[]; nodeLabels: Record<string, string> }> {
-  const eks = parseObjects(await render('eks'));
-  const rollout = structuredClone(find(eks, 'Deployment', deployment)) as K8sObject & {
-    spec: {
-      template: { spec: { nodeSelector: Record<string, string>; containers: { resources: object }[] } };
-    };
-  };
-  const pod = rollout.spec.template.spec;
-  for (const c of pod.containers)
-    c.resources = { requests: { cpu: '1', memory: '1Gi' }, limits: { cpu: '1', memory: '1Gi' } };
-  const scaled = structuredClone(find(eks, 'ScaledObject', deployment)) as K8sObject & {
-    spec: {
-      pollingInterval: number;
-      cooldownPeriod: number;
-      maxReplicaCount: number;
-      advanced: { horizontalPodAutoscalerConfig: { behavior: { scaleDown: object } } };
-      triggers: { type: string; metadata: Record<string, string> }[];
-    };
-  };
-  scaled.spec.pollingInterval = 1;
-  scaled.spec.cooldownPeriod = 5;
-  scaled.spec.maxReplicaCount = 4;
-  scaled.spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleDown = {
-    stabilizationWindowSeconds: 2,
-    policies: [{ type: 'Pods', value: 2, periodSeconds: 5 }],
-  };
-  const trigger = scaled.spec.triggers.find((tr) => tr.type === 'metrics-api');
-  assert.ok(trigger, 'the ScaledObject has its metrics-api trigger');
-  trigger.metadata.url = metricsUrl;
-  trigger.metadata.targetValue = '1';
-  // KEDA reads the target's environment (envFrom included) for triggers that name a variable.
-  const config = eks.filter((o) => o.kind === 'ConfigMap' && o.metadata.name.startsWith('moerl-config'));
-  const account = find(eks, 'ServiceAccount', 'moerl-rollout');
-  const objects = [...config, account, rollout, scaled].map((o) => ({
-    ...o,
-    metadata: { ...o.metadata, namespace },
-  }));
-  return { objects, nodeLabels: pod.nodeSelector };
-}
-
 /** Three iterations of `shards` shards of one rank each. */
 const fleetSpec = (name: string, staleness: 0 | 1) =>
   testSpec({ name, iterations: 3, rolloutShards: shards, rolloutEpWorldSize: 1, staleness });
 
-/** Pods of the rollout Deployment, deleting ones included. */
-async function rolloutPods(): Promise<V1Pod[]> {
-  return (await core.listNamespacedPod({ namespace, labelSelector: 'moerl.dev/role=rollout' })).items;
-}
-
-async function replicas(): Promise<number> {
-  return (await apps.readNamespacedDeployment({ namespace, name: deployment })).spec?.replicas ?? 0;
-}
-
-interface PodWorker {
-  pod: string;
-  running: number;
-  /** Activities running when its pod was deleted and the worker told to stop. */
-  runningAtStop?: number;
-  /** What runs now, e.g. "rolloutShard c/1/0", and what ran when it was told to stop. */
-  active: Set<string>;
-  activeAtStop?: string[];
-  /** Shards (campaign/iteration/shard) it ran. */
-  ran: string[];
-  stop: AbortController;
-  done: Promise<void>;
-}
-
-/**
- * Plays the kubelet for the rollout pods on kwok nodes: a rollout worker per running pod, stopped
- * (gracefully, as SIGTERM stops a real one) once its pod is deleted.
- */
-function rolloutFleet(activities: CampaignActivities) {
-  const workers = new Map<string, PodWorker>();
-  const halt = new AbortController();
-  const start = (pod: string): PodWorker => {
-    const marker = podBusyMarker({
-      pod: { name: pod, namespace },
-      kubeConfig: cluster.kubeConfig(),
-      log: (line) => console.error(`pod ${pod}: ${line}`),
-    });
-    const w: PodWorker = {
-      pod,
-      running: 0,
-      ran: [],
-      active: new Set(),
-      stop: new AbortController(),
-      done: Promise.resolve(),
-    };
-    const counted = Object.fromEntries(
-      Object.entries(activities).map(([name, fn]) => [
-        name,
-        async (input: unknown) => {
-          const i = input as RolloutShardInput;
-          const what = `${name} ${i.campaignId}/${i.iteration}/${i.shard ?? '-'} at ${Date.now() - t0} ms`;
-          w.running++;
-          w.active.add(what);
-          if (name === 'rolloutShard') w.ran.push(`${i.campaignId}/${i.iteration}/${i.shard}`);
-          try {
-            return await (fn as (i: unknown) => Promise<unknown>)(input);
-          } finally {
-            w.running--;
-            w.active.delete(what);
-          }
-        },
-      ]),
-    ) as unknown as CampaignActivities;
-    // A connection each: the SDK allows one worker per task queue on a connection, a pod one.
-    w.done = (async () => {
-      const connection = await NativeConnection.connect({ address: t.address });
-      try {
-        await runWorkers({
-          roles: ['rollout'],
-          connection,
-          namespace: t.namespace,
-          taskQueues: queues,
-          activities: marker.instrument(counted),
-          rolloutRanks: 1,
-          shutdownGraceMs: 30_000,
-          signal: w.stop.signal,
-        });
-      } finally {
-        await connection.close();
-      }
-    })();
-    return w;
-  };
-  const loop = (async () => {
-    while (!halt.signal.aborted) {
-      const pods = await rolloutPods();
-      const live = new Set<string>();
-      for (const p of pods) {
-        const name = p.metadata!.name!;
-        if (p.metadata?.deletionTimestamp) continue;
-        live.add(name);
-        if (p.status?.phase === 'Running' && !workers.has(name)) {
-          console.error(`pod ${name} runs at ${Date.now() - t0} ms`);
-          workers.set(name, start(name));
-        }
-      }
-      for (const w of workers.values())
-        if (!live.has(w.pod) && w.runningAtStop === undefined) {
-          w.runningAtStop = w.running;
-          w.activeAtStop = [...w.active];
-          console.error(
-            `pod ${w.pod} deleted at ${Date.now() - t0} ms running [${w.activeAtStop.join('; ')}]`,
-          );
-          w.stop.abort();
-        }
-      await new Promise((r) => setTimeout(r, 250));
-    }
-  })();
-  return {
-    workers,
-    /** Workers whose pod is not deleted. */
-    live: () => [...workers.values()].filter((w) => w.runningAtStop === undefined),
-    async stop() {
-      halt.abort();
-      await loop;
-      for (const w of workers.values()) w.stop.abort();
-      await Promise.all([...workers.values()].map((w) => w.done));
-    },
-  };
-}
+const rolloutPodsNow = () => rolloutPods(core, namespace);
+const replicas = () => rolloutReplicas(apps, namespace);
 
 /**
  * Recording activities whose shards each wait until every shard of their iteration runs (one per
@@ -282,7 +123,15 @@ before(
       intervalMs: 500,
       signal: stopDemand.signal,
     });
-    const { objects, nodeLabels } = await fleetObjects(metrics.url);
+    const { objects, nodeLabels } = await fleetObjects(namespace, {
+      metricsUrl: metrics.url,
+      elastic: {
+        pollingInterval: 1,
+        cooldownPeriod: 5,
+        maxReplicaCount: 4,
+        scaleDown: { stabilizationWindowSeconds: 2, pods: 2, periodSeconds: 5 },
+      },
+    });
     await cluster.addFakeNodes(2, nodeLabels);
     const applied = await cluster.kubectl(['apply', '-f', '-'], {
       input: objects.map((o) => stringify(o)).join('---\n'),
@@ -332,9 +181,16 @@ describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA
       updateWaitsForZero: (campaignId) => campaignId === first,
       fleetAtZero: () => fleetAtZero(),
     });
-    const fleet = rolloutFleet(gates.activities);
+    const fleet = startRolloutFleet({
+      cluster,
+      core,
+      namespace,
+      temporal: { address: t.address, namespace: t.namespace },
+      taskQueues: queues,
+      activities: gates.activities,
+    });
     fleetAtZero = async () =>
-      (await replicas()) === 0 && (await rolloutPods()).length === 0 && fleet.live().length === 0;
+      (await replicas()) === 0 && (await rolloutPodsNow()).length === 0 && fleet.live().length === 0;
     const reachesZero = (when: string) =>
       waitFor(
         `the fleet at zero ${when}`,

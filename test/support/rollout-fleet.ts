@@ -1,0 +1,237 @@
+// The rollout fleet of the eks overlay on a test control plane whose nodes are kwok's: the
+// rendered Deployment (and ScaledObject, for an elastic fleet) sized for a test, and a stand-in
+// for the pods' kubelet that runs a real rollout worker in this process for each running pod
+// (marking its pod busy or idle as a real worker does) and stops it gracefully, as SIGTERM stops
+// a real one, once its pod is deleted. Used by test/k8s/keda.test.ts and bench/rollout_fleet.ts.
+import assert from 'node:assert/strict';
+import type { AppsV1Api, CoreV1Api, V1Pod } from '@kubernetes/client-node';
+import { NativeConnection } from '@temporalio/worker';
+import type { CampaignActivities, RolloutShardInput } from '../../activities/types.js';
+import type { MetricsServer } from '../../workers/metrics.js';
+import { podBusyMarker } from '../../workers/pod-deletion-cost.js';
+import { startWorkerMetrics } from '../../workers/telemetry.js';
+import { runWorkers } from '../../workers/worker.js';
+import type { TaskQueues } from '../../workflows/types.js';
+import type { KubeCluster } from './kube-cluster.js';
+import { find, parseObjects, render, type K8sObject } from '../k8s/render.js';
+
+export const rolloutDeployment = 'moerl-rollout';
+
+/** The ScaledObject's timings and bounds, for a fleet that must react within a test. */
+export interface ElasticSettings {
+  pollingInterval: number;
+  cooldownPeriod: number;
+  maxReplicaCount: number;
+  /** HPA scale-down behaviour: stabilization window and pods removed per period. */
+  scaleDown: { stabilizationWindowSeconds: number; pods: number; periodSeconds: number };
+}
+
+/**
+ * The rendered eks objects of the rollout fleet in `namespace`, each pod 1 CPU (1 rank): with
+ * `elastic`, the ScaledObject whose metrics-api trigger reads `metricsUrl` with a target of 1 rank
+ * per pod; with `fixedReplicas` instead, the Deployment alone at that size.
+ */
+export async function fleetObjects(
+  namespace: string,
+  fleet: { metricsUrl: string; elastic: ElasticSettings } | { fixedReplicas: number },
+): Promise<{ objects: K8sObject[]; nodeLabels: Record<string, string> }> {
+  const eks = parseObjects(await render('eks'));
+  const rollout = structuredClone(find(eks, 'Deployment', rolloutDeployment)) as K8sObject & {
+    spec: {
+      replicas?: number;
+      template: { spec: { nodeSelector: Record<string, string>; containers: { resources: object }[] } };
+    };
+  };
+  const pod = rollout.spec.template.spec;
+  for (const c of pod.containers)
+    c.resources = { requests: { cpu: '1', memory: '1Gi' }, limits: { cpu: '1', memory: '1Gi' } };
+  // KEDA reads the target's environment (envFrom included) for triggers that name a variable.
+  const config = eks.filter((o) => o.kind === 'ConfigMap' && o.metadata.name.startsWith('moerl-config'));
+  const account = find(eks, 'ServiceAccount', 'moerl-rollout');
+  const objects: K8sObject[] = [...config, account, rollout];
+  if ('fixedReplicas' in fleet) rollout.spec.replicas = fleet.fixedReplicas;
+  else {
+    const scaled = structuredClone(find(eks, 'ScaledObject', rolloutDeployment)) as K8sObject & {
+      spec: {
+        pollingInterval: number;
+        cooldownPeriod: number;
+        maxReplicaCount: number;
+        advanced: { horizontalPodAutoscalerConfig: { behavior: { scaleDown: object } } };
+        triggers: { type: string; metadata: Record<string, string> }[];
+      };
+    };
+    const e = fleet.elastic;
+    scaled.spec.pollingInterval = e.pollingInterval;
+    scaled.spec.cooldownPeriod = e.cooldownPeriod;
+    scaled.spec.maxReplicaCount = e.maxReplicaCount;
+    scaled.spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleDown = {
+      stabilizationWindowSeconds: e.scaleDown.stabilizationWindowSeconds,
+      policies: [{ type: 'Pods', value: e.scaleDown.pods, periodSeconds: e.scaleDown.periodSeconds }],
+    };
+    const trigger = scaled.spec.triggers.find((tr) => tr.type === 'metrics-api');
+    assert.ok(trigger, 'the ScaledObject has its metrics-api trigger');
+    trigger.metadata.url = fleet.metricsUrl;
+    trigger.metadata.targetValue = '1';
+    objects.push(scaled);
+  }
+  return {
+    objects: objects.map((o) => ({ ...o, metadata: { ...o.metadata, namespace } })),
+    nodeLabels: pod.nodeSelector,
+  };
+}
+
+/** Pods of the rollout Deployment, deleting ones included. */
+export async function rolloutPods(core: CoreV1Api, namespace: string): Promise<V1Pod[]> {
+  return (await core.listNamespacedPod({ namespace, labelSelector: 'moerl.dev/role=rollout' })).items;
+}
+
+export async function rolloutReplicas(apps: AppsV1Api, namespace: string): Promise<number> {
+  return (await apps.readNamespacedDeployment({ namespace, name: rolloutDeployment })).spec?.replicas ?? 0;
+}
+
+export interface PodWorker {
+  pod: string;
+  running: number;
+  /** Activities running when its pod was deleted and the worker told to stop. */
+  runningAtStop?: number;
+  /** What runs now, e.g. "rolloutShard c/1/0", and what ran when it was told to stop. */
+  active: Set<string>;
+  activeAtStop?: string[];
+  /** Shards (campaign/iteration/shard) it ran. */
+  ran: string[];
+  /** With `serveMetrics`: the worker's own /metrics, as a real rollout worker serves it. */
+  metrics?: MetricsServer;
+  stop: AbortController;
+  done: Promise<void>;
+}
+
+export interface RolloutFleet {
+  workers: Map<string, PodWorker>;
+  /** Workers whose pod is not deleted. */
+  live(): PodWorker[];
+  stop(): Promise<void>;
+}
+
+/**
+ * Plays the kubelet for the rollout pods of `namespace` on kwok nodes: a rollout worker per
+ * running pod on the Temporal server at `temporal`, stopped once its pod is deleted. With
+ * `serveMetrics` each worker serves its metrics on 127.0.0.1 (moerl_rollout_rank_capacity 1
+ * among them), found in `PodWorker.metrics` while it runs.
+ */
+export function rolloutFleet(opts: {
+  cluster: KubeCluster;
+  core: CoreV1Api;
+  namespace: string;
+  temporal: { address: string; namespace: string };
+  taskQueues: TaskQueues;
+  activities: CampaignActivities;
+  serveMetrics?: boolean;
+  log?: (line: string) => void;
+}): RolloutFleet {
+  const { namespace } = opts;
+  const t0 = Date.now();
+  const log = opts.log ?? ((line: string) => console.error(line));
+  const workers = new Map<string, PodWorker>();
+  const halt = new AbortController();
+  const start = (pod: string): PodWorker => {
+    const marker = podBusyMarker({
+      pod: { name: pod, namespace },
+      kubeConfig: opts.cluster.kubeConfig(),
+      log: (line) => log(`pod ${pod}: ${line}`),
+    });
+    const w: PodWorker = {
+      pod,
+      running: 0,
+      ran: [],
+      active: new Set(),
+      stop: new AbortController(),
+      done: Promise.resolve(),
+    };
+    const counted = Object.fromEntries(
+      Object.entries(opts.activities).map(([name, fn]) => [
+        name,
+        async (input: unknown) => {
+          const i = input as RolloutShardInput;
+          const what = `${name} ${i.campaignId}/${i.iteration}/${i.shard ?? '-'} at ${Date.now() - t0} ms`;
+          w.running++;
+          w.active.add(what);
+          if (name === 'rolloutShard') w.ran.push(`${i.campaignId}/${i.iteration}/${i.shard}`);
+          try {
+            return await (fn as (i: unknown) => Promise<unknown>)(input);
+          } finally {
+            w.running--;
+            w.active.delete(what);
+          }
+        },
+      ]),
+    ) as unknown as CampaignActivities;
+    // A connection each: the SDK allows one worker per task queue on a connection, a pod one.
+    w.done = (async () => {
+      const connection = await NativeConnection.connect({ address: opts.temporal.address });
+      try {
+        let activities = marker.instrument(counted);
+        if (opts.serveMetrics) {
+          const served = await startWorkerMetrics({
+            connection,
+            namespace: opts.temporal.namespace,
+            activities,
+            port: 0,
+            host: '127.0.0.1',
+            rolloutRanks: 1,
+          });
+          activities = served.activities;
+          w.metrics = served.server;
+        }
+        await runWorkers({
+          roles: ['rollout'],
+          connection,
+          namespace: opts.temporal.namespace,
+          taskQueues: opts.taskQueues,
+          activities,
+          rolloutRanks: 1,
+          shutdownGraceMs: 30_000,
+          signal: w.stop.signal,
+        });
+      } finally {
+        // Its metrics go with it, as a real worker's go with its process.
+        await w.metrics?.close();
+        w.metrics = undefined;
+        await connection.close();
+      }
+    })();
+    return w;
+  };
+  const loop = (async () => {
+    while (!halt.signal.aborted) {
+      const pods = await rolloutPods(opts.core, namespace);
+      const live = new Set<string>();
+      for (const p of pods) {
+        const name = p.metadata!.name!;
+        if (p.metadata?.deletionTimestamp) continue;
+        live.add(name);
+        if (p.status?.phase === 'Running' && !workers.has(name)) {
+          log(`pod ${name} runs at ${Date.now() - t0} ms`);
+          workers.set(name, start(name));
+        }
+      }
+      for (const w of workers.values())
+        if (!live.has(w.pod) && w.runningAtStop === undefined) {
+          w.runningAtStop = w.running;
+          w.activeAtStop = [...w.active];
+          log(`pod ${w.pod} deleted at ${Date.now() - t0} ms running [${w.activeAtStop.join('; ')}]`);
+          w.stop.abort();
+        }
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  })();
+  return {
+    workers,
+    live: () => [...workers.values()].filter((w) => w.runningAtStop === undefined),
+    async stop() {
+      halt.abort();
+      await loop;
+      for (const w of workers.values()) w.stop.abort();
+      await Promise.all([...workers.values()].map((w) => w.done));
+    },
+  };
+}
