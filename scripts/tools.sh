@@ -16,8 +16,8 @@
 #                                           kueue-crds/), the job queue of the queueing tests
 #   prometheus                              a Prometheus server without service discovery
 #                                           (static targets), for the opt-in scrape test
-#   keda-crds                               KEDA's CustomResourceDefinitions (a folder; nothing
-#                                           is built), for the autoscaling manifests' tests
+#   keda-crds                               KEDA's CustomResourceDefinitions, eventing's too (a
+#                                           folder; nothing is built), for the autoscaling tests
 #   keda-operator keda-adapter              KEDA's operator and its metrics API server (one
 #                                           build), for the autoscaling test on a control plane
 #
@@ -89,7 +89,7 @@ build_outputs() {
     containerd) echo containerd ctr containerd-shim-runc-v2 ;;
     cni-plugins) basename -a "${CNI_PLUGINS[@]}" | tr '\n' ' ' ;;
     kueue) echo kueue kueue-crds ;;
-    keda-crds) echo crds ;;
+    keda-crds) echo crd-bases ;;
     keda) echo keda-operator keda-adapter ;;
     *) echo "$1" ;;
   esac
@@ -274,7 +274,9 @@ build_with_go() {
     mv "$tmp/operator" "$tmp/keda-operator" && mv "$tmp/adapter" "$tmp/keda-adapter"
   fi
   if [[ "$build" == keda-crds ]]; then
-    copy_module_crds "github.com/kedacore/keda/v2@$version" config/crd/bases 'keda.sh_*.yaml' "$tmp/crds"
+    # Every one: the operator's manager exits when a kind it watches (the eventing.keda.sh ones
+    # too) is not served for two minutes.
+    copy_module_crds "github.com/kedacore/keda/v2@$version" config/crd/bases '*.yaml' "$tmp/crd-bases"
   fi
   build_complete "$tmp" "$build" || die "go finished but did not produce all of: $(build_outputs "$build") (in $tmp)."
   # Another process may have finished the same build meanwhile; its binaries are as good.
@@ -330,7 +332,7 @@ resolve() {
   if [[ "$name" == cni-plugins ]]; then
     echo "$final_dir"
   elif [[ "$name" == keda-crds ]]; then
-    echo "$final_dir/crds"
+    echo "$final_dir/crd-bases"
   else
     absolute_executable "$final_dir/$name"
   fi

@@ -17,7 +17,6 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { AppsV1Api, CoreV1Api } from '@kubernetes/client-node';
 import { Context, sleep } from '@temporalio/activity';
-import { logTail } from '../../cli/dev-server.js';
 import { Registry } from 'prom-client';
 import { stringify } from 'yaml';
 import type { CampaignActivities, RolloutShardInput, UpdateInput } from '../../activities/types.js';
@@ -37,10 +36,10 @@ import { startKubeCluster, type KubeCluster } from '../support/kube-cluster.js';
 import { createRecordingTestActivities } from '../support/recording-activities.js';
 import {
   fleetObjects,
-  rolloutDeployment as deployment,
   rolloutFleet as startRolloutFleet,
   rolloutPods,
   rolloutReplicas,
+  scaledObjectReady,
 } from '../support/rollout-fleet.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
 
@@ -137,27 +136,7 @@ before(
       input: objects.map((o) => stringify(o)).join('---\n'),
     });
     assert.equal(applied.code, 0, applied.stderr);
-    const ready = waitFor(
-      'the ScaledObject to be ready',
-      async () => {
-        const out = await cluster.kubectl([
-          '-n',
-          namespace,
-          'get',
-          'scaledobject',
-          deployment,
-          '-o',
-          'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
-        ]);
-        return out.stdout === 'True' ? true : undefined;
-      },
-      120_000,
-      500,
-    );
-    // Why KEDA would not take it is in its operator's log.
-    await ready.catch((err: Error) => {
-      throw new Error(`${err.message}; keda-operator log:\n${logTail(keda!.operatorLog, 0)}`);
-    });
+    await scaledObjectReady(cluster, keda, namespace);
   },
   { timeout: 900_000 },
 );
@@ -294,5 +273,6 @@ describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA
     console.log(
       `fleet: ${fleet.workers.size} pods over the run; replicas sampled ${samples.length} times, peak ${peak}`,
     );
+    keda!.assertRunning();
   });
 });

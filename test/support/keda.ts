@@ -12,7 +12,7 @@
 import { copyFileSync, mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { stringify } from 'yaml';
-import { freePort } from '../../cli/dev-server.js';
+import { freePort, logTail } from '../../cli/dev-server.js';
 import { resolveTool, type ToolName } from '../../cli/temporal-tools.js';
 import { installOperatorCrds, type KubeCluster } from './kube-cluster.js';
 import { issueCert } from './kube-pki.js';
@@ -25,6 +25,8 @@ const externalMetricsApiService = 'v1beta1.external.metrics.k8s.io';
 
 export interface Keda {
   operatorLog: string;
+  /** Fails, with its log, if the operator or the metrics server has exited since it started. */
+  assertRunning(): void;
   stop(): Promise<void>;
 }
 
@@ -185,7 +187,12 @@ export async function startKeda(cluster: KubeCluster, opts: { startTimeoutMs?: n
       },
       (message) => new KedaError(message),
     );
-    return { operatorLog: operator.logFile, stop };
+    const assertRunning = () => {
+      for (const proc of [operator, metricsServer])
+        if (proc.exitReason)
+          throw new KedaError(`${proc.name} exited (${proc.exitReason}):\n${logTail(proc.logFile, 0)}`);
+    };
+    return { operatorLog: operator.logFile, assertRunning, stop };
   } catch (err) {
     await stop();
     throw err;
