@@ -4,17 +4,16 @@
 // and evaluate every expression of the Grafana dashboard. Opt-in (MOERL_PROMETHEUS=1 or
 // PROMETHEUS_PATH): the first build takes many minutes on a fresh Go cache (docs/metrics.md).
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { freePort } from '../../cli/dev-server.js';
-import { repoRoot, resolveTool, type ToolName } from '../../cli/temporal-tools.js';
+import { repoRoot } from '../../cli/temporal-tools.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { startCampaign, tinyRealSpec, uniqueTaskQueues, waitFor } from '../support/campaign-harness.js';
 import { startMetricsWorker, startRewardModel } from '../support/metrics-worker.js';
 import { nativeTools } from '../support/native-tools.js';
-import { spawnGroup, waitUntilReady } from '../support/process-group.js';
+import { startPrometheus } from '../support/prometheus.js';
 import { dashboardQueries } from '../support/promql.js';
 import { startTestEnvironment } from '../support/temporal.js';
 import type { TestEnvironment } from '../support/temporal.js';
@@ -25,21 +24,6 @@ const skip =
   tools.skip ||
   (!enabled &&
     'set MOERL_PROMETHEUS=1 to build Prometheus into the tools cache and run it (or PROMETHEUS_PATH=<binary>)');
-
-interface Sample {
-  metric: Record<string, string>;
-  value: [number, string];
-}
-
-/** An instant query through Prometheus's HTTP API; fails on a query error. */
-async function query(base: string, expr: string): Promise<Sample[]> {
-  const res = await fetch(`${base}/api/v1/query?${new URLSearchParams({ query: expr })}`);
-  const body = (await res.json()) as { status: string; error?: string; data?: { result: Sample[] } };
-  assert.equal(body.status, 'success', `${expr}: ${body.error}`);
-  return body.data!.result;
-}
-
-const one = async (base: string, expr: string) => Number((await query(base, expr))[0]?.value[1] ?? NaN);
 
 let t: TestEnvironment;
 let dir: string;
@@ -55,41 +39,20 @@ after(async () => {
 
 describe('a real Prometheus server scrapes a worker', { skip }, () => {
   test('moerl_* series in Prometheus during and after a real campaign; every dashboard expression evaluates', async () => {
-    const prometheus = await resolveTool('prometheus' as unknown as ToolName, { showProgress: true });
     const queues = uniqueTaskQueues();
     const rewardModel = await startRewardModel();
     const worker = await startMetricsWorker({ address: t.address, queues, dir, env: tools.env });
-    const webPort = await freePort();
-    const base = `http://127.0.0.1:${webPort}`;
-    writeFileSync(
-      join(dir, 'prometheus.yml'),
-      [
-        'global: { scrape_interval: 1s, evaluation_interval: 1s }',
-        'scrape_configs:',
-        '  - job_name: moerl',
-        `    static_configs: [{ targets: ['127.0.0.1:${worker.port}'] }]`,
-        '  - job_name: temporal-sdk',
-        `    static_configs: [{ targets: ['127.0.0.1:${worker.sdkPort}'] }]`,
-        '',
-      ].join('\n'),
-    );
-    const server = spawnGroup(
-      'prometheus',
-      prometheus,
-      [
-        `--config.file=${join(dir, 'prometheus.yml')}`,
-        `--storage.tsdb.path=${join(dir, 'tsdb')}`,
-        `--web.listen-address=127.0.0.1:${webPort}`,
-      ],
-      join(dir, 'prometheus.log'),
-    );
+    const prometheus = await startPrometheus(dir, [
+      '  - job_name: moerl',
+      `    static_configs: [{ targets: ['127.0.0.1:${worker.port}'] }]`,
+      '  - job_name: temporal-sdk',
+      `    static_configs: [{ targets: ['127.0.0.1:${worker.sdkPort}'] }]`,
+    ]).catch(async (err: unknown) => {
+      await worker.process.stop(10_000);
+      await rewardModel.close();
+      throw err;
+    });
     try {
-      await waitUntilReady(
-        server,
-        Date.now() + 60_000,
-        async () => (await fetch(`${base}/-/ready`)).ok || 'not ready yet',
-        (message) => new Error(message),
-      );
       const spec = tinyRealSpec('prometheus', dir, {
         iterations: 2,
         reward: { kind: 'http', url: rewardModel.url },
@@ -99,7 +62,7 @@ describe('a real Prometheus server scrapes a worker', { skip }, () => {
       // During the campaign: Prometheus has scraped a completed rollout shard.
       await waitFor(
         'Prometheus holds rollout tokens',
-        async () => ((await one(base, 'sum(moerl_rollout_tokens_total)')) > 0 ? true : undefined),
+        async () => ((await prometheus.one('sum(moerl_rollout_tokens_total)')) > 0 ? true : undefined),
         180_000,
         500,
       );
@@ -112,13 +75,15 @@ describe('a real Prometheus server scrapes a worker', { skip }, () => {
       await waitFor(
         'Prometheus sees the campaign completed',
         async () =>
-          (await one(base, `moerl_campaign_status{campaign="${state.campaignId}", status="completed"}`)) === 1
+          (await prometheus.one(
+            `moerl_campaign_status{campaign="${state.campaignId}", status="completed"}`,
+          )) === 1
             ? true
             : undefined,
         30_000,
         500,
       );
-      const up = await query(base, 'up');
+      const up = await prometheus.query('up');
       assert.deepEqual(
         up.map((s) => [s.metric.job, s.value[1]]).sort(),
         [
@@ -127,24 +92,24 @@ describe('a real Prometheus server scrapes a worker', { skip }, () => {
         ],
         'both targets are up',
       );
-      assert.equal(await one(base, `moerl_campaign_iteration${campaign}`), spec.iterations);
+      assert.equal(await prometheus.one(`moerl_campaign_iteration${campaign}`), spec.iterations);
       assert.equal(
-        await one(base, `moerl_campaign_mean_reward${campaign}`),
+        await prometheus.one(`moerl_campaign_mean_reward${campaign}`),
         state.latestCheckpoint!.meanReward,
       );
       assert.equal(
-        await one(base, 'sum(moerl_rollout_samples_total)'),
+        await prometheus.one('sum(moerl_rollout_samples_total)'),
         spec.iterations * spec.promptsPerIteration * spec.groupSize,
       );
       assert.equal(
-        await one(base, 'sum(moerl_rollout_tokens_total)'),
+        await prometheus.one('sum(moerl_rollout_tokens_total)'),
         state.recentIterations.reduce((s, it) => s + it.tokens, 0),
       );
       assert.equal(
-        await one(base, 'sum(moerl_stage_duration_seconds_count{stage="update", outcome="ok"})'),
+        await prometheus.one('sum(moerl_stage_duration_seconds_count{stage="update", outcome="ok"})'),
         spec.iterations,
       );
-      const names = (await query(base, 'count by (__name__) ({__name__=~"moerl_.+"})')).map(
+      const names = (await prometheus.query('count by (__name__) ({__name__=~"moerl_.+"})')).map(
         (s) => s.metric.__name__,
       );
       for (const n of [
@@ -156,14 +121,14 @@ describe('a real Prometheus server scrapes a worker', { skip }, () => {
       // The dashboard, with "All" selected, against the real query engine.
       const queries = dashboardQueries(join(repoRoot(), 'k8s', 'monitoring', 'grafana-dashboard.json'), '.*');
       let withData = 0;
-      for (const q of queries) if ((await query(base, q.expr)).length > 0) withData++;
+      for (const q of queries) if ((await prometheus.query(q.expr)).length > 0) withData++;
       for (const q of queries.filter((x) => /Iteration|Mean reward|Status|tokens per second/.test(x.where)))
-        assert.ok((await query(base, q.expr)).length > 0, `${q.where} shows data: ${q.expr}`);
+        assert.ok((await prometheus.query(q.expr)).length > 0, `${q.where} shows data: ${q.expr}`);
       console.log(
         `prometheus: ${names.length} moerl_ series names; ${withData} of ${queries.length} dashboard queries with data`,
       );
     } finally {
-      await server.stop(10_000);
+      await prometheus.stop();
       await worker.process.stop(10_000);
       await rewardModel.close();
     }
