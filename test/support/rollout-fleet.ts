@@ -6,12 +6,15 @@
 import assert from 'node:assert/strict';
 import type { AppsV1Api, CoreV1Api, V1Pod } from '@kubernetes/client-node';
 import { NativeConnection } from '@temporalio/worker';
+import { logTail } from '../../cli/dev-server.js';
 import type { CampaignActivities, RolloutShardInput } from '../../activities/types.js';
 import type { MetricsServer } from '../../workers/metrics.js';
 import { podBusyMarker } from '../../workers/pod-deletion-cost.js';
 import { startWorkerMetrics } from '../../workers/telemetry.js';
 import { runWorkers } from '../../workers/worker.js';
 import type { TaskQueues } from '../../workflows/types.js';
+import { waitFor } from './campaign-harness.js';
+import type { Keda } from './keda.js';
 import type { KubeCluster } from './kube-cluster.js';
 import { find, parseObjects, render, type K8sObject } from '../k8s/render.js';
 
@@ -80,6 +83,29 @@ export async function fleetObjects(
   };
 }
 
+/** Waits until KEDA reports the rollout ScaledObject of `namespace` Ready; else fails with its operator's log. */
+export async function scaledObjectReady(cluster: KubeCluster, keda: Keda, namespace: string): Promise<void> {
+  await waitFor(
+    'the ScaledObject to be ready',
+    async () => {
+      const out = await cluster.kubectl([
+        '-n',
+        namespace,
+        'get',
+        'scaledobject',
+        rolloutDeployment,
+        '-o',
+        'jsonpath={.status.conditions[?(@.type=="Ready")].status}',
+      ]);
+      return out.stdout === 'True' ? true : undefined;
+    },
+    120_000,
+    500,
+  ).catch((err: Error) => {
+    throw new Error(`${err.message}; keda-operator log:\n${logTail(keda.operatorLog, 0)}`);
+  });
+}
+
 /** Pods of the rollout Deployment, deleting ones included. */
 export async function rolloutPods(core: CoreV1Api, namespace: string): Promise<V1Pod[]> {
   return (await core.listNamespacedPod({ namespace, labelSelector: 'moerl.dev/role=rollout' })).items;
@@ -99,7 +125,10 @@ export interface PodWorker {
   activeAtStop?: string[];
   /** Shards (campaign/iteration/shard) it ran. */
   ran: string[];
-  /** With `serveMetrics`: the worker's own /metrics, as a real rollout worker serves it. */
+  /** When its worker started (its pod seen running) and stopped (ms). */
+  startedAt: number;
+  stoppedAt?: number;
+  /** With `metricsPorts`: the worker's own /metrics, as a real rollout worker serves it. */
   metrics?: MetricsServer;
   stop: AbortController;
   done: Promise<void>;
@@ -115,7 +144,7 @@ export interface RolloutFleet {
 /**
  * Plays the kubelet for the rollout pods of `namespace` on kwok nodes: a rollout worker per
  * running pod on the Temporal server at `temporal`, stopped once its pod is deleted. With
- * `serveMetrics` each worker serves its metrics on 127.0.0.1 (moerl_rollout_rank_capacity 1
+ * `metricsPorts` each worker serves its metrics on 127.0.0.1 (moerl_rollout_rank_capacity 1
  * among them), found in `PodWorker.metrics` while it runs.
  */
 export function rolloutFleet(opts: {
@@ -125,7 +154,12 @@ export function rolloutFleet(opts: {
   temporal: { address: string; namespace: string };
   taskQueues: TaskQueues;
   activities: CampaignActivities;
-  serveMetrics?: boolean;
+  /**
+   * Ports on which the workers serve their metrics (each takes one no other running worker
+   * holds), so that a scraper can list them all in advance and see a worker from its first
+   * second; without them the workers serve none.
+   */
+  metricsPorts?: number[];
   log?: (line: string) => void;
 }): RolloutFleet {
   const { namespace } = opts;
@@ -141,6 +175,7 @@ export function rolloutFleet(opts: {
     });
     const w: PodWorker = {
       pod,
+      startedAt: Date.now(),
       running: 0,
       ran: [],
       active: new Set(),
@@ -170,12 +205,16 @@ export function rolloutFleet(opts: {
       const connection = await NativeConnection.connect({ address: opts.temporal.address });
       try {
         let activities = marker.instrument(counted);
-        if (opts.serveMetrics) {
+        if (opts.metricsPorts) {
+          const taken = new Set([...workers.values()].flatMap((o) => (o.metrics ? [o.metrics.url] : [])));
+          const port = opts.metricsPorts.find((p) => !taken.has(`http://127.0.0.1:${p}/metrics`));
+          if (port === undefined)
+            throw new Error(`pod ${pod}: all ${opts.metricsPorts.length} metrics ports taken`);
           const served = await startWorkerMetrics({
             connection,
             namespace: opts.temporal.namespace,
             activities,
-            port: 0,
+            port,
             host: '127.0.0.1',
             rolloutRanks: 1,
           });
@@ -197,6 +236,7 @@ export function rolloutFleet(opts: {
         await w.metrics?.close();
         w.metrics = undefined;
         await connection.close();
+        w.stoppedAt = Date.now();
       }
     })();
     return w;
