@@ -26,14 +26,11 @@ import { parseArgs, promisify } from 'node:util';
 import { AppsV1Api, CoreV1Api } from '@kubernetes/client-node';
 import { Context, sleep } from '@temporalio/activity';
 import { DefaultLogger, Runtime, makeTelemetryFilterString } from '@temporalio/worker';
-import { Registry } from 'prom-client';
 import { stringify } from 'yaml';
 import type { CampaignActivities, RolloutShardInput } from '../activities/types.js';
 import type { ReportDocument } from '../cli/report/index.js';
 import { freePort } from '../cli/dev-server.js';
 import { repoRoot } from '../cli/temporal-tools.js';
-import { rolloutDemandReader, trackRolloutDemand } from '../workers/demand.js';
-import { serveMetrics } from '../workers/metrics.js';
 import {
   startCampaign,
   testSpec,
@@ -52,6 +49,7 @@ import {
   rolloutPods,
   rolloutReplicas,
   scaledObjectReady,
+  serveRolloutDemand,
 } from '../test/support/rollout-fleet.js';
 import { startTestEnvironment } from '../test/support/temporal.js';
 
@@ -107,21 +105,12 @@ const core = cluster.kubeConfig().makeApiClient(CoreV1Api);
 const apps = cluster.kubeConfig().makeApiClient(AppsV1Api);
 const keda = await startKeda(cluster);
 const t = await startTestEnvironment();
-const stopDemand = new AbortController();
 const stops: (() => Promise<void>)[] = [];
 try {
   await workflowBundle();
   const queues = uniqueTaskQueues();
-  const registry = new Registry();
-  const demandMetrics = await serveMetrics(registry, 0, '127.0.0.1');
-  stops.push(() => demandMetrics.close());
-  const tracking = trackRolloutDemand({
-    registry,
-    read: rolloutDemandReader(t.nativeConnection.workflowService, t.namespace, queues),
-    intervalMs: 500,
-    signal: stopDemand.signal,
-  });
-  stops.push(() => tracking);
+  const demand = await serveRolloutDemand(t.nativeConnection, t.namespace, queues);
+  stops.push(() => demand.stop());
 
   // Prometheus: one job, its targets the running rollout workers (a file rewritten as they change).
   // Prometheus scrapes a fixed list of ports that the rollout workers take as they start: a
@@ -149,7 +138,7 @@ try {
       const namespace = await cluster.createNamespace(`fleet-${scenario}`);
       const rendered = await fleetObjects(
         namespace,
-        mode === 'fixed' ? { fixedReplicas: shards } : { metricsUrl: demandMetrics.url, elastic },
+        mode === 'fixed' ? { fixedReplicas: shards } : { metricsUrl: demand.url, elastic },
       );
       if (!nodeLabels) {
         nodeLabels = rendered.nodeLabels;
@@ -296,7 +285,6 @@ try {
     }),
   );
 } finally {
-  stopDemand.abort();
   for (const stop of stops.reverse()) await stop().catch(() => undefined);
   await keda.stop();
   await t.teardown();

@@ -17,11 +17,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { AppsV1Api, CoreV1Api } from '@kubernetes/client-node';
 import { Context, sleep } from '@temporalio/activity';
-import { Registry } from 'prom-client';
 import { stringify } from 'yaml';
 import type { CampaignActivities, RolloutShardInput, UpdateInput } from '../../activities/types.js';
-import { rolloutDemandReader, trackRolloutDemand } from '../../workers/demand.js';
-import { serveMetrics, type MetricsServer } from '../../workers/metrics.js';
 import type { TaskQueues } from '../../workflows/types.js';
 import {
   startCampaign,
@@ -40,6 +37,7 @@ import {
   rolloutPods,
   rolloutReplicas,
   scaledObjectReady,
+  serveRolloutDemand,
 } from '../support/rollout-fleet.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
 
@@ -50,11 +48,9 @@ let core: CoreV1Api;
 let apps: AppsV1Api;
 let keda: Keda | undefined;
 let t: TestEnvironment;
-let metrics: MetricsServer;
+let demand: Awaited<ReturnType<typeof serveRolloutDemand>> | undefined;
 let namespace: string;
 const queues: TaskQueues = uniqueTaskQueues();
-const stopDemand = new AbortController();
-let tracking: Promise<void> | undefined;
 
 /** Three iterations of `shards` shards of one rank each. */
 const fleetSpec = (name: string, staleness: 0 | 1) =>
@@ -114,16 +110,9 @@ before(
     t = await startTestEnvironment();
     await workflowBundle();
     namespace = await cluster.createNamespace('moerl-keda');
-    const registry = new Registry();
-    metrics = await serveMetrics(registry, 0, '127.0.0.1');
-    tracking = trackRolloutDemand({
-      registry,
-      read: rolloutDemandReader(t.nativeConnection.workflowService, t.namespace, queues),
-      intervalMs: 500,
-      signal: stopDemand.signal,
-    });
+    demand = await serveRolloutDemand(t.nativeConnection, t.namespace, queues);
     const { objects, nodeLabels } = await fleetObjects(namespace, {
-      metricsUrl: metrics.url,
+      metricsUrl: demand.url,
       elastic: {
         pollingInterval: 1,
         cooldownPeriod: 5,
@@ -142,9 +131,7 @@ before(
 );
 
 after(async () => {
-  stopDemand.abort();
-  await tracking;
-  await metrics?.close();
+  await demand?.stop();
   await keda?.stop();
   await t?.teardown();
   await cluster?.stop();

@@ -8,7 +8,9 @@ import type { AppsV1Api, CoreV1Api, V1Pod } from '@kubernetes/client-node';
 import { NativeConnection } from '@temporalio/worker';
 import { logTail } from '../../cli/dev-server.js';
 import type { CampaignActivities, RolloutShardInput } from '../../activities/types.js';
-import type { MetricsServer } from '../../workers/metrics.js';
+import { Registry } from 'prom-client';
+import { rolloutDemandReader, trackRolloutDemand } from '../../workers/demand.js';
+import { serveMetrics, type MetricsServer } from '../../workers/metrics.js';
 import { podBusyMarker } from '../../workers/pod-deletion-cost.js';
 import { startWorkerMetrics } from '../../workers/telemetry.js';
 import { runWorkers } from '../../workers/worker.js';
@@ -104,6 +106,34 @@ export async function scaledObjectReady(cluster: KubeCluster, keda: Keda, namesp
   ).catch((err: Error) => {
     throw new Error(`${err.message}; keda-operator log:\n${logTail(keda.operatorLog, 0)}`);
   });
+}
+
+/**
+ * What a control worker serves to KEDA: moerl_rollout_ranks_wanted of the campaigns on
+ * `taskQueues`, read every 500 ms, at `url` on 127.0.0.1 until `stop`.
+ */
+export async function serveRolloutDemand(
+  connection: NativeConnection,
+  namespace: string,
+  taskQueues: TaskQueues,
+): Promise<{ url: string; stop(): Promise<void> }> {
+  const registry = new Registry();
+  const server = await serveMetrics(registry, 0, '127.0.0.1');
+  const halt = new AbortController();
+  const tracking = trackRolloutDemand({
+    registry,
+    read: rolloutDemandReader(connection.workflowService, namespace, taskQueues),
+    intervalMs: 500,
+    signal: halt.signal,
+  });
+  return {
+    url: server.url,
+    async stop() {
+      halt.abort();
+      await tracking;
+      await server.close();
+    },
+  };
 }
 
 /** Pods of the rollout Deployment, deleting ones included. */
