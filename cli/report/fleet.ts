@@ -48,7 +48,6 @@ export async function readFleet(
   base: string,
   selector: string,
   window: { from: number; to: number },
-  fetchImpl: typeof fetch = fetch,
 ): Promise<FleetSamples> {
   const seconds = Math.max(0, (window.to - window.from) / 1000);
   const stepSeconds = Math.max(1, Math.ceil(seconds / maxPoints));
@@ -65,7 +64,7 @@ export async function readFleet(
     const where = `--prometheus ${base}: ${expr}`;
     let res: Response;
     try {
-      res = await fetchImpl(`${base}/api/v1/query_range?${query}`);
+      res = await fetch(`${base}/api/v1/query_range?${query}`);
     } catch (err) {
       throw new CliError(`${where}: cannot reach the server (${(err as Error).message})`);
     }
