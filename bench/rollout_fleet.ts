@@ -112,7 +112,6 @@ try {
   const demand = await serveRolloutDemand(t.nativeConnection, t.namespace, queues);
   stops.push(() => demand.stop());
 
-  // Prometheus: one job, its targets the running rollout workers (a file rewritten as they change).
   // Prometheus scrapes a fixed list of ports that the rollout workers take as they start: a
   // worker is seen from its first scrape (1 s), not after a service discovery round (5 s).
   const metricsPorts: number[] = [];

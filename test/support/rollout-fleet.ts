@@ -158,7 +158,8 @@ export interface PodWorker {
   /** When its worker started (its pod seen running) and stopped (ms). */
   startedAt: number;
   stoppedAt?: number;
-  /** With `metricsPorts`: the worker's own /metrics, as a real rollout worker serves it. */
+  /** With `metricsPorts`: the port it holds until it stops, and its own /metrics there. */
+  metricsPort?: number;
   metrics?: MetricsServer;
   stop: AbortController;
   done: Promise<void>;
@@ -203,8 +204,16 @@ export function rolloutFleet(opts: {
       kubeConfig: opts.cluster.kubeConfig(),
       log: (line) => log(`pod ${pod}: ${line}`),
     });
+    // Taken before the first await: pods that start together never pick the same port.
+    const held = new Set(
+      [...workers.values()].flatMap((o) => (o.stoppedAt === undefined ? [o.metricsPort] : [])),
+    );
+    const metricsPort = opts.metricsPorts?.find((p) => !held.has(p));
+    if (opts.metricsPorts && metricsPort === undefined)
+      throw new Error(`pod ${pod}: all ${opts.metricsPorts.length} metrics ports are held`);
     const w: PodWorker = {
       pod,
+      metricsPort,
       startedAt: Date.now(),
       running: 0,
       ran: [],
@@ -232,40 +241,39 @@ export function rolloutFleet(opts: {
     ) as unknown as CampaignActivities;
     // A connection each: the SDK allows one worker per task queue on a connection, a pod one.
     w.done = (async () => {
-      const connection = await NativeConnection.connect({ address: opts.temporal.address });
       try {
-        let activities = marker.instrument(counted);
-        if (opts.metricsPorts) {
-          const taken = new Set([...workers.values()].flatMap((o) => (o.metrics ? [o.metrics.url] : [])));
-          const port = opts.metricsPorts.find((p) => !taken.has(`http://127.0.0.1:${p}/metrics`));
-          if (port === undefined)
-            throw new Error(`pod ${pod}: all ${opts.metricsPorts.length} metrics ports taken`);
-          const served = await startWorkerMetrics({
+        const connection = await NativeConnection.connect({ address: opts.temporal.address });
+        try {
+          let activities = marker.instrument(counted);
+          if (metricsPort !== undefined) {
+            const served = await startWorkerMetrics({
+              connection,
+              namespace: opts.temporal.namespace,
+              activities,
+              port: metricsPort,
+              host: '127.0.0.1',
+              rolloutRanks: 1,
+            });
+            activities = served.activities;
+            w.metrics = served.server;
+          }
+          await runWorkers({
+            roles: ['rollout'],
             connection,
             namespace: opts.temporal.namespace,
+            taskQueues: opts.taskQueues,
             activities,
-            port,
-            host: '127.0.0.1',
             rolloutRanks: 1,
+            shutdownGraceMs: 30_000,
+            signal: w.stop.signal,
           });
-          activities = served.activities;
-          w.metrics = served.server;
+        } finally {
+          // Its metrics go with it, as a real worker's go with its process.
+          await w.metrics?.close();
+          w.metrics = undefined;
+          await connection.close();
         }
-        await runWorkers({
-          roles: ['rollout'],
-          connection,
-          namespace: opts.temporal.namespace,
-          taskQueues: opts.taskQueues,
-          activities,
-          rolloutRanks: 1,
-          shutdownGraceMs: 30_000,
-          signal: w.stop.signal,
-        });
       } finally {
-        // Its metrics go with it, as a real worker's go with its process.
-        await w.metrics?.close();
-        w.metrics = undefined;
-        await connection.close();
         w.stoppedAt = Date.now();
       }
     })();
