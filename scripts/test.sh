@@ -2,10 +2,7 @@
 # The one test command: sets the machine up (scripts/setup.sh, sanitizer build included),
 # then lint, the native tests (ctest, plain and ASan builds), the TypeScript tests (node's test
 # runner on the compiled tests in dist/) and, again on the current Node.js LTS
-# (scripts/node-lts.sh), the unit tests and the campaign test. Two lanes run side by side: the
-# test cluster's (the Kubernetes tools and the node's images built when missing, then the
-# test/k8s files, one at a time: one real node per host) and the host's (everything else, in
-# the order above); the cluster lane's output follows the host lane's. The last line is always
+# (scripts/node-lts.sh), the unit tests and the campaign test. The last line is always
 #   total: N passed, M failed, K skipped
 # where N, M and K count ctest and node tests (a skipped suite counts once), and M also counts
 # each failed build or lint step. With CI=true a node test skipped because the native tools are
@@ -112,8 +109,6 @@ finish() {
 # shellcheck disable=SC2317 # called by the trap
 on_signal() {
   [[ -n ${current_group:-} ]] && sweep_group "$current_group"
-  [[ -n ${lane_pid:-} ]] && stop_cluster_lane
-  [[ -n ${images:-} ]] && kill_tree "$images_pid"
   record interrupted "(stopped by a signal)"
   failed=$((failed + 1))
   finish
@@ -121,6 +116,57 @@ on_signal() {
 trap on_signal INT TERM
 
 section() { echo && echo "==> $*"; }
+
+# ---- setup: only the steps the selected parts need ----
+native_ok=1
+native_asan_ok=1
+if [[ $skip_setup -eq 0 ]]; then
+  section "setup"
+  base=(npm)
+  want native && base=(packages "${base[@]}")
+  want node && base+=(tools kube-tools reward-python pyref llamacpp)
+  want node-lts && base+=(tools node-lts)
+  if ! bash scripts/setup.sh "${base[@]}"; then
+    fail_step setup
+    finish
+  fi
+  if want node || want node-lts; then
+    bash scripts/setup.sh ts || fail_step "build (tsc)"
+  fi
+  if want native && [[ $skip_native -eq 0 ]]; then
+    bash scripts/setup.sh native || {
+      native_ok=0
+      fail_step "build native"
+    }
+    bash scripts/setup.sh native-asan || {
+      native_asan_ok=0
+      fail_step "build native-asan"
+    }
+  fi
+  # The real node's images, before any test needs them (the first build takes minutes), when
+  # the tests selected include test/k8s; the PyTorch image (about 7 GB, 10 minutes the first
+  # time) when they include test/k8s/pytorch-node.test.ts.
+  selects() { [[ ${#paths[@]} -eq 0 ]] || printf '%s\n' "${paths[@]}" | grep -qE "$1"; }
+  if want node && selects '^(\./)?test/?$|k8s'; then
+    bash scripts/setup.sh image || fail_step "build image"
+  fi
+  if want node && selects '^(\./)?test/?$|^(\./)?test/k8s/?$|pytorch-node'; then
+    echo "setup: image: scripts/build-image.sh moerl-pytorch"
+    started=$SECONDS
+    bash scripts/build-image.sh moerl-pytorch >/dev/null || fail_step "build image (pytorch)"
+    echo "setup: image (pytorch): done in $((SECONDS - started))s"
+  fi
+fi
+
+# ---- lint ----
+if want lint; then
+  section "lint"
+  if npm run --silent lint; then
+    record lint ok
+  else
+    fail_step lint
+  fi
+fi
 
 # ---- native: ctest in each build dir ----
 # run_ctest <build dir> <label>
@@ -168,6 +214,19 @@ run_ctest() {
   skipped=$((skipped + skip + disabled))
   record "$label" "$((total - bad - skip)) passed, $bad failed, $((skip + disabled)) skipped"
 }
+
+if want native; then
+  if [[ $skip_native -eq 1 ]]; then
+    record native "skipped (MOERL_SKIP_NATIVE=1)"
+  else
+    if [[ $native_ok -eq 1 ]]; then run_ctest native/build "ctest"; else record ctest "not run (build failed)"; fi
+    if [[ $native_asan_ok -eq 1 ]]; then
+      run_ctest native/build-asan "ctest (asan)"
+    else
+      record "ctest (asan)" "not run (build failed)"
+    fi
+  fi
+fi
 
 # ---- node: compiled tests whose TypeScript source exists (stale files in dist/ are ignored) ----
 # Prints the dist/ .js file for each test source under the given paths.
@@ -304,12 +363,17 @@ sweep_group() {
   kill -KILL -- "-$group" 2>/dev/null || true
 }
 
-# run_node_suite <summary label> <compiled test file...>: the files one at a time, one summary
-# line for them all.
+# run_node_suite <summary label> <path...>: every compiled test file under the paths, one
+# summary line for them all.
 run_node_suite() {
-  local label="$1" file
+  local label="$1" listing file
   shift
-  local files=("$@") missing=()
+  local files=() missing=()
+  if ! listing="$(node_test_files "$@")"; then
+    fail_step "$label"
+    return
+  fi
+  [[ -n $listing ]] && mapfile -t files <<<"$listing"
   for file in "${files[@]}"; do [[ -f $file ]] || missing+=("$file"); done
   if [[ ${#missing[@]} -gt 0 ]]; then
     echo "test.sh: not compiled (run without --skip-setup): ${missing[*]}" >&2
@@ -330,240 +394,12 @@ run_node_suite() {
   fi
 }
 
-# ---- the test cluster's lane ----
-# cluster_lane: the Kubernetes tools (built when missing), then the test/k8s files: first those
-# on the control plane alone, while the real node's images build in the background (they start
-# with the tools: minutes the first time, much of it downloads), then those that start a real node (they use test/support/kube-node.ts or
-# node-campaign.ts), the PyTorch node last, once its own image (about 7 GB) is built too.
-cluster_lane() {
-  local started=$SECONDS file plane_files=() node_files=() pytorch_files=()
-  for file in "${cluster_files[@]}"; do
-    if [[ $file == */pytorch-node.test.js ]]; then
-      pytorch_files+=("$file")
-    elif grep -qE "support/(kube-node|node-campaign)\.js'" "$(sed -E 's#^dist/(.*)\.js$#\1.ts#' <<<"$file")"; then
-      node_files+=("$file")
-    else
-      plane_files+=("$file")
-    fi
-  done
-  images=""
-  if [[ $skip_setup -eq 0 ]]; then
-    section "setup (test cluster)"
-    if [[ $((${#node_files[@]} + ${#pytorch_files[@]})) -gt 0 ]]; then
-      images="$(mktemp -d)"
-      (
-        mkdir -p .moerl/logs
-        nice -n 10 bash scripts/setup.sh image
-        echo $? >"$images/moerl.rc"
-        if [[ ${#pytorch_files[@]} -gt 0 ]]; then
-          echo "setup: image: scripts/build-image.sh moerl-pytorch"
-          image_started=$SECONDS
-          log=.moerl/logs/setup-image-pytorch.log
-          nice -n 10 bash scripts/build-image.sh moerl-pytorch >"$log" 2>&1
-          rc=$?
-          [[ $rc -eq 0 ]] || tail -n 30 "$log"
-          echo $rc >"$images/pytorch.rc"
-          echo "setup: image (pytorch): done in $((SECONDS - image_started))s"
-        fi
-      ) >>"$images/output" 2>&1 &
-      images_pid=$!
-    fi
-    if ! nice -n 10 bash scripts/setup.sh kube-tools; then
-      fail_step "setup (test cluster)"
-      [[ -n $images ]] && kill_tree "$images_pid" && wait "$images_pid"
-      return
-    fi
-  fi
-  if [[ ${#plane_files[@]} -gt 0 ]]; then
-    section "node tests (test cluster: control plane)"
-    run_node_suite "node (k8s)" "${plane_files[@]}"
-  fi
-  if [[ ${#node_files[@]} -gt 0 ]]; then
-    await_image moerl "build image"
-    section "node tests (test cluster: a real node)"
-    run_node_suite "node (k8s node)" "${node_files[@]}"
-  fi
-  if [[ ${#pytorch_files[@]} -gt 0 ]]; then
-    await_image pytorch "build image (pytorch)"
-    section "node tests (test cluster: the PyTorch node)"
-    run_node_suite "node (k8s pytorch)" "${pytorch_files[@]}"
-  fi
-  if [[ -n $images ]]; then
-    wait "$images_pid"
-    rm -rf "$images"
-  fi
-  echo "the test cluster's lane: done in $((SECONDS - started))s"
-}
-
-# await_image <name> <summary label>: waits for the background build of that image (none to wait
-# for under --skip-setup) and shows what the builds said so far (appended: it can be emptied).
-await_image() {
-  [[ -n $images ]] || return 0
-  while [[ ! -f $images/$1.rc ]] && kill -0 "$images_pid" 2>/dev/null; do sleep 2; done
-  cat "$images/output"
-  : >"$images/output"
-  [[ "$(cat "$images/$1.rc" 2>/dev/null)" == 0 ]] || fail_step "$2"
-}
-
-# kill_tree <pid>: SIGTERM to a process and everything under it (a background shell runs its
-# trap only once its current command is done: a set-up step's builds get the signal themselves).
-kill_tree() {
-  local pids=("$1") i=0 child
-  while [[ $i -lt ${#pids[@]} ]]; do
-    for child in $(pgrep -P "${pids[$i]}"); do pids+=("$child"); done
-    i=$((i + 1))
-  done
-  kill -TERM "${pids[@]}" 2>/dev/null
-}
-
-# In the background the lane keeps its own bookkeeping, from zero, in files the host lane adds in
-# at the end.
-lane_dir=""
-lane_pid=""
-# shellcheck disable=SC2317 # called by the lane's trap
-on_lane_signal() {
-  [[ -n ${current_group:-} ]] && sweep_group "$current_group"
-  [[ -n ${images:-} ]] && kill_tree "$images_pid"
-  exit 1
-}
-stop_cluster_lane() {
-  kill_tree "$lane_pid"
-  wait "$lane_pid"
-  lane_pid=""
-}
-start_cluster_lane() {
-  lane_dir="$(mktemp -d)"
-  (
-    trap on_lane_signal INT TERM
-    passed=0 failed=0 skipped=0 summary=() failure_reports=()
-    cluster_lane
-    echo "$passed $failed $skipped" >"$lane_dir/counts"
-    printf '%s\0' "${summary[@]}" >"$lane_dir/summary"
-    [[ ${#failure_reports[@]} -eq 0 ]] || printf '%s\0' "${failure_reports[@]}" >"$lane_dir/failures"
-  ) >"$lane_dir/output" 2>&1 &
-  lane_pid=$!
-  echo "test.sh: the test cluster's lane runs beside this one; its output follows"
-}
-join_cluster_lane() {
-  wait "$lane_pid"
-  lane_pid=""
-  section "the test cluster's lane"
-  cat "$lane_dir/output"
-  if [[ ! -f $lane_dir/counts ]]; then
-    fail_step "test cluster lane"
-  else
-    local lane_passed lane_failed lane_skipped lane_summary=() lane_failures=()
-    read -r lane_passed lane_failed lane_skipped <"$lane_dir/counts"
-    passed=$((passed + lane_passed))
-    failed=$((failed + lane_failed))
-    skipped=$((skipped + lane_skipped))
-    mapfile -d '' -t lane_summary <"$lane_dir/summary"
-    summary+=("${lane_summary[@]}")
-    if [[ -f $lane_dir/failures ]]; then
-      mapfile -d '' -t lane_failures <"$lane_dir/failures"
-      failure_reports+=("${lane_failures[@]}")
-    fi
-  fi
-  rm -rf "$lane_dir"
-}
-
-# ---- the node test files: the test cluster's (test/k8s) and the host's ----
-host_files=()
-cluster_files=()
 if want node; then
-  [[ ${#paths[@]} -eq 0 ]] && paths=(test)
-  if ! listing="$(node_test_files "${paths[@]}")"; then
-    fail_step node
-    finish
-  fi
-  [[ -n $listing ]] && mapfile -t host_files < <(grep -v '^dist/test/k8s/' <<<"$listing")
-  [[ -n $listing ]] && mapfile -t cluster_files < <(grep '^dist/test/k8s/' <<<"$listing")
-  [[ -n $listing ]] || record node "no test files"
-fi
-
-# ---- setup: what both lanes need; each lane then sets up what only it needs ----
-native_ok=1
-native_asan_ok=1
-if [[ $skip_setup -eq 0 ]]; then
-  section "setup"
-  base=(npm)
-  { want native || [[ ${#cluster_files[@]} -gt 0 ]]; } && base=(packages "${base[@]}")
-  # The Python reference: the host's transformers tests and the cluster's HF campaigns.
-  want node && base+=(tools reward-python pyref)
-  want node-lts && base+=(tools)
-  if ! bash scripts/setup.sh "${base[@]}"; then
-    fail_step setup
-    finish
-  fi
-  if want node || want node-lts; then
-    bash scripts/setup.sh ts || fail_step "build (tsc)"
-  fi
-  if want native && [[ $skip_native -eq 0 ]]; then
-    bash scripts/setup.sh native || {
-      native_ok=0
-      fail_step "build native"
-    }
-  fi
-fi
-
-# ---- the two lanes ----
-# The cluster lane goes to the background only when the host lane has work of its own, so that
-# a run of test/k8s files alone shows its output as it comes.
-if [[ ${#cluster_files[@]} -gt 0 ]]; then
-  if want lint || want native || want node-lts || [[ ${#host_files[@]} -gt 0 ]]; then
-    start_cluster_lane
-  else
-    cluster_lane
-    finish
-  fi
-fi
-
-# ---- the host's lane: what only it needs set up, then lint, ctest, the node tests ----
-# Builds in either lane run at a lower priority than the other lane's tests, whose timing they
-# would otherwise stretch.
-if [[ $skip_setup -eq 0 ]]; then
-  host_steps=()
-  want node && host_steps+=(llamacpp)
-  want node-lts && host_steps+=(node-lts)
-  if [[ ${#host_steps[@]} -gt 0 ]] && ! nice -n 10 bash scripts/setup.sh "${host_steps[@]}"; then
-    fail_step "setup (host)"
-  fi
-  if want native && [[ $skip_native -eq 0 ]]; then
-    nice -n 10 bash scripts/setup.sh native-asan || {
-      native_asan_ok=0
-      fail_step "build native-asan"
-    }
-  fi
-fi
-
-# ---- lint ----
-if want lint; then
-  section "lint"
-  if npm run --silent lint; then
-    record lint ok
-  else
-    fail_step lint
-  fi
-fi
-
-if want native; then
-  if [[ $skip_native -eq 1 ]]; then
-    record native "skipped (MOERL_SKIP_NATIVE=1)"
-  else
-    if [[ $native_ok -eq 1 ]]; then run_ctest native/build "ctest"; else record ctest "not run (build failed)"; fi
-    if [[ $native_asan_ok -eq 1 ]]; then
-      run_ctest native/build-asan "ctest (asan)"
-    else
-      record "ctest (asan)" "not run (build failed)"
-    fi
-  fi
-fi
-
-if want node && [[ ${#host_files[@]} -gt 0 ]]; then
   section "node tests"
   # tsc emits dist/ even when it reports type errors: the tests still run, and its failure
   # is counted once, above.
-  run_node_suite node "${host_files[@]}"
+  [[ ${#paths[@]} -eq 0 ]] && paths=(test)
+  run_node_suite node "${paths[@]}"
 fi
 
 # The image ships the current LTS; the machine's Node runs everything above. The workers and
@@ -571,12 +407,10 @@ fi
 if want node-lts; then
   if lts="$(bash scripts/node-lts.sh)"; then
     section "node tests on Node.js $("$lts" --version)"
-    mapfile -t lts_files < <(node_test_files test/unit test/integration/campaign.test.ts)
-    PATH="$(dirname "$lts"):$PATH" run_node_suite "node-lts" "${lts_files[@]}"
+    PATH="$(dirname "$lts"):$PATH" run_node_suite "node-lts" test/unit test/integration/campaign.test.ts
   else
     fail_step node-lts
   fi
 fi
 
-[[ -n $lane_pid ]] && join_cluster_lane
 finish
