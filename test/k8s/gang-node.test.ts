@@ -75,8 +75,9 @@ describe('an EP 4 update is a gang on a real node', { skip }, () => {
   // (the untrained tiny policy scores 0 everywhere, and its updates skip every step); 24 epochs
   // of 4 minibatches (96 steps). On a CPU without AVX-512 (the kernels round differently) the
   // policy of 300 SFT steps scored 0 on every prompt of update 4, at the default learning rate
-  // and at a third of it, and that update skipped: 600 steps and the gentler rate. The campaign is deterministic on one CPU:
-  // should a change of the model make an update of this spec skip, the first assertion says so.
+  // and at a third of it, and that update skipped: 600 steps and the gentler rate. The campaign
+  // is deterministic on one CPU: should a change of the model make an update of this spec skip,
+  // the first assertion says so.
   const spec = (name: string, launcher: CampaignSpecInput['launcher']) =>
     tinyRealSpec(name, dir, {
       task: { builtin: 'add' },
