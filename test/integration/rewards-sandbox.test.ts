@@ -90,7 +90,9 @@ writeFileSync(
   if (solutionStr === 'spin') for (;;);
   if (solutionStr === 'secret') return Object.values(process.env).includes(extraInfo.secret) ? 1 : 0;
   if (solutionStr === 'env') throw new Error('environment: ' + Object.keys(process.env).sort().join(','));
-  if (solutionStr === 'allocate') { const hoard = []; for (;;) hoard.push(Buffer.alloc(64 * 1024 * 1024, 1)); }
+  // Address space is what the limit bounds: untouched buffers reach it without spending the CPU
+  // limit on page faults (filled ones met the 1 s CPU limit first on a loaded machine).
+  if (solutionStr === 'allocate') { const hoard = []; for (;;) hoard.push(Buffer.allocUnsafe(64 * 1024 * 1024)); }
   return solutionStr === groundTruth;
 }
 `,

@@ -107,15 +107,15 @@ function observed(e: Exposition, name: string, labels: Record<string, string>) {
 describe('worker metrics', { skip: tools.skip }, () => {
   test('moerl-worker --metrics-port: activity, rollout, checkpoint and update metrics during and after a real campaign', async () => {
     const queues = uniqueTaskQueues();
-    const rewardModel = await startRewardModel();
+    // Held: the first iteration's rewards wait until the scrape below has been taken.
+    const rewardModel = await startRewardModel({ held: true });
     const worker = await startMetricsWorker({ address: t.address, queues, dir, env: tools.env });
     const { url, sdkPort } = worker;
     try {
       // Rewards that differ within every group, so each update takes optimizer steps (an
       // untrained policy's exact-match rewards are all 0, and GRPO then has nothing to learn).
-      // Four iterations: the scrape below must land while it still runs, even on a loaded machine.
       const spec = tinyRealSpec('metrics', dir, {
-        iterations: 4,
+        iterations: 2,
         reward: { kind: 'http', url: rewardModel.url },
       });
       const handle = await startCampaign(t.client, spec, queues);
@@ -134,6 +134,7 @@ describe('worker metrics', { skip: tools.skip }, () => {
       );
       assert.equal((await handle.describe()).status.name, 'RUNNING', 'scraped while the campaign ran');
       assert.ok(total(during, 'moerl_activity_attempts_total', { stage: 'rollout' }) >= 1);
+      rewardModel.release();
 
       await handle.result();
       const state = await handle.query<CampaignState>('status');

@@ -64,20 +64,32 @@ export async function startMetricsWorker(opts: {
   return { process: proc, port, sdkPort, url };
 }
 
-/** A reward model on the HTTP protocol (docs/rewards.md) scoring every other sample 1. */
-export async function startRewardModel() {
+/**
+ * A reward model on the HTTP protocol (docs/rewards.md) scoring every other sample 1. With
+ * `held`, it answers nothing until release(): the campaign cannot finish its first iteration
+ * before the test lets it, however fast or loaded the machine.
+ */
+export async function startRewardModel({ held = false } = {}) {
+  let release = (): void => undefined;
+  const released = held ? new Promise<void>((resolve) => (release = resolve)) : Promise.resolve();
   const server = createServer((req, res) => {
     let body = '';
     req.on('data', (d: Buffer) => (body += d.toString()));
     req.on('end', () => {
       const { samples } = JSON.parse(body) as { samples: { sample_index: number }[] };
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ rewards: samples.map((x) => x.sample_index % 2) }));
+      void released.then(() => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ rewards: samples.map((x) => x.sample_index % 2) }));
+      });
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/score`,
-    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+    release: () => release(),
+    close: () => {
+      release();
+      return new Promise<void>((resolve) => server.close(() => resolve()));
+    },
   };
 }
