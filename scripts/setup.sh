@@ -5,8 +5,8 @@
 #
 #   scripts/setup.sh [--sanitize] [STEP...]
 #
-# Steps, in order (default: all but kube-tools, reward-python, pyref, llamacpp, node-lts and
-# native-asan; --sanitize adds native-asan):
+# Steps, in order (default: all but kube-tools, reward-python, pyref, llamacpp, node-lts,
+# native-asan and the images; --sanitize adds native-asan):
 #   packages     Debian packages the native core builds against (apt-get, as root or via sudo)
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
 #   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
@@ -29,6 +29,8 @@
 #   image        the test node's images: the Dockerfile built by buildah, and the pause image
 #                (scripts/build-image.sh; minutes the first time, seconds when nothing changed;
 #                not a default step)
+#   image-pytorch  the Dockerfile's PyTorch image (scripts/build-image.sh moerl-pytorch; about
+#                7 GB, ten minutes or more the first time; not a default step)
 # MOERL_SKIP_NATIVE=1 skips both native steps. Output of each step goes to .moerl/logs/;
 # its tail is shown when the step fails.
 set -euo pipefail
@@ -48,7 +50,7 @@ DEBIAN_PACKAGES=(
   tmux  # the pseudo-terminal the watch test runs moerl watch in
   buildah debootstrap  # the Dockerfile's builder and its locally made base (scripts/build-image.sh)
 )
-ALL_STEPS=(packages npm tools kube-tools reward-python pyref llamacpp node-lts ts native native-asan image)
+ALL_STEPS=(packages npm tools kube-tools reward-python pyref llamacpp node-lts ts native native-asan image image-pytorch)
 
 LOG_DIR="$ROOT/.moerl/logs"
 
@@ -225,6 +227,10 @@ step_native_asan() { build_native native/build-asan -DMOERL_SANITIZE=ON; }
 step_image() {
   say "image: scripts/build-image.sh moerl pause"
   run_logged image bash scripts/build-image.sh moerl pause
+}
+step_image_pytorch() {
+  say "image-pytorch: scripts/build-image.sh moerl-pytorch"
+  run_logged image-pytorch bash scripts/build-image.sh moerl-pytorch
 }
 
 failed=0

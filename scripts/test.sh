@@ -2,7 +2,12 @@
 # The one test command: sets the machine up (scripts/setup.sh, sanitizer build included),
 # then lint, the native tests (ctest, plain and ASan builds), the TypeScript tests (node's test
 # runner on the compiled tests in dist/) and, again on the current Node.js LTS
-# (scripts/node-lts.sh), the unit tests and the campaign test. The last line is always
+# (scripts/node-lts.sh), the unit tests and the campaign test. Two lanes run side by side: the
+# test cluster's (the Kubernetes tools and the node's images built when missing, then the
+# test/k8s files, one at a time: one real node per host) and the host's (lint, ctest and the
+# node test files while its own builds — llama.cpp, the ASan build, the LTS — run in the
+# background; then what needed those); builds run below the tests' priority, and the cluster
+# lane's output follows the host lane's. The last line is always
 #   total: N passed, M failed, K skipped
 # where N, M and K count ctest and node tests (a skipped suite counts once), and M also counts
 # each failed build or lint step. With CI=true a node test skipped because the native tools are
@@ -109,6 +114,8 @@ finish() {
 # shellcheck disable=SC2317 # called by the trap
 on_signal() {
   [[ -n ${current_group:-} ]] && sweep_group "$current_group"
+  [[ -n ${lane_pid:-} ]] && stop_cluster_lane
+  [[ -n ${host_builds:-} ]] && kill_tree "$host_builds_pid"
   record interrupted "(stopped by a signal)"
   failed=$((failed + 1))
   finish
@@ -116,57 +123,6 @@ on_signal() {
 trap on_signal INT TERM
 
 section() { echo && echo "==> $*"; }
-
-# ---- setup: only the steps the selected parts need ----
-native_ok=1
-native_asan_ok=1
-if [[ $skip_setup -eq 0 ]]; then
-  section "setup"
-  base=(npm)
-  want native && base=(packages "${base[@]}")
-  want node && base+=(tools kube-tools reward-python pyref llamacpp)
-  want node-lts && base+=(tools node-lts)
-  if ! bash scripts/setup.sh "${base[@]}"; then
-    fail_step setup
-    finish
-  fi
-  if want node || want node-lts; then
-    bash scripts/setup.sh ts || fail_step "build (tsc)"
-  fi
-  if want native && [[ $skip_native -eq 0 ]]; then
-    bash scripts/setup.sh native || {
-      native_ok=0
-      fail_step "build native"
-    }
-    bash scripts/setup.sh native-asan || {
-      native_asan_ok=0
-      fail_step "build native-asan"
-    }
-  fi
-  # The real node's images, before any test needs them (the first build takes minutes), when
-  # the tests selected include test/k8s; the PyTorch image (about 7 GB, 10 minutes the first
-  # time) when they include test/k8s/pytorch-node.test.ts.
-  selects() { [[ ${#paths[@]} -eq 0 ]] || printf '%s\n' "${paths[@]}" | grep -qE "$1"; }
-  if want node && selects '^(\./)?test/?$|k8s'; then
-    bash scripts/setup.sh image || fail_step "build image"
-  fi
-  if want node && selects '^(\./)?test/?$|^(\./)?test/k8s/?$|pytorch-node'; then
-    echo "setup: image: scripts/build-image.sh moerl-pytorch"
-    started=$SECONDS
-    bash scripts/build-image.sh moerl-pytorch >/dev/null || fail_step "build image (pytorch)"
-    echo "setup: image (pytorch): done in $((SECONDS - started))s"
-  fi
-fi
-
-# ---- lint ----
-if want lint; then
-  section "lint"
-  if npm run --silent lint; then
-    record lint ok
-  else
-    fail_step lint
-  fi
-fi
 
 # ---- native: ctest in each build dir ----
 # run_ctest <build dir> <label>
@@ -214,19 +170,6 @@ run_ctest() {
   skipped=$((skipped + skip + disabled))
   record "$label" "$((total - bad - skip)) passed, $bad failed, $((skip + disabled)) skipped"
 }
-
-if want native; then
-  if [[ $skip_native -eq 1 ]]; then
-    record native "skipped (MOERL_SKIP_NATIVE=1)"
-  else
-    if [[ $native_ok -eq 1 ]]; then run_ctest native/build "ctest"; else record ctest "not run (build failed)"; fi
-    if [[ $native_asan_ok -eq 1 ]]; then
-      run_ctest native/build-asan "ctest (asan)"
-    else
-      record "ctest (asan)" "not run (build failed)"
-    fi
-  fi
-fi
 
 # ---- node: compiled tests whose TypeScript source exists (stale files in dist/ are ignored) ----
 # Prints the dist/ .js file for each test source under the given paths.
@@ -363,17 +306,12 @@ sweep_group() {
   kill -KILL -- "-$group" 2>/dev/null || true
 }
 
-# run_node_suite <summary label> <path...>: every compiled test file under the paths, one
-# summary line for them all.
+# run_node_suite <summary label> <compiled test file...>: the files one at a time, one summary
+# line for them all.
 run_node_suite() {
-  local label="$1" listing file
+  local label="$1" file
   shift
-  local files=() missing=()
-  if ! listing="$(node_test_files "$@")"; then
-    fail_step "$label"
-    return
-  fi
-  [[ -n $listing ]] && mapfile -t files <<<"$listing"
+  local files=("$@") missing=()
   for file in "${files[@]}"; do [[ -f $file ]] || missing+=("$file"); done
   if [[ ${#missing[@]} -gt 0 ]]; then
     echo "test.sh: not compiled (run without --skip-setup): ${missing[*]}" >&2
@@ -394,23 +332,288 @@ run_node_suite() {
   fi
 }
 
+# ---- set-up steps in the background ----
+# start_builds <step...>: runs those scripts/setup.sh steps one after another in the background at
+# a lower priority than the tests (whose timing they would otherwise stretch), each step's exit
+# code to a file as it ends; sets builds_dir and builds_pid for await_build. Their output is
+# kept and shown when a step is awaited.
+start_builds() {
+  builds_dir="$(mktemp -d)"
+  (
+    for step in "$@"; do
+      nice -n 10 bash scripts/setup.sh "$step"
+      echo $? >"$builds_dir/$step.rc"
+    done
+  ) >>"$builds_dir/output" 2>&1 &
+  builds_pid=$!
+}
+
+# await_build <builds dir> <builds pid> <step> <summary label>: waits for that step of
+# start_builds (nothing to wait for when the dir is empty: --skip-setup), shows what the builds
+# said so far, and fails the label when the step did. Returns non-zero when it failed.
+await_build() {
+  local dir="$1" pid="$2" step="$3" label="$4"
+  [[ -n $dir ]] || return 0
+  while [[ ! -f $dir/$step.rc ]] && kill -0 "$pid" 2>/dev/null; do sleep 2; done
+  cat "$dir/output"
+  : >"$dir/output"
+  [[ "$(cat "$dir/$step.rc" 2>/dev/null)" == 0 ]] && return 0
+  fail_step "$label"
+  return 1
+}
+
+# stop_builds <builds dir> <builds pid>: waits for what is left and removes the folder.
+stop_builds() {
+  [[ -n $1 ]] || return 0
+  wait "$2"
+  cat "$1/output"
+  rm -rf "$1"
+}
+
+# ---- the test cluster's lane ----
+# cluster_lane: the Kubernetes tools (built when missing), then the test/k8s files: first those
+# on the control plane alone, while the real node's images build in the background (they start
+# with the tools: minutes the first time, much of it downloads), then those that start a real
+# node (they use test/support/kube-node.ts or node-campaign.ts), the PyTorch node last, once its
+# own image (about 7 GB) is built too.
+cluster_lane() {
+  local started=$SECONDS file plane_files=() node_files=() pytorch_files=()
+  for file in "${cluster_files[@]}"; do
+    if [[ $file == */pytorch-node.test.js ]]; then
+      pytorch_files+=("$file")
+    elif source_mentions "$file" "support/(kube-node|node-campaign)\\.js'"; then
+      node_files+=("$file")
+    else
+      plane_files+=("$file")
+    fi
+  done
+  image_builds=""
+  image_builds_pid=""
+  if [[ $skip_setup -eq 0 ]]; then
+    section "setup (test cluster)"
+    local image_steps=()
+    [[ $((${#node_files[@]} + ${#pytorch_files[@]})) -gt 0 ]] && image_steps+=(image)
+    [[ ${#pytorch_files[@]} -gt 0 ]] && image_steps+=(image-pytorch)
+    if [[ ${#image_steps[@]} -gt 0 ]]; then
+      start_builds "${image_steps[@]}"
+      image_builds="$builds_dir" image_builds_pid="$builds_pid"
+    fi
+    if ! nice -n 10 bash scripts/setup.sh kube-tools; then
+      fail_step "setup (test cluster)"
+      [[ -n $image_builds ]] && kill_tree "$image_builds_pid" && stop_builds "$image_builds" "$image_builds_pid"
+      return
+    fi
+  fi
+  if [[ ${#plane_files[@]} -gt 0 ]]; then
+    section "node tests (test cluster: control plane)"
+    run_node_suite "node (k8s)" "${plane_files[@]}"
+  fi
+  if [[ ${#node_files[@]} -gt 0 ]]; then
+    await_build "$image_builds" "$image_builds_pid" image "build image"
+    section "node tests (test cluster: a real node)"
+    run_node_suite "node (k8s node)" "${node_files[@]}"
+  fi
+  if [[ ${#pytorch_files[@]} -gt 0 ]]; then
+    await_build "$image_builds" "$image_builds_pid" image-pytorch "build image (pytorch)"
+    section "node tests (test cluster: the PyTorch node)"
+    run_node_suite "node (k8s pytorch)" "${pytorch_files[@]}"
+  fi
+  stop_builds "$image_builds" "$image_builds_pid"
+  image_builds=""
+  echo "the test cluster's lane: done in $((SECONDS - started))s"
+}
+
+# source_mentions <compiled test file> <extended regex>: whether its TypeScript source matches.
+source_mentions() { grep -qE "$2" "$(sed -E 's#^dist/(.*)\.js$#\1.ts#' <<<"$1")"; }
+
+# kill_tree <pid>: SIGTERM to a process and everything under it (a background shell runs its
+# trap only once its current command is done: a set-up step's builds get the signal themselves).
+kill_tree() {
+  local pids=("$1") i=0 child
+  while [[ $i -lt ${#pids[@]} ]]; do
+    for child in $(pgrep -P "${pids[$i]}"); do pids+=("$child"); done
+    i=$((i + 1))
+  done
+  kill -TERM "${pids[@]}" 2>/dev/null
+}
+
+# In the background the lane keeps its own bookkeeping, from zero, in files the host lane adds in
+# at the end.
+lane_dir=""
+lane_pid=""
+# shellcheck disable=SC2317 # called by the lane's trap
+on_lane_signal() {
+  [[ -n ${current_group:-} ]] && sweep_group "$current_group"
+  [[ -n ${image_builds:-} ]] && kill_tree "$image_builds_pid"
+  exit 1
+}
+stop_cluster_lane() {
+  kill_tree "$lane_pid"
+  wait "$lane_pid"
+  lane_pid=""
+}
+start_cluster_lane() {
+  lane_dir="$(mktemp -d)"
+  (
+    trap on_lane_signal INT TERM
+    passed=0 failed=0 skipped=0 summary=() failure_reports=()
+    cluster_lane
+    echo "$passed $failed $skipped" >"$lane_dir/counts"
+    printf '%s\0' "${summary[@]}" >"$lane_dir/summary"
+    [[ ${#failure_reports[@]} -eq 0 ]] || printf '%s\0' "${failure_reports[@]}" >"$lane_dir/failures"
+  ) >"$lane_dir/output" 2>&1 &
+  lane_pid=$!
+  echo "test.sh: the test cluster's lane runs beside this one; its output follows"
+}
+join_cluster_lane() {
+  wait "$lane_pid"
+  lane_pid=""
+  section "the test cluster's lane"
+  cat "$lane_dir/output"
+  if [[ ! -f $lane_dir/counts ]]; then
+    fail_step "test cluster lane"
+  else
+    local lane_passed lane_failed lane_skipped lane_summary=() lane_failures=()
+    read -r lane_passed lane_failed lane_skipped <"$lane_dir/counts"
+    passed=$((passed + lane_passed))
+    failed=$((failed + lane_failed))
+    skipped=$((skipped + lane_skipped))
+    mapfile -d '' -t lane_summary <"$lane_dir/summary"
+    summary+=("${lane_summary[@]}")
+    if [[ -f $lane_dir/failures ]]; then
+      mapfile -d '' -t lane_failures <"$lane_dir/failures"
+      failure_reports+=("${lane_failures[@]}")
+    fi
+  fi
+  rm -rf "$lane_dir"
+}
+
+# ---- the node test files: the test cluster's (test/k8s) and the host's ----
+host_files=()
+cluster_files=()
 if want node; then
-  section "node tests"
-  # tsc emits dist/ even when it reports type errors: the tests still run, and its failure
-  # is counted once, above.
   [[ ${#paths[@]} -eq 0 ]] && paths=(test)
-  run_node_suite node "${paths[@]}"
+  if ! listing="$(node_test_files "${paths[@]}")"; then
+    fail_step node
+    finish
+  fi
+  [[ -n $listing ]] && mapfile -t host_files < <(grep -v '^dist/test/k8s/' <<<"$listing")
+  [[ -n $listing ]] && mapfile -t cluster_files < <(grep '^dist/test/k8s/' <<<"$listing")
+  [[ -n $listing ]] || record node "no test files"
+fi
+
+# ---- setup: what both lanes need; each lane then sets up what only it needs ----
+native_ok=1
+native_asan_ok=1
+if [[ $skip_setup -eq 0 ]]; then
+  section "setup"
+  base=(npm)
+  { want native || [[ ${#cluster_files[@]} -gt 0 ]]; } && base=(packages "${base[@]}")
+  # The Python reference: the host's transformers tests and the cluster's HF campaigns.
+  want node && base+=(tools reward-python pyref)
+  want node-lts && base+=(tools)
+  if ! bash scripts/setup.sh "${base[@]}"; then
+    fail_step setup
+    finish
+  fi
+  if want node || want node-lts; then
+    bash scripts/setup.sh ts || fail_step "build (tsc)"
+  fi
+  if want native && [[ $skip_native -eq 0 ]]; then
+    bash scripts/setup.sh native || {
+      native_ok=0
+      fail_step "build native"
+    }
+  fi
+fi
+
+# ---- the two lanes ----
+# The cluster lane goes to the background only when the host lane has work of its own, so that
+# a run of test/k8s files alone shows its output as it comes.
+if [[ ${#cluster_files[@]} -gt 0 ]]; then
+  if want lint || want native || want node-lts || [[ ${#host_files[@]} -gt 0 ]]; then
+    start_cluster_lane
+  else
+    cluster_lane
+    finish
+  fi
+fi
+
+# ---- the host's lane ----
+# What only it needs set up builds in the background (llama.cpp, the ASan build, the Node.js
+# LTS), while lint, ctest and the node test files that need none of it run; then the rest, each
+# once its build is done.
+host_builds=""
+host_builds_pid=""
+llamacpp_files=()
+if want node; then
+  mapfile -t llamacpp_files < <(for file in "${host_files[@]}"; do
+    source_mentions "$file" "engines/llamacpp\\.js'" && echo "$file"
+  done)
+  mapfile -t host_files < <(for file in "${host_files[@]}"; do
+    source_mentions "$file" "engines/llamacpp\\.js'" || echo "$file"
+  done)
+fi
+if [[ $skip_setup -eq 0 ]]; then
+  host_steps=()
+  want node-lts && host_steps+=(node-lts)
+  want native && [[ $skip_native -eq 0 ]] && host_steps+=(native-asan)
+  [[ ${#llamacpp_files[@]} -gt 0 ]] && host_steps+=(llamacpp)
+  if [[ ${#host_steps[@]} -gt 0 ]]; then
+    start_builds "${host_steps[@]}"
+    host_builds="$builds_dir" host_builds_pid="$builds_pid"
+  fi
+fi
+
+if want lint; then
+  section "lint"
+  if npm run --silent lint; then
+    record lint ok
+  else
+    fail_step lint
+  fi
+fi
+
+if want native && [[ $skip_native -eq 1 ]]; then
+  record native "skipped (MOERL_SKIP_NATIVE=1)"
+elif want native; then
+  if [[ $native_ok -eq 1 ]]; then run_ctest native/build "ctest"; else record ctest "not run (build failed)"; fi
+fi
+
+# tsc emits dist/ even when it reports type errors: the tests still run, and its failure is
+# counted once, above.
+if want node && [[ ${#host_files[@]} -gt 0 ]]; then
+  section "node tests"
+  run_node_suite node "${host_files[@]}"
+fi
+
+if want native && [[ $skip_native -eq 0 ]]; then
+  if await_build "$host_builds" "$host_builds_pid" native-asan "build native-asan"; then
+    run_ctest native/build-asan "ctest (asan)"
+  else
+    record "ctest (asan)" "not run (build failed)"
+  fi
+fi
+
+if [[ ${#llamacpp_files[@]} -gt 0 ]]; then
+  await_build "$host_builds" "$host_builds_pid" llamacpp "setup (llama.cpp)"
+  section "node tests (llama.cpp)"
+  run_node_suite "node (llama.cpp)" "${llamacpp_files[@]}"
 fi
 
 # The image ships the current LTS; the machine's Node runs everything above. The workers and
 # CLIs the tests start run on the test's own Node (process.execPath) or the first on PATH.
-if want node-lts; then
+if want node-lts && await_build "$host_builds" "$host_builds_pid" node-lts "setup (node-lts)"; then
   if lts="$(bash scripts/node-lts.sh)"; then
     section "node tests on Node.js $("$lts" --version)"
-    PATH="$(dirname "$lts"):$PATH" run_node_suite "node-lts" test/unit test/integration/campaign.test.ts
+    mapfile -t lts_files < <(node_test_files test/unit test/integration/campaign.test.ts)
+    PATH="$(dirname "$lts"):$PATH" run_node_suite "node-lts" "${lts_files[@]}"
   else
     fail_step node-lts
   fi
 fi
+stop_builds "$host_builds" "$host_builds_pid"
+host_builds=""
 
+[[ -n $lane_pid ]] && join_cluster_lane
 finish
