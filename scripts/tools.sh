@@ -42,7 +42,6 @@ VERSITYGW_VERSION=v1.7.0
 KWOK_VERSION=v0.8.0
 CONTAINERD_VERSION=v2.4.2
 CNI_PLUGINS_VERSION=v1.10.0
-COREDNS_VERSION=v1.15.0
 # Kueue's own go.mod pins its k8s.io modules (v0.35, one minor below the test cluster's API
 # server: within client skew); it has no replace directives, so `go install` builds it.
 KUEUE_VERSION=v0.17.0
@@ -52,7 +51,9 @@ PROMETHEUS_VERSION=v0.316.0
 # them; they are built from wrapper modules whose go.mod (with go.sum) pins them instead:
 # k8s.io/kubernetes in scripts/kube-tools/kubernetes/go.mod, which also replaces each staging
 # module (k8s.io/api, ...) by its published v0.<minor>.<patch>; go.etcd.io/etcd/server/v3 in
-# scripts/kube-tools/etcd/go.mod. KEDA's go.mod carries a replace directive, which binds only
+# scripts/kube-tools/etcd/go.mod. CoreDNS is built from scripts/kube-tools/coredns, whose main
+# imports only the plugins the test node uses and whose go.mod pins github.com/coredns/coredns.
+# KEDA's go.mod carries a replace directive, which binds only
 # its own builds: scripts/kube-tools/keda/go.mod repeats it beside the pin of the KEDA release
 # k8s/autoscaling is written for (its CRDs, operator and metrics server).
 KUBE_TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)/kube-tools"
@@ -113,6 +114,9 @@ wrapper_version() {
   echo "$version"
 }
 
+# The first 8 hex digits of the sha256 of a wrapper module's files.
+wrapper_digest() { cat "$KUBE_TOOLS_DIR/$1"/* | sha256sum | cut -c1-8; }
+
 build_version() {
   case "$1" in
     temporal) echo "$TEMPORAL_VERSION" ;;
@@ -120,12 +124,13 @@ build_version() {
     kwok) echo "$KWOK_VERSION" ;;
     containerd) echo "$CONTAINERD_VERSION" ;;
     cni-plugins) echo "$CNI_PLUGINS_VERSION" ;;
-    coredns) echo "$COREDNS_VERSION" ;;
     kueue) echo "$KUEUE_VERSION" ;;
     prometheus) echo "$PROMETHEUS_VERSION" ;;
     keda-crds | keda) wrapper_version keda github.com/kedacore/keda/v2 ;;
     kubernetes) wrapper_version kubernetes k8s.io/kubernetes ;;
     etcd) wrapper_version etcd go.etcd.io/etcd/server/v3 ;;
+    # The main of ours is part of what the build is: its digest names the build too.
+    coredns) echo "$(wrapper_version coredns github.com/coredns/coredns)-$(wrapper_digest coredns)" ;;
   esac
 }
 
@@ -137,7 +142,6 @@ go_command() {
     temporal) printf '%s\n' install "github.com/temporalio/cli/cmd/temporal@$version" ;;
     versitygw) printf '%s\n' install "github.com/versity/versitygw/cmd/versitygw@$version" ;;
     kwok) printf '%s\n' install -trimpath '-ldflags=-s -w' "sigs.k8s.io/kwok/cmd/kwok@$version" ;;
-    coredns) printf '%s\n' install -trimpath '-ldflags=-s -w' "github.com/coredns/coredns@$version" ;;
     kueue)
       printf '%s\n' install -trimpath \
         "-ldflags=-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version -X sigs.k8s.io/kueue/pkg/version.GitCommit=" \
@@ -181,6 +185,8 @@ go_command() {
       printf '%s\n' build -trimpath "-ldflags=$ldflags" -o "$out/" "${pkgs[@]}"
       ;;
     etcd) printf '%s\n' build -trimpath '-ldflags=-s -w' -o "$out/etcd" go.etcd.io/etcd/server/v3 ;;
+    # CoreDNS's packages with a main of ours that imports only the plugins the tests use.
+    coredns) printf '%s\n' build -trimpath '-ldflags=-s -w' -o "$out/coredns" . ;;
     keda)
       # Every scaler's cloud SDK is compiled in (KEDA has no build tags to leave them out):
       # most of the build's time. One go build, so the packages both share compile once.
@@ -247,7 +253,8 @@ build_with_go() {
   tmp="$(mktemp -d "$parent/.build-$build-XXXXXX")"
   chmod 755 "$tmp"
   mapfile -t args < <(go_command "$build" "$version" "$tmp")
-  [[ "$build" == kubernetes || "$build" == etcd || "$build" == keda ]] && workdir="$KUBE_TOOLS_DIR/$build"
+  [[ "$build" == kubernetes || "$build" == etcd || "$build" == keda || "$build" == coredns ]] &&
+    workdir="$KUBE_TOOLS_DIR/$build"
   # Outside any module: a download must not touch a go.mod.
   [[ "$build" == keda-crds ]] && workdir="$tmp"
   started=$SECONDS
@@ -257,7 +264,10 @@ build_with_go() {
   # GOWORK=off: a go.work above the wrapper modules must not change what they build.
   local setsid=()
   command -v setsid >/dev/null 2>&1 && setsid=(setsid)
-  (cd "$workdir" && CGO_ENABLED=0 GOWORK=off GOBIN="$tmp" exec "${setsid[@]}" go "${args[@]}") >&2 &
+  # GOGC=400 (unless set): the compiler and linker collect garbage a quarter as often; a kwok
+  # build from empty caches took 21 % less CPU and 19 % less time (324 s against 409 s of CPU,
+  # 171 s against 211 s), at most 1 GB for one compiler process.
+  (cd "$workdir" && CGO_ENABLED=0 GOWORK=off GOGC="${GOGC:-400}" GOBIN="$tmp" exec "${setsid[@]}" go "${args[@]}") >&2 &
   go_pid=$!
   # shellcheck disable=SC2064 # expand now: the traps act on this build's process and folder
   trap "kill -TERM -- -$go_pid $go_pid 2>/dev/null; wait $go_pid; rm -rf '$tmp'; exit 143" TERM INT HUP
