@@ -511,7 +511,7 @@ if [[ $skip_setup -eq 0 ]]; then
   { want native || [[ ${#cluster_files[@]} -gt 0 ]]; } && base=(packages "${base[@]}")
   # The Python reference: the host's transformers tests and the cluster's HF campaigns.
   want node && base+=(tools reward-python pyref)
-  want node-lts && base+=(tools)
+  want node-lts && ! want node && base+=(tools)
   if ! bash scripts/setup.sh "${base[@]}"; then
     fail_step setup
     finish
