@@ -362,6 +362,13 @@ await_build() {
   return 1
 }
 
+# images_built <name>: the tests' scripts/build-image.sh calls take that image as built (set-up
+# built it in the background): they must not queue behind the other image's build.
+images_built() {
+  [[ -n $image_builds ]] || return 0
+  export MOERL_IMAGES_BUILT="${MOERL_IMAGES_BUILT:-} $1"
+}
+
 # stop_builds <builds dir> <builds pid>: waits for what is left and removes the folder.
 stop_builds() {
   [[ -n $1 ]] || return 0
@@ -409,12 +416,13 @@ cluster_lane() {
     run_node_suite "node (k8s)" "${plane_files[@]}"
   fi
   if [[ ${#node_files[@]} -gt 0 ]]; then
-    await_build "$image_builds" "$image_builds_pid" image "build image"
+    await_build "$image_builds" "$image_builds_pid" image "build image" && images_built moerl
     section "node tests (test cluster: a real node)"
     run_node_suite "node (k8s node)" "${node_files[@]}"
   fi
   if [[ ${#pytorch_files[@]} -gt 0 ]]; then
-    await_build "$image_builds" "$image_builds_pid" image-pytorch "build image (pytorch)"
+    await_build "$image_builds" "$image_builds_pid" image-pytorch "build image (pytorch)" &&
+      images_built moerl-pytorch
     section "node tests (test cluster: the PyTorch node)"
     run_node_suite "node (k8s pytorch)" "${pytorch_files[@]}"
   fi
