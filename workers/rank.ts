@@ -199,13 +199,14 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
   }
   // The tools write into their output directories; they need not create them.
   for (const output of job.outputs) await mkdir(join(work, output.dir), { recursive: true });
-  const trainer =
-    job.trainer === 'pytorch'
-      ? (() => {
-          const t = pytorchTrainer(process.env);
-          return { tool: t.python, prefix: ['-m', 'moerl_pytorch'], env: t.env, name: 'moerl-pytorch' };
-        })()
-      : { tool: nativeToolPath('moe_train'), prefix: [], env: {}, name: 'moe_train' };
+  // Found at the first step: a job of no steps (outputs only) needs no trainer installed.
+  let trainer: { tool: string; prefix: string[]; env: NodeJS.ProcessEnv; name: string } | undefined;
+  const findTrainer = () => {
+    if (job.trainer !== 'pytorch')
+      return { tool: nativeToolPath('moe_train'), prefix: [], env: {}, name: 'moe_train' };
+    const t = pytorchTrainer(process.env);
+    return { tool: t.python, prefix: ['-m', 'moerl_pytorch'], env: t.env, name: 'moerl-pytorch' };
+  };
   let stored = false;
   const storeOutputs = async () => {
     if (job.hfCheckpoint && rank === 0) {
@@ -217,6 +218,7 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
     stored = true;
   };
   for (const [i, step] of job.steps.entries()) {
+    trainer ??= findTrainer();
     const args = [...trainer.prefix, ...step.map((a) => a.replaceAll('{work}', work))];
     // moe_train's last step waits until the outputs are stored; the PyTorch trainer does not.
     const last = i === job.steps.length - 1 && trainer.name === 'moe_train';
