@@ -224,14 +224,20 @@ clean_go_caches() {
   log "removed the tool builds' Go caches ($dir)"
 }
 
+# module_dir <module@version> <folder outside any module>: downloads the module into the module
+# cache and prints its folder there (read-only). Run from outside any module, the download
+# touches no go.mod.
+module_dir() {
+  (cd "$2" && GOWORK=off go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+}
+
 # keda_source <version> <dir>: a module in <dir> that builds KEDA <version> with only the
 # triggers scripts/kube-tools/keda/triggers lists: the wrapper's go.mod and go.sum, replacing
 # KEDA by a writable copy in <dir>/keda without the other triggers' scalers. KEDA has no build
 # tags to leave a scaler out, and each brings its service's SDK: most of a full build's time.
 keda_source() {
   local version="$1" dir="$2" module builder kept constructors=() file name
-  module="$(cd "$(dirname "$dir")" && GOWORK=off go mod download -json "github.com/kedacore/keda/v2@$version" |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  module="$(module_dir "github.com/kedacore/keda/v2@$version" "$(dirname "$dir")")"
   [[ -d $module/pkg/scalers ]] || die "the github.com/kedacore/keda/v2@$version module has no pkg/scalers."
   mkdir -p "$dir"
   cp "$KUBE_TOOLS_DIR/keda/go.mod" "$KUBE_TOOLS_DIR/keda/go.sum" "$dir/"
@@ -355,9 +361,7 @@ build_with_go() {
 # build needs neither the module cache nor the network.
 copy_module_crds() {
   local dir
-  # Outside any module: the download must not touch a go.mod.
-  dir="$(cd "$(dirname "$4")" && GOWORK=off go mod download -json "$1" |
-    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  dir="$(module_dir "$1" "$(dirname "$4")")"
   [[ -d "$dir/$2" ]] || die "the $1 module has no $2."
   mkdir -p "$4"
   # shellcheck disable=SC2086 # the glob is meant to expand here
