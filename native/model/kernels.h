@@ -41,7 +41,7 @@ struct Kernels {
   void (*matmul_small)(float* out, const float* inp, const float* weight, int N, int IC, int OC,
                        int ldw);
   // matmul_small with each lane's products accumulated by fused multiply-adds (one rounding
-  // each, vec::fma16) in the same order: twice the arithmetic per cycle where the CPU has FMA,
+  // each, vec::fman) in the same order: twice the arithmetic per cycle where the CPU has FMA,
   // the same bits on every variant (the baseline's std::fma is exact but slow). The decode
   // step's projections (sampler.cc); training keeps matmul_small.
   void (*matmul_small_fma)(float* out, const float* inp, const float* weight, int N, int IC,

@@ -2,7 +2,7 @@
 // MOERL_KERNELS_NAME = baseline (no flags), avx2 (-mavx2 -mfma) and avx512 (-mavx512f), each with
 // -ffp-contract=off, into namespace kernels_<name>. Only the vector width and the register
 // blocking differ between them, never the order of a sum (vec.h).
-#include <algorithm>  // std::min
+#include <algorithm>  // std::min, std::copy_n, std::fill
 #include <cmath>      // std::exp, std::log, INFINITY
 
 #include "model/kernels.h"
@@ -190,52 +190,79 @@ void attend_cached(float* out, int ldo, float* scores, const float* v, int ldv, 
 // ----------------------------------------------------------------------------
 // few-row matmul
 
-// Register blocking, kRows rows of inp by kOuts rows of weight: as many 16-lane accumulators as
-// the variant's registers hold (32 zmm, 16 ymm, 16 xmm; a 16-lane vector is 1, 2 or 4 of them).
+// Register blocking, kRows rows of inp by kOuts rows of weight: as many accumulators as the
+// variant's registers hold (32 zmm, 16 ymm, 16 xmm; a 16-lane sum is 1, 2 or 4 of them).
 #if defined(__AVX512F__)
 constexpr int kRows = 4, kOuts = 4;
 #elif defined(__AVX2__)
-constexpr int kRows = 2, kOuts = 2;
+constexpr int kRows = 3, kOuts = 2;
 #else
 constexpr int kRows = 2, kOuts = 1;
 #endif
 
-// out[i0+r, o0+a] for r < R, a < O: lane j of each accumulator sums inp[.,c] * weight[.,c] over
-// c = j mod 16 in channel order (the tail zero-padded), then vec::hsum folds the lanes.
+// 16 channels of O weight rows and R input rows into the sums acc[a][r] (dot_block).
+template <int R, int O, bool Fma>
+inline void accumulate16(vec::fn (&acc)[O][R][vec::kParts], const float* const (&wrow)[O],
+                         const float* const (&xrow)[R]) {
+  using namespace vec;
+  for (int p = 0; p < kParts; p++) {
+    fn wv[O];
+    for (int a = 0; a < O; a++) wv[a] = loadn(wrow[a] + p * kNativeLanes);
+    for (int r = 0; r < R; r++) {
+      const fn x = loadn(xrow[r] + p * kNativeLanes);
+      for (int a = 0; a < O; a++)
+        acc[a][r][p] = Fma ? fman(wv[a], x, acc[a][r][p]) : acc[a][r][p] + wv[a] * x;
+    }
+  }
+}
+
+// out[i0+r, o0+a] for r < R, a < O: lane j of each 16-lane sum adds inp[.,c] * weight[.,c] over
+// c = j mod 16 in channel order (the tail zero-padded), then vec::hsum folds the lanes. Each sum
+// is kParts native vectors (vec.h), so the accumulators stay in registers at any width.
 template <int R, int O, bool Fma>
 void dot_block(float* out, const float* inp, const float* weight, int IC, int OC, int ldw, int i0,
                int o0, bool prefetch_next) {
   using namespace vec;
-  f16 acc[O][R] = {};
+  fn acc[O][R][kParts];
+  for (auto& sums : acc)  // by element: `= {}` compiled to a slow `rep stos` here
+    for (auto& parts : sums)
+      for (fn& part : parts) part = fn{};
   const float* w = weight + (size_t)o0 * ldw;
   const int full = IC / 16 * 16, rest = IC - full;
   for (int c = 0; c < full; c += 16) {
-    f16 wv[O];
+    const float* wrow[O];
+    const float* xrow[R];
     for (int a = 0; a < O; a++) {
-      wv[a] = load16(w + (size_t)a * ldw + c);
+      wrow[a] = w + (size_t)a * ldw + c;
       // the rows two blocks ahead into L2 while this block computes, so the weight streams from
       // memory once and overlaps the arithmetic (into L1 or one block ahead measured 1.5x
       // slower: 192 MiB of expert weights at 8 rows in 30 ms instead of 20, sgemm 37)
       if (prefetch_next) __builtin_prefetch(w + (size_t)(a + 2 * O) * ldw + c, 0, 2);
     }
-    for (int r = 0; r < R; r++) {
-      const f16 x = load16(inp + (size_t)(i0 + r) * IC + c);
-      for (int a = 0; a < O; a++)
-        acc[a][r] = Fma ? fma16(wv[a], x, acc[a][r]) : acc[a][r] + wv[a] * x;
-    }
+    for (int r = 0; r < R; r++) xrow[r] = inp + (size_t)(i0 + r) * IC + c;
+    accumulate16<R, O, Fma>(acc, wrow, xrow);
   }
   if (rest > 0) {
-    f16 wv[O];
-    for (int a = 0; a < O; a++) wv[a] = load16_tail(w + (size_t)a * ldw + full, rest, 0.0f);
-    for (int r = 0; r < R; r++) {
-      const f16 x = load16_tail(inp + (size_t)(i0 + r) * IC + full, rest, 0.0f);
-      for (int a = 0; a < O; a++)
-        acc[a][r] = Fma ? fma16(wv[a], x, acc[a][r]) : acc[a][r] + wv[a] * x;
+    // the last IC mod 16 channels, zero-padded to 16
+    float wpad[O][16], xpad[R][16];
+    const float* wrow[O];
+    const float* xrow[R];
+    for (int a = 0; a < O; a++) {
+      std::fill(std::copy_n(w + (size_t)a * ldw + full, rest, wpad[a]), wpad[a] + 16, 0.0f);
+      wrow[a] = wpad[a];
     }
+    for (int r = 0; r < R; r++) {
+      std::fill(std::copy_n(inp + (size_t)(i0 + r) * IC + full, rest, xpad[r]), xpad[r] + 16, 0.0f);
+      xrow[r] = xpad[r];
+    }
+    accumulate16<R, O, Fma>(acc, wrow, xrow);
   }
   if constexpr (R * O == 16) {
     // all 16 sums in one transposed tree (the same bits as hsum each): lane a*R + r
-    const f16 sums = hsum16x16(&acc[0][0]);
+    f16 sums16[16];
+    for (int a = 0; a < O; a++)
+      for (int r = 0; r < R; r++) sums16[a * R + r] = join16(acc[a][r]);
+    const f16 sums = hsum16x16(sums16);
     for (int r = 0; r < R; r++)
       for (int a = 0; a < O; a++) out[(size_t)(i0 + r) * OC + o0 + a] = sums[a * R + r];
   } else {

@@ -58,25 +58,60 @@ inline float hsum(f16 v) {
   return t[0];
 }
 
+// ---- the variant's own register width: 16, 8 or 4 floats (one zmm, ymm or xmm)
+//
+// A 16-lane vector on a narrower target is several registers that GCC moves through the stack
+// between operations; loops that keep many accumulators live (the few-row matmul) hold each
+// 16-lane sum as 16 / kNativeLanes native vectors instead, lane j of the sum in part
+// j / kNativeLanes, so the arithmetic per lane and the sums' bits stay those of the 16-lane form.
+#if defined(__AVX512F__)
+typedef f16 fn;
+#elif defined(__AVX2__)
+typedef f8 fn;
+#else
+typedef float fn __attribute__((vector_size(16)));
+#endif
+constexpr int kNativeLanes = sizeof(fn) / sizeof(float);
+inline fn loadn(const float* p) {
+  fn v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 // a * b + c with one rounding per lane (IEEE fusedMultiplyAdd, the same bits at any width): one
 // instruction where the variant has FMA (AVX-512; AVX2 is built with -mfma), std::fma per lane
 // on the baseline (exact, slow: a CPU without AVX2 only).
-inline f16 fma16(f16 a, f16 b, f16 c) {
+inline fn fman(fn a, fn b, fn c) {
 #if defined(__AVX512F__)
-  return (f16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+  return (fn)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
 #elif defined(__FMA__)
-  __m256 a2[2], b2[2], c2[2];
-  std::memcpy(a2, &a, sizeof a);
-  std::memcpy(b2, &b, sizeof b);
-  std::memcpy(c2, &c, sizeof c);
-  for (int h = 0; h < 2; h++) c2[h] = _mm256_fmadd_ps(a2[h], b2[h], c2[h]);
-  f16 r;
-  std::memcpy(&r, c2, sizeof r);
-  return r;
+  return (fn)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
-  for (int j = 0; j < 16; j++) c[j] = std::fma(a[j], b[j], c[j]);
+  for (int j = 0; j < kNativeLanes; j++) c[j] = std::fma(a[j], b[j], c[j]);
   return c;
 #endif
+}
+constexpr int kParts = 16 / kNativeLanes;  // native vectors per 16 lanes
+// The 16-lane vector whose lanes are parts[0]'s, then parts[1]'s, ...
+inline f16 join16(const fn (&parts)[kParts]) {
+  f16 v;
+  std::memcpy(&v, parts, sizeof v);
+  return v;
+}
+// hsum(join16(parts)), the same bits, in registers: the tree's levels w >= kNativeLanes add
+// whole parts, the others add a shuffled copy of one vector (lane j gets lane j + w).
+inline float hsum(const fn (&parts)[kParts]) {
+  typedef int32_t in __attribute__((vector_size(sizeof(fn))));
+  fn t[kParts];
+  for (int p = 0; p < kParts; p++) t[p] = parts[p];
+  for (int w = kParts / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; j++) t[j] += t[j + w];
+  fn v = t[0];
+  for (int w = kNativeLanes / 2; w > 0; w /= 2) {
+    in lane;
+    for (int j = 0; j < kNativeLanes; j++) lane[j] = (j + w) % kNativeLanes;
+    v += __builtin_shuffle(v, lane);
+  }
+  return v[0];
 }
 
 // Lane k of the result = hsum(v[k]) for 16 vectors, bit for bit: the same tree (lane j + lane
