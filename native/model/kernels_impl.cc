@@ -23,14 +23,16 @@ namespace {
 // ----------------------------------------------------------------------------
 // softmax over a vocabulary row, in fp64 from fp32 logits
 
-// Calls f(x, n) for consecutive blocks of 8 logits widened to fp64 (x) with the block's valid
-// count n (8, or the tail's < 8; the tail's other lanes are -inf, whose exp is 0).
+// Calls f(x, v, n, part) for consecutive blocks of kDoubleLanes logits from v widened to fp64
+// (x), with the block's valid count n (kDoubleLanes, or the tail's fewer; the tail's other lanes
+// are -inf, whose exp is 0) and the accumulator part its values belong to (vec.h).
 template <typename F>
 void for_blocks(const float* logits, int V, F&& f) {
   using namespace vec;
-  const int full = V / 8 * 8;
-  for (int v = 0; v < full; v += 8) f(load8(logits + v), v, 8);
-  if (full < V) f(load8_tail(logits + full, V - full, -INFINITY), full, V - full);
+  constexpr int L = kDoubleLanes;
+  const int full = V / L * L;
+  for (int v = 0; v < full; v += L) f(loadd(logits + v), v, L, v / L % kDoubleParts);
+  if (full < V) f(loadd_tail(logits + full, V - full, -INFINITY), full, V - full, full / L % kDoubleParts);
 }
 
 SoftmaxStats softmax_stats(const float* logits, int V, float inv_tau, bool with_entropy) {
@@ -44,18 +46,18 @@ SoftmaxStats softmax_stats(const float* logits, int V, float inv_tau, bool with_
   st.max_logit = hmax(m);
   // d_v = (logits_v - max) * inv_tau, e_v = exp(d_v); S = sum e_v, D = sum e_v d_v (lane j of
   // each accumulator sums v = j mod 8 in order): log p_v = d_v - log S, H = log S - D / S.
-  const d8 top = splat8(st.max_logit), tau = splat8(inv_tau);
-  d8 S{}, D{};
-  l8 nan{};
-  for_blocks(logits, V, [&](d8 x, int, int) {
-    const d8 d = (x - top) * tau;
-    const d8 e = exp_nonpositive(d);
+  const dn top = splatd(st.max_logit), tau = splatd(inv_tau);
+  dn S[kDoubleParts] = {}, D[kDoubleParts] = {};
+  ldn nan{};
+  for_blocks(logits, V, [&](dn x, int, int, int part) {
+    const dn d = (x - top) * tau;
+    const dn e = exp_nonpositive(d);
     nan |= d != d;
-    S += e;
-    if (with_entropy) D += e > 0.0 ? e * d : 0.0;  // 0, not NaN, for d = -inf
+    S[part] += e;
+    if (with_entropy) D[part] += e > 0.0 ? e * d : 0.0;  // 0, not NaN, for d = -inf
   });
   bool any_nan = false;
-  for (int j = 0; j < 8; j++) any_nan |= nan[j] != 0;
+  for (int j = 0; j < kDoubleLanes; j++) any_nan |= nan[j] != 0;
   const double sum = hsum(S);
   st.log_sum = any_nan ? NAN : std::log(sum);
   if (with_entropy) st.entropy = st.log_sum - hsum(D) / sum;
@@ -64,14 +66,14 @@ SoftmaxStats softmax_stats(const float* logits, int V, float inv_tau, bool with_
 
 void softmax_probs(double* p, const float* logits, int V, float inv_tau, const SoftmaxStats& st) {
   using namespace vec;
-  const d8 top = splat8(st.max_logit), tau = splat8(inv_tau),
-           inv_sum = splat8(std::exp(-st.log_sum));
-  for_blocks(logits, V, [&](d8 x, int v, int n) {
-    const d8 pv = exp_nonpositive((x - top) * tau) * inv_sum;
-    if (n == 8)
-      store8(p + v, pv);
+  const dn top = splatd(st.max_logit), tau = splatd(inv_tau),
+           inv_sum = splatd(std::exp(-st.log_sum));
+  for_blocks(logits, V, [&](dn x, int v, int n, int) {
+    const dn pv = exp_nonpositive((x - top) * tau) * inv_sum;
+    if (n == kDoubleLanes)
+      stored(p + v, pv);
     else
-      store8_tail(p + v, pv, n);
+      stored_tail(p + v, pv, n);
   });
 }
 
@@ -86,17 +88,17 @@ void logsoftmax_backward(float* dlogits, const float* logits, int V, float inv_t
   const double lp_t = st.logprob(logits, target, inv_tau);  // read before an in-place write
   const double p_t = std::exp(lp_t);
   const double g_t = k * (d_logp * (1.0 - p_t) - d_entropy * p_t * (lp_t + st.entropy));
-  const d8 top = splat8(st.max_logit), tau = splat8(inv_tau), a = splat8(k * d_logp),
-           b = splat8(k * d_entropy), c = splat8(st.entropy - st.log_sum),
-           inv_sum = splat8(std::exp(-st.log_sum));
-  for_blocks(logits, V, [&](d8 x, int v, int n) {
-    const d8 d = (x - top) * tau;
-    const d8 p = exp_nonpositive(d) * inv_sum;
-    const d8 g = d_entropy == 0.0 ? -p * a : p > 0.0 ? -p * (a + b * (d + c)) : 0.0;
-    if (n == 8)
-      store8(dlogits + v, g);
+  const dn top = splatd(st.max_logit), tau = splatd(inv_tau), a = splatd(k * d_logp),
+           b = splatd(k * d_entropy), c = splatd(st.entropy - st.log_sum),
+           inv_sum = splatd(std::exp(-st.log_sum));
+  for_blocks(logits, V, [&](dn x, int v, int n, int) {
+    const dn d = (x - top) * tau;
+    const dn p = exp_nonpositive(d) * inv_sum;
+    const dn g = d_entropy == 0.0 ? -p * a : p > 0.0 ? -p * (a + b * (d + c)) : 0.0;
+    if (n == kDoubleLanes)
+      stored(dlogits + v, g);
     else
-      store8_tail(dlogits + v, g, n);
+      stored_tail(dlogits + v, g, n);
   });
   dlogits[target] = (float)g_t;
 }

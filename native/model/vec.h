@@ -24,8 +24,6 @@ namespace {
 typedef float f16 __attribute__((vector_size(64)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 typedef float f8 __attribute__((vector_size(32)));
-typedef double d8 __attribute__((vector_size(64)));
-typedef int64_t l8 __attribute__((vector_size(64)));
 
 // ---- 16 floats
 
@@ -97,18 +95,21 @@ inline f16 join16(const fn (&parts)[kParts]) {
   std::memcpy(&v, parts, sizeof v);
   return v;
 }
-// hsum(join16(parts)), the same bits, in registers: the tree's levels w >= kNativeLanes add
-// whole parts, the others add a shuffled copy of one vector (lane j gets lane j + w).
-inline float hsum(const fn (&parts)[kParts]) {
-  typedef int32_t in __attribute__((vector_size(sizeof(fn))));
-  fn t[kParts];
-  for (int p = 0; p < kParts; p++) t[p] = parts[p];
-  for (int w = kParts / 2; w > 0; w /= 2)
+// The sum of all lanes of parts[0], parts[1], ... as the fixed tree over their lanes joined in
+// order (lane j + lane j + w for w = half the lanes, ..., 1: hsum(f16)'s tree), in registers: the levels w >= one vector's lanes add whole parts, the others add a
+// shuffled copy of one vector (lane j gets lane j + w).
+template <typename V, int P>
+inline auto hsum(const V (&parts)[P]) {
+  typedef decltype(parts[0] < parts[0]) Lanes;  // integer lanes as wide as V's
+  constexpr int L = sizeof(V) / sizeof(parts[0][0]);
+  V t[P];
+  for (int p = 0; p < P; p++) t[p] = parts[p];
+  for (int w = P / 2; w > 0; w /= 2)
     for (int j = 0; j < w; j++) t[j] += t[j + w];
-  fn v = t[0];
-  for (int w = kNativeLanes / 2; w > 0; w /= 2) {
-    in lane;
-    for (int j = 0; j < kNativeLanes; j++) lane[j] = (j + w) % kNativeLanes;
+  V v = t[0];
+  for (int w = L / 2; w > 0; w /= 2) {
+    Lanes lane;
+    for (int j = 0; j < L; j++) lane[j] = (j + w) % L;
     v += __builtin_shuffle(v, lane);
   }
   return v[0];
@@ -166,58 +167,66 @@ inline void store16_tail(float* p, f16 v, int n) {
   for (int j = 0; j < n; j++) p[j] = v[j];
 }
 
-// ---- 8 doubles
+// ---- doubles at the variant's own register width: 8, 4 or 2 (one zmm, ymm or xmm)
+//
+// The softmax over a vocabulary row sums in fp64, 8 accumulator lanes (lane j sums the values
+// v = j mod 8 in order), held as kDoubleParts native vectors: value v in part (v / kDoubleLanes)
+// mod kDoubleParts, lane v mod kDoubleLanes. The same bits at every width, in registers.
+#if defined(__AVX512F__)
+typedef double dn __attribute__((vector_size(64)));
+#elif defined(__AVX2__)
+typedef double dn __attribute__((vector_size(32)));
+#else
+typedef double dn __attribute__((vector_size(16)));
+#endif
+constexpr int kDoubleLanes = sizeof(dn) / sizeof(double);
+constexpr int kDoubleParts = 8 / kDoubleLanes;
+typedef float fdn __attribute__((vector_size(kDoubleLanes * sizeof(float))));  // dn's floats
+typedef int64_t ldn __attribute__((vector_size(sizeof(dn))));                  // its masks
 
-inline d8 splat8(double x) { return d8{} + x; }
-// 8 floats widened to fp64 (exact); the tail form reads n < 8 and fills the rest.
-inline d8 load8(const float* p) {
-  f8 v;
+inline dn splatd(double x) { return dn{} + x; }
+// kDoubleLanes floats widened to fp64 (exact); the tail form reads n < kDoubleLanes and fills
+// the other lanes.
+inline dn loadd(const float* p) {
+  fdn v;
   std::memcpy(&v, p, sizeof v);
-  return __builtin_convertvector(v, d8);
+  return __builtin_convertvector(v, dn);
 }
-inline d8 load8_tail(const float* p, int n, double fill) {
-  d8 v = splat8(fill);
+inline dn loadd_tail(const float* p, int n, double fill) {
+  dn v = splatd(fill);
   for (int j = 0; j < n; j++) v[j] = p[j];
   return v;
 }
-// Rounded to fp32 and stored; the tail form writes the first n < 8.
-inline void store8(float* p, d8 v) {
-  const f8 f = __builtin_convertvector(v, f8);
+// Rounded to fp32 and stored; the tail form writes the first n.
+inline void stored(float* p, dn v) {
+  const fdn f = __builtin_convertvector(v, fdn);
   std::memcpy(p, &f, sizeof f);
 }
-inline void store8(double* p, d8 v) { std::memcpy(p, &v, sizeof v); }
+inline void stored(double* p, dn v) { std::memcpy(p, &v, sizeof v); }
 template <typename T>
-inline void store8_tail(T* p, d8 v, int n) {
+inline void stored_tail(T* p, dn v, int n) {
   for (int j = 0; j < n; j++) p[j] = (T)v[j];
-}
-// Sum of the 8 lanes as a fixed tree (j + j+4, j + j+2, j + j+1).
-inline double hsum(d8 v) {
-  double t[8];
-  std::memcpy(t, &v, sizeof t);
-  for (int w = 4; w > 0; w /= 2)
-    for (int j = 0; j < w; j++) t[j] += t[j + w];
-  return t[0];
 }
 
 // exp(x) for x <= 0 in fp64, within 5 ulp (measured 4.2): x = n ln2 + r with |r| <= ln2/2 and
 // ln2 in two parts (fdlibm's), exp(r) by its Taylor polynomial to r^12 (error 2e-16), 2^n from
 // the exponent bits; 0 below -708 (where exp would turn subnormal) and for -inf; NaN stays NaN.
-inline d8 exp_nonpositive(d8 x) {
+inline dn exp_nonpositive(dn x) {
   const double lo = -708.0, shift = 6755399441055744.0;  // 1.5 * 2^52: n lands in t's low bits
-  const d8 xc = x < lo ? splat8(lo) : x;
-  const d8 t = xc * 1.4426950408889634 + shift;
-  const d8 n = t - shift;
-  const d8 r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+  const dn xc = x < lo ? splatd(lo) : x;
+  const dn t = xc * 1.4426950408889634 + shift;
+  const dn n = t - shift;
+  const dn r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
   constexpr double c[] = {1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040,
                           1.0 / 720,      1.0 / 120,     1.0 / 24,     1.0 / 6,     1.0 / 2,
                           1.0,            1.0};  // 1/11! .. 1/0!
-  d8 p = splat8(1.0 / 479001600);                  // 1/12!
+  dn p = splatd(1.0 / 479001600);                  // 1/12!
   for (double ck : c) p = p * r + ck;
-  l8 bits;
+  ldn bits;
   std::memcpy(&bits, &t, sizeof bits);
   bits = (bits + 1023) << 52;    // t's low 12 bits are n + 1023 mod 2^12, n in [-1022, 0]
   bits &= (x >= lo) | (x != x);  // 0 below lo; a NaN keeps its (NaN) polynomial
-  d8 scale;
+  dn scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
