@@ -32,16 +32,17 @@ void for_blocks(const float* logits, int V, F&& f) {
   constexpr int L = kDoubleLanes;
   const int full = V / L * L;
   for (int v = 0; v < full; v += L) f(loadd(logits + v), v, L, v / L % kDoubleParts);
-  if (full < V) f(loadd_tail(logits + full, V - full, -INFINITY), full, V - full, full / L % kDoubleParts);
+  if (full < V)
+    f(loadd_tail(logits + full, V - full, -INFINITY), full, V - full, full / L % kDoubleParts);
 }
 
 SoftmaxStats softmax_stats(const float* logits, int V, float inv_tau, bool with_entropy) {
   using namespace vec;
-  // the max in fp32 (exact), 16 lanes at a time
-  const int full = V / 16 * 16;
-  f16 m = splat16(-INFINITY);
-  for (int v = 0; v < full; v += 16) m = max16(m, load16(logits + v));
-  if (full < V) m = max16(m, load16_tail(logits + full, V - full, -INFINITY));
+  // the max in fp32 (exact)
+  fn m = splatn(-INFINITY);
+  for_native_blocks(V, [&](int v, int n) {
+    m = maxn(m, n == kNativeLanes ? loadn(logits + v) : loadn_tail(logits + v, n, -INFINITY));
+  });
   SoftmaxStats st;
   st.max_logit = hmax(m);
   // d_v = (logits_v - max) * inv_tau, e_v = exp(d_v); S = sum e_v, D = sum e_v d_v (lane j of
@@ -106,42 +107,38 @@ void logsoftmax_backward(float* dlogits, const float* logits, int V, float inv_t
 // ----------------------------------------------------------------------------
 // SwiGLU gate
 
-// Calls f(v, n) for consecutive blocks of 16 (the tail's n < 16).
-template <typename F>
-void for_blocks16(int n, F&& f) {
-  const int full = n / 16 * 16;
-  for (int v = 0; v < full; v += 16) f(v, 16);
-  if (full < n) f(full, n - full);
-}
-
 void swiglu_forward(float* act, const float* h1, const float* h3, int n) {
   using namespace vec;
-  for_blocks16(n, [&](int v, int k) {
-    const f16 a = k == 16 ? load16(h1 + v) : load16_tail(h1 + v, k, 0.0f);
-    const f16 b = k == 16 ? load16(h3 + v) : load16_tail(h3 + v, k, 0.0f);
-    const f16 y = a * sigmoid(a) * b;
-    if (k == 16)
-      store16(act + v, y);
+  for_native_blocks(n, [&](int v, int k) {
+    auto in = [&](const float* p) {
+      return k == kNativeLanes ? loadn(p + v) : loadn_tail(p + v, k, 0.0f);
+    };
+    const fn a = in(h1), b = in(h3);
+    const fn y = a * sigmoid(a) * b;
+    if (k == kNativeLanes)
+      storen(act + v, y);
     else
-      store16_tail(act + v, y, k);
+      storen_tail(act + v, y, k);
   });
 }
 
 void swiglu_backward(float* dh1, float* dh3, const float* dact, const float* h1, const float* h3,
                      int n) {
   using namespace vec;
-  for_blocks16(n, [&](int v, int k) {
-    auto in = [&](const float* p) { return k == 16 ? load16(p + v) : load16_tail(p + v, k, 0.0f); };
-    const f16 a = in(h1), b = in(h3), g = in(dact), d1 = in(dh1), d3 = in(dh3);
-    const f16 sig = sigmoid(a);
-    const f16 y3 = d3 + g * (a * sig);
-    const f16 y1 = d1 + g * b * sig * (1.0f + a * (1.0f - sig));
-    if (k == 16) {
-      store16(dh1 + v, y1);
-      store16(dh3 + v, y3);
+  for_native_blocks(n, [&](int v, int k) {
+    auto in = [&](const float* p) {
+      return k == kNativeLanes ? loadn(p + v) : loadn_tail(p + v, k, 0.0f);
+    };
+    const fn a = in(h1), b = in(h3), g = in(dact), d1 = in(dh1), d3 = in(dh3);
+    const fn sig = sigmoid(a);
+    const fn y3 = d3 + g * (a * sig);
+    const fn y1 = d1 + g * b * sig * (1.0f + a * (1.0f - sig));
+    if (k == kNativeLanes) {
+      storen(dh1 + v, y1);
+      storen(dh3 + v, y3);
     } else {
-      store16_tail(dh1 + v, y1, k);
-      store16_tail(dh3 + v, y3, k);
+      storen_tail(dh1 + v, y1, k);
+      storen_tail(dh3 + v, y3, k);
     }
   });
 }
@@ -152,40 +149,38 @@ void swiglu_backward(float* dh1, float* dh3, const float* dact, const float* h1,
 void attend_cached(float* out, int ldo, float* scores, const float* v, int ldv, int G, int len,
                    int D, float scale) {
   using namespace vec;
-  const int full = len / 16 * 16;
   for (int g = 0; g < G; g++) {
     float* sc = scores + (size_t)g * len;
-    auto in = [&](int s) {
-      return s < full ? load16(sc + s) : load16_tail(sc + s, len - s, -INFINITY);
+    auto in = [&](int s, int n) {
+      return n == kNativeLanes ? loadn(sc + s) : loadn_tail(sc + s, n, -INFINITY);
     };
-    f16 m = splat16(-INFINITY);
-    for (int s = 0; s < len; s += 16) m = max16(m, in(s) * scale);
-    const f16 top = splat16(hmax(m));
-    f16 acc{};
-    for (int s = 0; s < len; s += 16) {
-      const f16 e = exp_nonpositive(in(s) * scale - top);
-      acc += e;
-      if (s < full)
-        store16(sc + s, e);
+    fn m = splatn(-INFINITY);
+    for_native_blocks(len, [&](int s, int n) { m = maxn(m, in(s, n) * scale); });
+    const fn top = splatn(hmax(m));
+    // lane j of the sum adds the positions s = j mod 16 in order (vec.h: parts of 16 lanes)
+    fn acc[kParts] = {};
+    for_native_blocks(len, [&](int s, int n) {
+      const fn e = exp_nonpositive(in(s, n) * scale - top);
+      acc[s / kNativeLanes % kParts] += e;
+      if (n == kNativeLanes)
+        storen(sc + s, e);
       else
-        store16_tail(sc + s, e, len - s);
-    }
+        storen_tail(sc + s, e, n);
+    });
     const float sum = hsum(acc);
-    // out = sum_s (e_s / sum) v_s, 16 channels at a time, positions in order
+    // out = sum_s (e_s / sum) v_s, kNativeLanes channels at a time, positions in order
     float* o = out + (size_t)g * ldo;
-    for (int d = 0; d < D; d += 16) {
-      const int k = std::min(16, D - d);
-      f16 od{};
+    for_native_blocks(D, [&](int d, int k) {
+      fn od{};
       for (int s = 0; s < len; s++) {
-        const f16 vs = k == 16 ? load16(v + (size_t)s * ldv + d)
-                               : load16_tail(v + (size_t)s * ldv + d, k, 0.0f);
-        od += (sc[s] / sum) * vs;
+        const float* vs = v + (size_t)s * ldv + d;
+        od += (sc[s] / sum) * (k == kNativeLanes ? loadn(vs) : loadn_tail(vs, k, 0.0f));
       }
-      if (k == 16)
-        store16(o + d, od);
+      if (k == kNativeLanes)
+        storen(o + d, od);
       else
-        store16_tail(o + d, od, k);
-    }
+        storen_tail(o + d, od, k);
+    });
   }
 }
 

@@ -1,9 +1,11 @@
-// Fixed-width vectors in GCC's vector extensions for the kernels (kernels.h): 16 floats (the
-// few-row matmul, the SwiGLU gate, the max of a row) and 8 doubles (the softmax over a
-// vocabulary row, in fp64).
-// The compiler lowers an operation on them to what the target has (several SSE2 instructions
-// on any x86-64, one AVX-512 instruction where the variant enables it) with the same IEEE
-// arithmetic in every lane, so the bits do not depend on the vector width; -ffp-contract=off
+// Fixed-width vectors in GCC's vector extensions for the kernels (kernels.h), at the variant's
+// own register width: floats as fn (16, 8 or 4 lanes: one zmm, ymm or xmm) and doubles as dn
+// (8, 4 or 2). A wider GCC vector than the target's registers is split into pieces that GCC
+// moves through the stack, and its compares and selects run lane by lane (an AVX2 CPU ran the
+// decode step 5x slower so); so a kernel whose sums have a fixed lane count (16 floats, 8
+// doubles) holds each sum as several native vectors, "parts", lane j in part j / lanes.
+// Every operation is the same IEEE arithmetic in each lane at any width, and the sums fold in one
+// fixed tree (hsum), so the bits do not depend on the variant; -ffp-contract=off
 // (model/CMakeLists.txt) keeps a*b+c two roundings where FMA exists too. Plain auto-vectorised
 // loops could not promise this: GCC leaves a loop scalar for one select it cannot if-convert,
 // and `omp simd` reductions sum in an order that follows the vector width.
@@ -25,43 +27,8 @@ typedef float f16 __attribute__((vector_size(64)));
 typedef int32_t i16 __attribute__((vector_size(64)));
 typedef float f8 __attribute__((vector_size(32)));
 
-// ---- 16 floats
+// ---- floats at the variant's own register width: 16, 8 or 4 (one zmm, ymm or xmm)
 
-inline f16 splat16(float x) { return f16{} + x; }
-inline f16 load16(const float* p) {
-  f16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-// The first n < 16 values of p, the other lanes `fill`.
-inline f16 load16_tail(const float* p, int n, float fill) {
-  f16 v = splat16(fill);
-  for (int j = 0; j < n; j++) v[j] = p[j];
-  return v;
-}
-// Lane-wise max; a NaN in x never replaces m.
-inline f16 max16(f16 m, f16 x) { return x > m ? x : m; }
-// Max of the 16 lanes, folded in a fixed order.
-inline float hmax(f16 v) {
-  float m = v[0];
-  for (int j = 1; j < 16; j++) m = v[j] > m ? v[j] : m;
-  return m;
-}
-// Sum of the 16 lanes as a fixed tree: lane j + lane j+8, then j + j+4, j + j+2, j + j+1.
-inline float hsum(f16 v) {
-  float t[16];
-  std::memcpy(t, &v, sizeof t);
-  for (int w = 8; w > 0; w /= 2)
-    for (int j = 0; j < w; j++) t[j] += t[j + w];
-  return t[0];
-}
-
-// ---- the variant's own register width: 16, 8 or 4 floats (one zmm, ymm or xmm)
-//
-// A 16-lane vector on a narrower target is several registers that GCC moves through the stack
-// between operations; loops that keep many accumulators live (the few-row matmul) hold each
-// 16-lane sum as 16 / kNativeLanes native vectors instead, lane j of the sum in part
-// j / kNativeLanes, so the arithmetic per lane and the sums' bits stay those of the 16-lane form.
 #if defined(__AVX512F__)
 typedef f16 fn;
 #elif defined(__AVX2__)
@@ -69,11 +36,38 @@ typedef f8 fn;
 #else
 typedef float fn __attribute__((vector_size(16)));
 #endif
+typedef decltype(fn{} < fn{}) in;  // its int32 lanes
 constexpr int kNativeLanes = sizeof(fn) / sizeof(float);
+inline fn splatn(float x) { return fn{} + x; }
 inline fn loadn(const float* p) {
   fn v;
   std::memcpy(&v, p, sizeof v);
   return v;
+}
+// The first n < kNativeLanes values of p, the other lanes `fill`.
+inline fn loadn_tail(const float* p, int n, float fill) {
+  fn v = splatn(fill);
+  for (int j = 0; j < n; j++) v[j] = p[j];
+  return v;
+}
+inline void storen(float* p, fn v) { std::memcpy(p, &v, sizeof v); }
+inline void storen_tail(float* p, fn v, int n) {
+  for (int j = 0; j < n; j++) p[j] = v[j];
+}
+// Lane-wise max; a NaN in x never replaces m.
+inline fn maxn(fn m, fn x) { return x > m ? x : m; }
+// Max of the lanes (exact: the order does not matter; NaN lanes are never taken).
+inline float hmax(fn v) {
+  float m = v[0];
+  for (int j = 1; j < kNativeLanes; j++) m = v[j] > m ? v[j] : m;
+  return m;
+}
+// Calls f(c, n) for consecutive blocks of kNativeLanes from 0 to `count` (the tail's n fewer).
+template <typename F>
+inline void for_native_blocks(int count, F&& f) {
+  const int full = count / kNativeLanes * kNativeLanes;
+  for (int c = 0; c < full; c += kNativeLanes) f(c, kNativeLanes);
+  if (full < count) f(full, count - full);
 }
 // a * b + c with one rounding per lane (IEEE fusedMultiplyAdd, the same bits at any width): one
 // instruction where the variant has FMA (AVX-512; AVX2 is built with -mfma), std::fma per lane
@@ -95,9 +89,9 @@ inline f16 join16(const fn (&parts)[kParts]) {
   std::memcpy(&v, parts, sizeof v);
   return v;
 }
-// The sum of all lanes of parts[0], parts[1], ... as the fixed tree over their lanes joined in
-// order (lane j + lane j + w for w = half the lanes, ..., 1: hsum(f16)'s tree), in registers: the levels w >= one vector's lanes add whole parts, the others add a
-// shuffled copy of one vector (lane j gets lane j + w).
+// The sum of all lanes of parts[0], parts[1], ... joined in order, as one fixed tree: lane j +
+// lane j + w for w = half the lanes, then half that, ..., 1. In registers: the levels w >= one
+// vector's lanes add whole parts, the others add a shuffled copy of one vector.
 template <typename V, int P>
 inline auto hsum(const V (&parts)[P]) {
   typedef decltype(parts[0] < parts[0]) Lanes;  // integer lanes as wide as V's
@@ -140,31 +134,27 @@ inline f16 hsum16x16(const f16 v[16]) {
 
 // exp(x) for x <= 0 in fp32 within 2 ulp (Cephes' expf: x = n ln2 + r, a polynomial in r, 2^n
 // from the exponent bits); 0 below -87.3 (where exp would turn subnormal) and for -inf.
-inline f16 exp_nonpositive(f16 x) {
+inline fn exp_nonpositive(fn x) {
   const float lo = -87.3f;
-  const f16 xc = x < lo ? splat16(lo) : x;
-  const f16 n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to integer
-  const f16 r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;            // ln2 in two parts
-  f16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  const fn xc = x < lo ? splatn(lo) : x;
+  const fn n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to integer
+  const fn r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;            // ln2 in two parts
+  fn p = r * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
+  in bits = (__builtin_convertvector(n, in) + 127) << 23;
   bits &= (x >= lo) | (x != x);  // 0 below lo; a NaN keeps its (NaN) polynomial
-  f16 scale;
+  fn scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
 // sigmoid(x) = 1 / (1 + exp(-x)), from exp(-|x|) so that exp never overflows.
-inline f16 sigmoid(f16 x) {
-  const f16 e = exp_nonpositive(x < 0.0f ? x : -x);
+inline fn sigmoid(fn x) {
+  const fn e = exp_nonpositive(x < 0.0f ? x : -x);
   return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-}
-inline void store16(float* p, f16 v) { std::memcpy(p, &v, sizeof v); }
-inline void store16_tail(float* p, f16 v, int n) {
-  for (int j = 0; j < n; j++) p[j] = v[j];
 }
 
 // ---- doubles at the variant's own register width: 8, 4 or 2 (one zmm, ymm or xmm)
