@@ -86,9 +86,10 @@ async function uninterrupted(deps: ActivityDeps, specs: CampaignSpec[]): Promise
 /**
  * Runs `spec` with control and train in this process and rollout only in worker processes, one
  * at a time, so the worker that is lost is certainly the one running both shards. Loss i comes
- * once 2 chunks of iteration i + 1 are stored: `onLoss` sees the worker's name, then the worker
- * goes (SIGKILL: the node is gone, with every process on it; SIGTERM: a Spot notice, the worker
- * stops its activities and leaves, cleanly) and the next one starts.
+ * once each shard of iteration i + 1 has stored a chunk (2 chunks of one shard do not say the
+ * other's ranks have started): `onLoss` sees the worker's name, then the worker goes (SIGKILL:
+ * the node is gone, with every process on it; SIGTERM: a Spot notice, the worker stops its
+ * activities and leaves, cleanly) and the next one starts.
  */
 async function interrupted(
   deps: ActivityDeps,
@@ -114,8 +115,11 @@ async function interrupted(
         const id = handle.workflowId;
         for (const [i, signal] of losses.entries()) {
           await waitFor(
-            `iteration ${i + 1} rollout to be under way`,
-            async () => ((await rolloutChunksStored(store, id, i + 1)) >= 2 ? true : undefined),
+            `both shards of iteration ${i + 1} to be under way`,
+            async () => {
+              const stored = await Promise.all([0, 1].map((s) => rolloutChunksStored(store, id, i + 1, [s])));
+              return stored.every((n) => n >= 1) ? true : undefined;
+            },
             60_000,
             20,
           );
