@@ -41,8 +41,8 @@ export interface RecordedCall {
 }
 
 export interface RecordingOptions {
-  /** Milliseconds each activity takes (heartbeating meanwhile); default 0. */
-  delayMs?: Partial<Record<ActivityName, number>>;
+  /** Milliseconds each activity takes, or each call of it (heartbeating meanwhile); default 0. */
+  delayMs?: Partial<Record<ActivityName, number | ((call: RecordedCall) => number)>>;
   /** Return an error to throw for this call (retryable unless it is an ApplicationFailure saying otherwise). */
   failWhen?: (call: RecordedCall) => Error | undefined;
   /**
@@ -84,7 +84,8 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
     try {
       const silentMs = opts.silentMsWhen?.(call);
       if (silentMs !== undefined) await sleep(silentMs); // no heartbeat; ends early on cancellation
-      const delay = opts.delayMs?.[activity] ?? 0;
+      const delayOf = opts.delayMs?.[activity] ?? 0;
+      const delay = typeof delayOf === 'function' ? delayOf(call) : delayOf;
       for (let waited = 0; waited < delay; waited += 50) {
         Context.current().heartbeat();
         await sleep(Math.min(50, delay - waited));
