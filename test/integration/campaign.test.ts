@@ -69,14 +69,15 @@ describe('campaign workflow on the dev server', () => {
   });
 
   test('pause takes effect at the next stage boundary; resume continues', async () => {
-    const { activities, calls } = createRecordingTestActivities({ delayMs: { rolloutShard: 1500 } });
+    const { activities, calls, release, started } = createRecordingTestActivities({
+      holdWhen: (c) => c.activity === 'rolloutShard' && c.iteration === 1,
+    });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const handle = await startCampaign(t.client, testSpec({ iterations: 2 }), queues);
-      await waitForState(handle, 'rollout of iteration 1', (s) =>
-        s.activeStages.some((a) => a.stage === 'rollout'),
-      );
+      await started('rolloutShard', 1);
       await handle.signal('pause', { reason: 'inspecting' });
       assert.equal((await status(handle)).status, 'pausing', 'the running rollout is not interrupted');
+      release('rolloutShard', 1);
       const paused = await waitForState(handle, 'paused', (s) => s.status === 'paused');
       assert.equal(paused.pauseReason, 'inspecting');
       assert.equal(paused.activeStages.length, 0);
@@ -94,12 +95,12 @@ describe('campaign workflow on the dev server', () => {
   });
 
   test('setHyperparameters: accepted changes apply from the next iteration, bad ones are rejected', async () => {
-    const { activities, calls } = createRecordingTestActivities({ delayMs: { rolloutShard: 800 } });
+    const { activities, calls, release, started } = createRecordingTestActivities({
+      holdWhen: (c) => c.activity === 'rolloutShard' && c.iteration === 1,
+    });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const handle = await startCampaign(t.client, testSpec({ iterations: 2 }), queues);
-      await waitForState(handle, 'rollout of iteration 1', (s) =>
-        s.activeStages.some((a) => a.stage === 'rollout'),
-      );
+      await started('rolloutShard', 1);
       const change = await handle.executeUpdate(setHyperparametersUpdate, {
         args: [{ changes: { temperature: 0.5, lr: 1e-4 }, reason: 'cooler sampling' }],
       });
@@ -115,6 +116,7 @@ describe('campaign workflow on the dev server', () => {
         (err: unknown) =>
           err instanceof WorkflowUpdateFailedError && /unknown field.*"lrr"/.test(String(err.cause?.message)),
       );
+      release('rolloutShard', 1);
       await handle.result();
       const hp = (i: number) => (only(calls, 'updatePolicy', i).input as UpdateInput).hyperparameters;
       assert.equal(hp(1).temperature, 1.0);
@@ -130,18 +132,13 @@ describe('campaign workflow on the dev server', () => {
   });
 
   test('cancel stops the running stage and keeps the last committed checkpoint', async () => {
-    // The update of iteration 2 runs until it is cancelled, seen from the activity itself: a
-    // window polled by queries can close while one query is slow.
-    const { activities, calls } = createRecordingTestActivities({
-      delayMs: { updatePolicy: (c) => (c.iteration === 2 ? 300_000 : 0) },
+    // The update of iteration 2 runs until it is cancelled.
+    const { activities, calls, started } = createRecordingTestActivities({
+      holdWhen: (c) => c.activity === 'updatePolicy' && c.iteration === 2,
     });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const handle = await startCampaign(t.client, testSpec({ iterations: 3 }), queues);
-      await waitFor(
-        'update of iteration 2',
-        async () => (of(calls, 'updatePolicy', 2).length > 0 ? true : undefined),
-        60_000,
-      );
+      await started('updatePolicy', 2);
       await handle.cancel();
       await assert.rejects(
         handle.result(),
@@ -161,12 +158,16 @@ describe('campaign workflow on the dev server', () => {
   });
 
   test('continue-as-new carries the whole state across runs', async () => {
-    const { activities } = createRecordingTestActivities({ delayMs: { rolloutShard: 300 } });
+    const { activities, release, started } = createRecordingTestActivities({
+      delayMs: { rolloutShard: 300 },
+      holdWhen: (c) => c.activity === 'rolloutShard' && c.iteration === 1,
+    });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const spec = testSpec({ iterations: 7, orchestration: { continueAsNewEvery: 2 } });
       const handle = await startCampaign(t.client, spec, queues);
-      await waitForState(handle, 'first rollout', (s) => s.activeStages.some((a) => a.stage === 'rollout'));
+      await started('rolloutShard', 1);
       await handle.executeUpdate(setHyperparametersUpdate, { args: [{ changes: { klCoef: 0.05 } }] });
+      release('rolloutShard', 1);
       const latest = t.client.workflow.getHandle<typeof campaign>(handle.workflowId);
       const result = await latest.result();
       assert.equal(result.committedIteration, 7);

@@ -20,13 +20,14 @@ after(async () => {
 
 describe('long-campaign defects (workflow)', () => {
   test('cancel of a campaign paused during an update takes effect at once and keeps the last committed checkpoint', async () => {
-    const { activities, calls } = createRecordingTestActivities({ delayMs: { updatePolicy: 1500 } });
+    const { activities, calls, release, started } = createRecordingTestActivities({
+      holdWhen: (c) => c.activity === 'updatePolicy' && c.iteration === 1,
+    });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const handle = await startCampaign(t.client, testSpec({ iterations: 3 }), queues);
-      await waitForState(handle, 'the update of iteration 1 running', (s) =>
-        s.activeStages.some((a) => a.stage === 'update' && a.iteration === 1),
-      );
+      await started('updatePolicy', 1);
       await handle.signal('pause', { reason: 'look at the update' });
+      release('updatePolicy', 1);
       const paused = await waitForState(handle, 'paused after the update', (s) => s.status === 'paused');
       assert.equal(paused.committedIteration, 0, 'the update of iteration 1 is not committed while paused');
       const cancelledAt = Date.now();

@@ -9,7 +9,7 @@ import { parseCampaignSpec } from '../../workflows/spec.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { createRecordingTestActivities } from '../support/recording-activities.js';
 import type { RecordedCall } from '../support/recording-activities.js';
-import { startCampaign, waitForState, withWorkers } from '../support/campaign-harness.js';
+import { startCampaign, withWorkers } from '../support/campaign-harness.js';
 import { hfSpecDoc } from '../support/spec-docs.js';
 import { startTestEnvironment } from '../support/temporal.js';
 import type { TestEnvironment } from '../support/temporal.js';
@@ -30,9 +30,9 @@ const okCalls = (calls: RecordedCall[], activity: RecordedCall['activity'], iter
 
 describe('set promptsPerIteration (recording activities on the dev server)', () => {
   test('from the next rollout on: shards, prompt ids and dataset positions follow, across continue-as-new', async () => {
-    const { activities, calls } = createRecordingTestActivities({
+    const { activities, calls, release, started } = createRecordingTestActivities({
       datasets,
-      delayMs: { rolloutShard: 600 },
+      holdWhen: (c) => c.activity === 'rolloutShard' && (c.iteration === 1 || c.iteration === 3),
     });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const spec = parseCampaignSpec({
@@ -44,20 +44,18 @@ describe('set promptsPerIteration (recording activities on the dev server)', () 
         orchestration: { rolloutHeartbeatSeconds: 5, updateHeartbeatSeconds: 5, continueAsNewEvery: 2 },
       });
       const handle = await startCampaign(t.client, spec, queues);
-      await waitForState(handle, 'rollout of iteration 1', (s) =>
-        s.activeStages.some((a) => a.stage === 'rollout' && a.iteration === 1),
-      );
+      await started('rolloutShard', 1);
       const first = await handle.executeUpdate(setHyperparametersUpdate, {
         args: [{ changes: { promptsPerIteration: 3 }, reason: 'smaller batches' }],
       });
       assert.equal(first.iteration, 2, 'iteration 1 already decided its prompts');
-      await waitForState(handle, 'rollout of iteration 3', (s) =>
-        s.activeStages.some((a) => a.stage === 'rollout' && a.iteration === 3),
-      );
+      release('rolloutShard', 1);
+      await started('rolloutShard', 3);
       const second = await handle.executeUpdate(setHyperparametersUpdate, {
         args: [{ changes: { promptsPerIteration: 1 } }],
       });
       assert.equal(second.iteration, 4);
+      release('rolloutShard', 3);
       assert.equal((await handle.result()).status, 'completed');
 
       // first prompt id and count per iteration: 4, then 3 and 3, then 1 (one shard).

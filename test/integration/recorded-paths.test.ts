@@ -237,15 +237,12 @@ describe('campaign paths recorded for replay', () => {
   });
 
   test('cancel while a rollout runs keeps the last committed checkpoint', async () => {
-    const { activities, calls } = createRecordingTestActivities({ delayMs: { rolloutShard: 1500 } });
+    const { activities, calls, started } = createRecordingTestActivities({
+      holdWhen: (c) => c.activity === 'rolloutShard' && c.iteration === 2, // until cancelled
+    });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const handle = await startCampaign(t.client, testSpec({ iterations: 3 }), queues);
-      await waitForState(
-        handle,
-        'rollout of iteration 2',
-        (s) => s.activeStages.some((a) => a.stage === 'rollout' && a.iteration === 2),
-        slow,
-      );
+      await started('rolloutShard', 2, slow);
       await handle.cancel();
       await assert.rejects(handle.result(), isCancelled);
       assert.equal((await handle.describe()).status.name, 'CANCELLED');
@@ -267,16 +264,14 @@ describe('campaign paths recorded for replay', () => {
   });
 
   test('cancel while paused before the commit of a finished update takes effect within seconds', async () => {
-    const { activities, calls } = createRecordingTestActivities({ delayMs: { updatePolicy: 4000 } });
+    const { activities, calls, release, started } = createRecordingTestActivities({
+      holdWhen: (c) => c.activity === 'updatePolicy' && c.iteration === 1,
+    });
     await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
       const handle = await startCampaign(t.client, testSpec({ iterations: 2 }), queues);
-      await waitForState(
-        handle,
-        'update of iteration 1',
-        (s) => s.activeStages.some((a) => a.stage === 'update' && a.iteration === 1),
-        slow,
-      );
+      await started('updatePolicy', 1, slow);
       await handle.signal('pause', { reason: 'inspecting the update' });
+      release('updatePolicy', 1);
       // The update finishes; its commit (not cancellable, so never cut in half) waits at the
       // pause boundary.
       const paused = await waitForState(handle, 'paused', (s) => s.status === 'paused', slow);

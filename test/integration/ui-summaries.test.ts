@@ -8,7 +8,6 @@ import { promisify } from 'node:util';
 import { after, before, describe, it } from 'node:test';
 import { defaultPayloadConverter } from '@temporalio/common';
 import { resolveTool } from '../../cli/temporal-tools.js';
-import type { CampaignState } from '../../workflows/types.js';
 import { startCampaign, testSpec, waitForState, withWorkers } from '../support/campaign-harness.js';
 import { createRecordingTestActivities } from '../support/recording-activities.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
@@ -26,7 +25,8 @@ describe('activity summaries and current details on the dev server', { timeout: 
 
   it('each timeline bar says what it is; the current details follow the stages and a pause', async () => {
     const recording = createRecordingTestActivities({
-      delayMs: { updatePolicy: 1500, rolloutShard: 100 },
+      delayMs: { rolloutShard: 100 },
+      holdWhen: (c) => c.activity === 'updatePolicy' && c.iteration === 1,
     });
     await withWorkers(t.nativeConnection, t.namespace, recording.activities, async (queues) => {
       const spec = testSpec({ iterations: 2, rolloutShards: 2, epWorldSize: 2, sftWarmStartSteps: 3 });
@@ -34,9 +34,7 @@ describe('activity summaries and current details on the dev server', { timeout: 
       const details = async () =>
         (await handle.query<{ currentDetails: string }>('__temporal_workflow_metadata')).currentDetails;
 
-      await waitForState(handle, 'the update of iteration 1', (s: CampaignState) =>
-        s.activeStages.some((a) => a.stage === 'update' && a.iteration === 1),
-      );
+      await recording.started('updatePolicy', 1);
       assert.equal(await details(), 'running — 0/2 iterations committed\niteration 1: update');
       // The Temporal CLI reads the same details.
       const temporal = await resolveTool('temporal');
@@ -53,6 +51,7 @@ describe('activity summaries and current details on the dev server', { timeout: 
       assert.match(cli.stdout, /iteration 1: update/);
 
       await handle.signal('pause', { reason: 'look at rollouts' });
+      recording.release('updatePolicy', 1);
       await waitForState(handle, 'paused', (s) => s.status === 'paused');
       // Paused at the boundary before iteration 1's checkpoint commit.
       assert.equal(await details(), 'paused: look at rollouts — 0/2 iterations committed');

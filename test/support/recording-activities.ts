@@ -1,6 +1,7 @@
 // Test implementations of the campaign activities: they do no real work, they record every
 // call (with start and end times) and can be slowed, blocked or made to fail, so workflow tests
 // can assert on scheduling, overlap, retries and cancellation against the real dev server.
+import { setTimeout as sleepMs } from 'node:timers/promises';
 import { ApplicationFailure, Context, sleep } from '@temporalio/activity';
 import { badInputErrorType } from '../../activities/types.js';
 import type {
@@ -41,8 +42,14 @@ export interface RecordedCall {
 }
 
 export interface RecordingOptions {
-  /** Milliseconds each activity takes, or each call of it (heartbeating meanwhile); default 0. */
-  delayMs?: Partial<Record<ActivityName, number | ((call: RecordedCall) => number)>>;
+  /** Milliseconds each activity takes (heartbeating meanwhile); default 0. */
+  delayMs?: Partial<Record<ActivityName, number>>;
+  /**
+   * Calls that wait, heartbeating, until `release` lets their activity and iteration go (or they
+   * are cancelled): a test acts on a stage it knows is running, from `started`, where a window
+   * polled by queries closes unseen while one query is slow.
+   */
+  holdWhen?: (call: RecordedCall) => boolean;
   /** Return an error to throw for this call (retryable unless it is an ApplicationFailure saying otherwise). */
   failWhen?: (call: RecordedCall) => Error | undefined;
   /**
@@ -63,6 +70,28 @@ export function badInput(message: string): ApplicationFailure {
 /** Creates recording test activities; `calls` fills as activities run. */
 export function createRecordingTestActivities(opts: RecordingOptions = {}) {
   const calls: RecordedCall[] = [];
+  const released = new Set<string>();
+  const heldKey = (activity: ActivityName, iteration: number) => `${activity}/${iteration}`;
+  /** Lets the held calls of `activity` for `iteration` go on, and those that come later. */
+  const release = (activity: ActivityName, iteration: number) =>
+    void released.add(heldKey(activity, iteration));
+  /** The first call of `activity` for `iteration`, once it has started. */
+  async function started(
+    activity: ActivityName,
+    iteration: number,
+    timeoutMs = 60_000,
+  ): Promise<RecordedCall> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const call = calls.find((c) => c.activity === activity && c.iteration === iteration);
+      if (call) return call;
+      if (Date.now() > deadline)
+        throw new Error(
+          `timed out after ${timeoutMs} ms waiting for ${activity} of iteration ${iteration} to start`,
+        );
+      await sleepMs(20);
+    }
+  }
 
   async function record<T>(
     activity: ActivityName,
@@ -84,8 +113,12 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
     try {
       const silentMs = opts.silentMsWhen?.(call);
       if (silentMs !== undefined) await sleep(silentMs); // no heartbeat; ends early on cancellation
-      const delayOf = opts.delayMs?.[activity] ?? 0;
-      const delay = typeof delayOf === 'function' ? delayOf(call) : delayOf;
+      if (opts.holdWhen?.(call))
+        while (!released.has(heldKey(activity, call.iteration))) {
+          Context.current().heartbeat();
+          await sleep(50);
+        }
+      const delay = opts.delayMs?.[activity] ?? 0;
       for (let waited = 0; waited < delay; waited += 50) {
         Context.current().heartbeat();
         await sleep(Math.min(50, delay - waited));
@@ -189,5 +222,5 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
     exportPolicy: (input: ExportInput): Promise<ExportOutput> =>
       record('exportPolicy', input, input, () => ({ iteration: input.iteration, out: 'recorded', files: 0 })),
   };
-  return { activities, calls };
+  return { activities, calls, release, started };
 }
