@@ -37,8 +37,11 @@ export interface RunToolOptions {
   env?: NodeJS.ProcessEnv;
   /** The process sees `env` only, not the worker's environment with `env` added. */
   replaceEnv?: boolean;
-  /** Called for each stdout line that parses as a JSON object. */
-  onRecord?: (record: Record<string, unknown>) => void | Promise<void>;
+  /**
+   * Called for each stdout line that parses as a JSON object; a string it returns is written to
+   * the tool's stdin as a line (an answer: moe_generate --wait-stored waits for one).
+   */
+  onRecord?: (record: Record<string, unknown>) => void | string | Promise<void | string>;
   /** Aborting kills the process (SIGTERM, then SIGKILL after 2 s). */
   signal?: AbortSignal;
 }
@@ -50,8 +53,12 @@ export function runTool(path: string, args: string[], opts: RunToolOptions = {})
   return new Promise((resolve, reject) => {
     const child = spawn(path, args, {
       env: opts.replaceEnv ? opts.env : { ...process.env, ...opts.env },
-      stdio: ['ignore', 'pipe', 'pipe'],
+      stdio: 'pipe',
     });
+    // Stdin carries onRecord's answers (none: closed at once). An answer to a tool that has
+    // exited is lost with it; its exit says what happened.
+    child.stdin.on('error', () => undefined);
+    if (!opts.onRecord) child.stdin.end();
     let stderr = '';
     child.stderr.setEncoding('utf8');
     child.stderr.on('data', (d: string) => {
@@ -71,7 +78,8 @@ export function runTool(path: string, args: string[], opts: RunToolOptions = {})
       records = records.then(async () => {
         if (recordError !== undefined) return;
         try {
-          await opts.onRecord!(record);
+          const answer = await opts.onRecord!(record);
+          if (typeof answer === 'string') child.stdin.write(answer + '\n');
         } catch (err) {
           recordError = err;
           child.kill('SIGTERM');

@@ -67,6 +67,9 @@ export const nativeChunks: ChunkGenerator = async (deps, plan, run) => {
         '--temperature', String(plan.sampling.temperature),
         '--top-p', String(plan.sampling.topP),
         '--max-new-tokens', String(plan.sampling.maxNewTokens),
+        // No chunk is started before the last is in the store: a lost worker loses only the
+        // chunk in flight, not every chunk generated ahead of slow uploads.
+        '--wait-stored',
       ],
       {
         worldSize: run.worldSize,
@@ -79,8 +82,10 @@ export const nativeChunks: ChunkGenerator = async (deps, plan, run) => {
           const n = (f: string) => Number(rec[f] ?? 0);
           if (rec.progress === true)
             run.onProgress({ chunk: rec.chunk, step: n('step'), steps: n('steps'), tokens: n('tokens') });
-          else if (rec.done === true)
+          else if (rec.done === true) {
             await run.onChunk(rec.chunk, { newTokens: n('new_tokens'), seconds: n('seconds') });
+            return 'stored'; // --wait-stored: the ranks go on to the next chunk
+          }
         },
       },
     );

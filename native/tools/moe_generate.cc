@@ -5,7 +5,7 @@
 //                [--iteration I] [--first-prompt 0] [--num-prompts 64] [--samples 8]
 //                [--chunk-size 16] [--start-chunk 0] [--temperature 1] [--top-p 1]
 //                [--top-k 0] [--max-new-tokens 16] [--no-kv-cache] [--ignore-eos]
-//                [--prompts FILE] [--ep-mode auto|ll|normal] [--max-batch 0]
+//                [--prompts FILE] [--ep-mode auto|ll|normal] [--max-batch 0] [--wait-stored]
 //                                                                  (--help lists them all)
 //
 // --max-batch B: at most B samples per rank decode at once (continuous batching: a finished
@@ -29,6 +29,10 @@
 //   {"done":true,"chunks":n,"new_tokens":n,"seconds":s,"tokens_per_s":x,...}  at the end
 //       (also the decode-loop seconds, decode_steps and kv_cache_bytes: rank 0's largest KV
 //       cache)
+// --wait-stored: rank 0 reads the line "stored" on stdin after each chunk's done line (the
+// caller has put the chunk in the store) before any rank starts the next chunk, so a lost
+// worker loses at most the chunk in flight, however slow its uploads; without it the ranks
+// run ahead of the caller.
 // Exit 0 done (or --help), 2 bad input, 1 anything else (retryable).
 //
 // Expert parallel on R ranks under the rank contract of moe_train (MOERL_RANK,
@@ -45,6 +49,7 @@
 #include <chrono>   // steady_clock
 #include <cstdio>   // std::printf
 #include <cstring>  // std::memcpy for log-prob bits
+#include <iostream>  // std::cin for --wait-stored
 #include <memory>   // std::unique_ptr for the MoE exchange
 #include <sstream>  // std::ostringstream
 
@@ -66,7 +71,7 @@ struct Options {
   std::string checkpoint, out_dir, task, prompts_file, split = "train", ep_mode = "auto";
   uint64_t seed = 0;
   int64_t iteration = 0, first = 0, num_prompts = 64, samples = 8, chunk = 16, start_chunk = 0;
-  bool no_kv_cache = false, ignore_eos = false;
+  bool no_kv_cache = false, ignore_eos = false, wait_stored = false;
   std::vector<int32_t> eos_ids;
   double progress_interval = 1.0;
   model::SampleParams sp;
@@ -98,6 +103,8 @@ void add_options(CLI::App& app, Options& o) {
       ->check(kPositive);
   app.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the prefix every step (benchmark only)");
   app.add_flag("--ignore-eos", o.ignore_eos, "always generate --max-new-tokens (benchmark only)");
+  app.add_flag("--wait-stored", o.wait_stored,
+               "before each next chunk, wait for a line \"stored\" on stdin (rank 0)");
   app.add_option("--eos-ids", o.eos_ids, "stop token ids of the model's own tokenizer (default: "
                  "the built-in tokenizer's <eos>)")->delimiter(',');
   app.add_option("--progress-interval", o.progress_interval, "seconds between progress lines")
@@ -160,6 +167,15 @@ std::vector<model::SampleResult> gather_results(transport::Communicator& comm,
     }
   }
   return out;
+}
+
+// --wait-stored: the caller's line saying chunk k is in the store.
+void wait_for_stored_line(int64_t k) {
+  std::string line;
+  if (!std::getline(std::cin, line))
+    MOERL_FAIL(Internal, "--wait-stored: stdin closed before chunk ", k, " was stored");
+  MOERL_CHECK(line == "stored", "--wait-stored: got \"", line, "\" on stdin after chunk ", k,
+              ", expected \"stored\"");
 }
 
 int run(Options& o) {
@@ -228,6 +244,10 @@ int run(Options& o) {
   double total_s = 0.0, generate_s = 0.0;
   Progress progress(o.progress_interval);
   for (int64_t k = start_chunk; k < num_chunks; k++) {
+    if (o.wait_stored && k > start_chunk) {
+      if (is_root) wait_for_stored_line(k - 1);
+      if (R > 1) comm.barrier(tcfg.startup_timeout_s);  // uploads can take minutes
+    }
     auto t0 = std::chrono::steady_clock::now();
     std::vector<tasks::Prompt> prompts;
     std::vector<model::SampleRequest> reqs;
