@@ -1,7 +1,6 @@
 // Test implementations of the campaign activities: they do no real work, they record every
 // call (with start and end times) and can be slowed, blocked or made to fail, so workflow tests
 // can assert on scheduling, overlap, retries and cancellation against the real dev server.
-import { setTimeout as sleepMs } from 'node:timers/promises';
 import { ApplicationFailure, Context, sleep } from '@temporalio/activity';
 import { badInputErrorType } from '../../activities/types.js';
 import type {
@@ -26,6 +25,7 @@ import type {
   ValidationShardInput,
 } from '../../activities/types.js';
 import type { DatasetIdentity } from '../../activities/datasets/index.js';
+import { waitFor } from './campaign-harness.js';
 
 export type ActivityName = keyof CampaignActivities;
 
@@ -76,22 +76,13 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
   const release = (activity: ActivityName, iteration: number) =>
     void released.add(heldKey(activity, iteration));
   /** The first call of `activity` for `iteration`, once it has started. */
-  async function started(
-    activity: ActivityName,
-    iteration: number,
-    timeoutMs = 60_000,
-  ): Promise<RecordedCall> {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const call = calls.find((c) => c.activity === activity && c.iteration === iteration);
-      if (call) return call;
-      if (Date.now() > deadline)
-        throw new Error(
-          `timed out after ${timeoutMs} ms waiting for ${activity} of iteration ${iteration} to start`,
-        );
-      await sleepMs(20);
-    }
-  }
+  const started = (activity: ActivityName, iteration: number, timeoutMs = 60_000) =>
+    waitFor(
+      `${activity} of iteration ${iteration} to start`,
+      async () => calls.find((c) => c.activity === activity && c.iteration === iteration),
+      timeoutMs,
+      20,
+    );
 
   async function record<T>(
     activity: ActivityName,

@@ -2,7 +2,6 @@
 // chunk before it is answered "stored", so a worker lost mid-shard loses the chunk in flight
 // and no more, however slow its uploads (skipped when the native tools are not built).
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -58,27 +57,20 @@ describe('moe_generate --wait-stored (native ranks)', { skip }, () => {
   });
 
   it('stops with an error naming the chunk when stdin closes before the answer', async () => {
-    const err = await new Promise<{ code: number | null; stderr: string }>((resolve) => {
-      const child = execFile(
-        bin('moe_generate'),
-        ['--checkpoint', join(dir, 'init'), '--task', 'add', '--out-dir', join(dir, 'closed')].concat([
-          '--num-prompts',
-          '2',
-          '--chunk-size',
-          '1',
-          '--samples',
-          '1',
-          '--max-new-tokens',
-          '2',
-          '--wait-stored',
-        ]),
-        { env },
-        (e, _stdout, stderr) => resolve({ code: e ? ((e as { code?: number }).code ?? null) : 0, stderr }),
-      );
-      child.stdin?.end();
+    const generating = run(
+      bin('moe_generate'),
+      ['--checkpoint', join(dir, 'init'), '--task', 'add', '--out-dir', join(dir, 'closed')].concat(
+        ['--num-prompts', '2', '--chunk-size', '1', '--samples', '1', '--max-new-tokens', '2'],
+        ['--wait-stored'],
+      ),
+      { env },
+    );
+    generating.child.stdin?.end();
+    await assert.rejects(generating, (err: { code?: number; stderr?: string }) => {
+      assert.equal(err.code, 1);
+      assert.match(err.stderr ?? '', /--wait-stored: stdin closed before chunk 0 was stored/);
+      return true;
     });
-    assert.equal(err.code, 1);
-    assert.match(err.stderr, /--wait-stored: stdin closed before chunk 0 was stored/);
     assert.ok(existsSync(join(dir, 'closed', 'chunk-0.jsonl')));
     assert.ok(!existsSync(join(dir, 'closed', 'chunk-1.jsonl')), 'chunk 1 was not started');
   });
