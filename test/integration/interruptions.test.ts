@@ -70,6 +70,25 @@ async function assertSameArtifacts(store: ObjectStore, reference: string, id: st
   return want;
 }
 
+/** `ps` lines (the pid, then the arguments) of the processes whose arguments hold each of `needles`. */
+function processes(...needles: string[]): string[] {
+  return execFileSync('ps', ['-eo', 'pid=,args='], { encoding: 'utf8' })
+    .split('\n')
+    .filter((l) => l.trim() !== '' && needles.every((n) => l.includes(n)));
+}
+const pid = (psLine: string) => Number.parseInt(psLine, 10);
+
+/** `ps` lines of the moe_generate ranks of rollout worker `worker` (known by its cache). */
+const generatorLines = (worker: string) => processes('moe_generate', join(dir, `cache-${worker}`));
+
+/** The pids of worker `worker`'s moe_generate ranks for `shard` of `iteration`. */
+function shardRanks(worker: string, campaignId: string, iteration: number, shard: number): number[] {
+  // The rollout's out-dir: activities/rollout.ts.
+  return generatorLines(worker)
+    .filter((l) => l.includes(join('rollouts', `${campaignId}-${iteration}-${shard}-`)))
+    .map(pid);
+}
+
 /** Runs each campaign of `specs` to completion, nothing interrupted; their ids. */
 async function uninterrupted(deps: ActivityDeps, specs: CampaignSpec[]): Promise<string[]> {
   return withWorkers(t.nativeConnection, t.namespace, createActivities(deps), async (queues) => {
@@ -86,10 +105,11 @@ async function uninterrupted(deps: ActivityDeps, specs: CampaignSpec[]): Promise
 /**
  * Runs `spec` with control and train in this process and rollout only in worker processes, one
  * at a time, so the worker that is lost is certainly the one running both shards. Loss i comes
- * once each shard of iteration i + 1 has stored a chunk (2 chunks of one shard do not say the
- * other's ranks have started): `onLoss` sees the worker's name, then the worker goes (SIGKILL:
+ * once each shard of iteration i + 1 has stored a chunk; a shard that has waits for the other
+ * with its ranks stopped (SIGSTOP, a node that has stalled), or on a loaded machine it could end
+ * before the other's ranks start. `onLoss` sees the worker's name, then the worker goes (SIGKILL:
  * the node is gone, with every process on it; SIGTERM: a Spot notice, the worker stops its
- * activities and leaves, cleanly) and the next one starts.
+ * activities and leaves, cleanly, its ranks running again) and the next one starts.
  */
 async function interrupted(
   deps: ActivityDeps,
@@ -114,18 +134,30 @@ async function interrupted(
         const handle = await startCampaign(t.client, spec, queues);
         const id = handle.workflowId;
         for (const [i, signal] of losses.entries()) {
+          const stopped = new Set<number>();
           await waitFor(
             `both shards of iteration ${i + 1} to be under way`,
             async () => {
-              const stored = await Promise.all([0, 1].map((s) => rolloutChunksStored(store, id, i + 1, [s])));
-              return stored.every((n) => n >= 1) ? true : undefined;
+              let underWay = 0;
+              for (const shard of [0, 1]) {
+                if ((await rolloutChunksStored(store, id, i + 1, [shard])) === 0) continue;
+                for (const rank of shardRanks(workers.at(-1)!, id, i + 1, shard)) {
+                  if (!stopped.has(rank)) process.kill(rank, 'SIGSTOP');
+                  stopped.add(rank);
+                }
+                underWay++;
+              }
+              return underWay === 2 ? true : undefined;
             },
             60_000,
             20,
           );
           onLoss(workers.at(-1)!);
           if (signal === 'SIGKILL') process.kill(-worker.pid!, 'SIGKILL');
-          else worker.kill('SIGTERM');
+          else {
+            for (const rank of stopped) process.kill(rank, 'SIGCONT');
+            worker.kill('SIGTERM');
+          }
           await exited(worker);
           if (signal === 'SIGTERM')
             assert.equal(worker.exitCode, 0, 'the worker shuts down cleanly on SIGTERM');
@@ -191,17 +223,13 @@ describe('interruptions', () => {
       { ...epSpec('ep1-reference'), rolloutEpWorldSize: 1 },
     ]);
 
-    const generators = (worker: string) =>
-      execFileSync('ps', ['-eo', 'pid=,args='], { encoding: 'utf8' })
-        .split('\n')
-        .filter((l) => l.includes('moe_generate') && l.includes(join(dir, `cache-${worker}`)));
     let running = 0;
     const outcome = await interrupted(deps, epSpec('ep-interrupted'), ['SIGKILL'], (worker) => {
-      running = generators(worker).length;
+      running = generatorLines(worker).length;
     });
 
     assert.equal(running, 2 * 2, 'each of the 2 shards ran on 2 moe_generate ranks');
-    assert.deepEqual(generators(outcome.workers[0]!), [], 'no rank outlived its worker');
+    assert.deepEqual(generatorLines(outcome.workers[0]!), [], 'no rank outlived its worker');
     const want = await assertSameArtifacts(store, reference!, outcome.id, 'the uninterrupted EP-2 run');
     assert.ok(want.size >= 2 * 32 + 2, `rollout chunks and rewards files (${want.size})`);
     // One rank samples the same tokens; log-probs differ by rounding only (docs/native-model.md).
@@ -243,11 +271,7 @@ describe('interruptions', () => {
       const victim = await waitFor(
         'a rank of the iteration 1 update',
         async () => {
-          const ps = execFileSync('ps', ['-eo', 'pid=,args='], { encoding: 'utf8' });
-          const ranks = ps
-            .split('\n')
-            .filter((l) => l.includes('moe_train grpo') && l.includes(jobDir))
-            .map((l) => Number(l.trim().split(/\s+/)[0]));
+          const ranks = processes('moe_train grpo', jobDir).map(pid);
           return ranks.length === 2 ? ranks[1] : undefined;
         },
         60_000,
