@@ -16,11 +16,12 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { AppsV1Api, CoreV1Api } from '@kubernetes/client-node';
-import { Context, sleep } from '@temporalio/activity';
+import { ApplicationFailure, Context, sleep } from '@temporalio/activity';
 import { stringify } from 'yaml';
 import type { CampaignActivities, RolloutShardInput, UpdateInput } from '../../activities/types.js';
 import type { TaskQueues } from '../../workflows/types.js';
 import {
+  resultWithin,
   startCampaign,
   testSpec,
   uniqueTaskQueues,
@@ -42,6 +43,8 @@ import {
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
 
 const shards = 2;
+/** The longest any step here may take (a scale-out, a scale-in, a stage) before the test fails. */
+const waitLimitMs = 120_000;
 
 let cluster: KubeCluster;
 let core: CoreV1Api;
@@ -71,8 +74,13 @@ function fleetActivities(opts: {
   const { activities, calls } = createRecordingTestActivities();
   const startedShards = new Map<string, number>();
   const held = new Set<string>();
-  const waitUntil = async (ready: () => boolean | Promise<boolean>) => {
+  // Bounded: a fleet that never comes fails the campaign with what it waited for (in its
+  // lastFailure, which resultWithin reports), where an endless wait hung the file until killed.
+  const waitUntil = async (what: string, ready: () => boolean | Promise<boolean>) => {
+    const deadline = Date.now() + waitLimitMs;
     while (!(await ready())) {
+      if (Date.now() > deadline)
+        throw ApplicationFailure.nonRetryable(`test activity: ${what} not within ${waitLimitMs} ms`);
       Context.current().heartbeat();
       await sleep(200);
     }
@@ -83,12 +91,14 @@ function fleetActivities(opts: {
       const iteration = `${input.campaignId}/${input.iteration}`;
       startedShards.set(iteration, (startedShards.get(iteration) ?? 0) + 1);
       await waitUntil(
+        `every shard of ${iteration} running, ${iteration}/${input.shard} released`,
         () => (startedShards.get(iteration) ?? 0) >= shards && !held.has(`${iteration}/${input.shard}`),
       );
       return activities.rolloutShard(input);
     },
     updatePolicy: async (input: UpdateInput) => {
-      if (opts.updateWaitsForZero(input.campaignId)) await waitUntil(opts.fleetAtZero);
+      if (opts.updateWaitsForZero(input.campaignId))
+        await waitUntil(`the fleet at zero before update ${input.iteration}`, opts.fleetAtZero);
       return activities.updatePolicy(input);
     },
   };
@@ -127,7 +137,8 @@ before(
     assert.equal(applied.code, 0, applied.stderr);
     await scaledObjectReady(cluster, keda, namespace);
   },
-  { timeout: 900_000 },
+  // Below the file's limit (scripts/test.sh), so a slow start fails here and the after hook runs.
+  { timeout: 420_000 },
 );
 
 after(async () => {
@@ -161,19 +172,36 @@ describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA
       waitFor(
         `the fleet at zero ${when}`,
         async () => ((await fleetAtZero()) ? true : undefined),
-        120_000,
+        waitLimitMs,
         200,
       );
+    /** What the fleet is doing, for a campaign that does not end. */
+    const fleetNow = async () => {
+      const pods = await rolloutPodsNow().then(
+        (list) =>
+          list
+            .map(
+              (p) =>
+                `${p.metadata?.name} ${p.status?.phase}${p.metadata?.deletionTimestamp ? ' deleting' : ''}`,
+            )
+            .join(', '),
+        (err: unknown) => `not listed (${String(err)})`,
+      );
+      const workers = fleet
+        .live()
+        .map((w) => `${w.pod} [${[...w.active].join('; ')}]`)
+        .join(', ');
+      return `replicas ${await replicas().catch(() => '?')}; pods: ${pods || 'none'}; live workers: ${workers || 'none'}`;
+    };
     const samples: { at: number; replicas: number; running: number }[] = [];
     const sampling = new AbortController();
     const sampler = (async () => {
       while (!sampling.signal.aborted) {
         const live = fleet.live();
-        samples.push({
-          at: Date.now(),
-          replicas: await replicas(),
-          running: live.reduce((n, w) => n + w.running, 0),
-        });
+        // A read the API server fails (a loaded machine) is a sample missed, not the test's end.
+        const now = await replicas().catch(() => undefined);
+        if (now !== undefined)
+          samples.push({ at: Date.now(), replicas: now, running: live.reduce((n, w) => n + w.running, 0) });
         await new Promise((r) => setTimeout(r, 500));
       }
     })();
@@ -192,7 +220,7 @@ describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA
           await waitFor(
             'both shards of iteration 1 to run, one per pod',
             async () => (gates.started(`${first}/1`) === shards ? true : undefined),
-            120_000,
+            waitLimitMs,
             200,
           );
           const busy = fleet.live().find((w) => w.ran.includes(`${first}/1/1`));
@@ -201,7 +229,7 @@ describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA
           await waitFor(
             'the scale-in to 1 pod',
             async () => ((await replicas()) === 1 ? true : undefined),
-            120_000,
+            waitLimitMs,
             200,
           );
           await waitFor(
@@ -213,13 +241,13 @@ describe('KEDA scales the rollout fleet by the campaigns\u2019 demand (real KEDA
           assert.equal(fleet.live()[0]?.pod, busy.pod, 'the pod mid-shard stays');
           assert.equal(busy.running, 1, 'its shard still runs');
           gates.release(`${first}/1/1`);
-          assert.equal((await handle0.result()).status, 'completed');
+          assert.equal((await resultWithin(handle0, 2 * waitLimitMs, fleetNow)).status, 'completed');
           await reachesZero('after the campaign');
 
           // Staleness 1, after the fleet went to zero: it comes back for the new campaign.
           const spec1 = fleetSpec('keda-s1', 1);
           const handle1 = await startCampaign(t.client, spec1, queues);
-          assert.equal((await handle1.result()).status, 'completed');
+          assert.equal((await resultWithin(handle1, 2 * waitLimitMs, fleetNow)).status, 'completed');
           await reachesZero('after the second campaign');
           for (const [handle, iterations] of [
             [handle0, 3],

@@ -6,6 +6,7 @@ import type { ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { closeSync, openSync } from 'node:fs';
 import { join } from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import type { Client, WorkflowHandle } from '@temporalio/client';
 import { bundleWorkflowCode } from '@temporalio/worker';
@@ -124,6 +125,35 @@ export async function startCampaign(
       { key: campaignStatusKey, value: 'running' },
     ],
   });
+}
+
+/**
+ * The campaign's result, or after `timeoutMs` an error saying where it stands (its status, active
+ * stages and last failure) and `context()`: a test that waits on a stuck campaign fails naming
+ * the stage, not by its file's timeout with nothing said.
+ */
+export async function resultWithin(
+  handle: WorkflowHandle<typeof campaign>,
+  timeoutMs: number,
+  context: () => string | Promise<string> = () => '',
+): Promise<Awaited<ReturnType<typeof campaign>>> {
+  const late = new AbortController();
+  const timedOut = Symbol('timed out');
+  const outcome = await Promise.race([
+    handle.result().finally(() => late.abort()),
+    delay(timeoutMs, timedOut, { signal: late.signal }).catch(() => undefined),
+  ]);
+  if (outcome !== timedOut) return outcome as Awaited<ReturnType<typeof campaign>>;
+  const where = await handle.query<CampaignState>('status').then(
+    (s) =>
+      `status ${s.status}, next iteration ${s.nextIteration}, committed ${s.committedIteration}, ` +
+      `active ${JSON.stringify(s.activeStages)}, last failure ${JSON.stringify(s.lastFailure)}`,
+    (err: unknown) => `status query failed: ${String(err)}`,
+  );
+  const more = await context();
+  throw new Error(
+    `campaign ${handle.workflowId} not done after ${timeoutMs} ms: ${where}${more ? `; ${more}` : ''}`,
+  );
 }
 
 /** Polls `probe` until it returns a value other than undefined, or fails after `timeoutMs`. */
