@@ -3,7 +3,6 @@
 // mid-update. Each interrupted campaign must produce exactly what an uninterrupted run with the
 // same seed produces, redoing at most the chunk that was in flight.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -20,6 +19,8 @@ import type { CampaignState } from '../../workflows/types.js';
 import {
   artifacts,
   exited,
+  pidOf,
+  processes,
   rolloutChunksStored,
   spawnRolloutWorker,
   startCampaign,
@@ -70,14 +71,6 @@ async function assertSameArtifacts(store: ObjectStore, reference: string, id: st
   return want;
 }
 
-/** `ps` lines (the pid, then the arguments) of the processes whose arguments hold each of `needles`. */
-function processes(...needles: string[]): string[] {
-  return execFileSync('ps', ['-eo', 'pid=,args='], { encoding: 'utf8' })
-    .split('\n')
-    .filter((l) => l.trim() !== '' && needles.every((n) => l.includes(n)));
-}
-const pid = (psLine: string) => Number.parseInt(psLine, 10);
-
 /** `ps` lines of the moe_generate ranks of rollout worker `worker` (known by its cache). */
 const generatorLines = (worker: string) => processes('moe_generate', join(dir, `cache-${worker}`));
 
@@ -86,7 +79,7 @@ function shardRanks(worker: string, campaignId: string, iteration: number, shard
   // The rollout's out-dir: activities/rollout.ts.
   return generatorLines(worker)
     .filter((l) => l.includes(join('rollouts', `${campaignId}-${iteration}-${shard}-`)))
-    .map(pid);
+    .map(pidOf);
 }
 
 /** Runs each campaign of `specs` to completion, nothing interrupted; their ids. */
@@ -271,7 +264,7 @@ describe('interruptions', () => {
       const victim = await waitFor(
         'a rank of the iteration 1 update',
         async () => {
-          const ranks = processes('moe_train grpo', jobDir).map(pid);
+          const ranks = processes('moe_train grpo', jobDir).map(pidOf);
           return ranks.length === 2 ? ranks[1] : undefined;
         },
         60_000,

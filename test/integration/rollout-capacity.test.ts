@@ -3,7 +3,6 @@
 // of each shard with the reason recorded; resumed on workers that fit, its two EP-2 shards share
 // a capacity of 2 ranks, one shard at a time, and it completes.
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -11,7 +10,13 @@ import { after, before, describe, test } from 'node:test';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
 import { resumeSignal } from '../../workflows/messages.js';
-import { startCampaign, tinyRealSpec, waitForState, withWorkers } from '../support/campaign-harness.js';
+import {
+  processes,
+  startCampaign,
+  tinyRealSpec,
+  waitForState,
+  withWorkers,
+} from '../support/campaign-harness.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
 
 let t: TestEnvironment;
@@ -35,10 +40,7 @@ const activities = (cache: string, ranks: string) =>
   );
 
 /** moe_generate processes whose command line names this cache directory. */
-const generators = (cache: string) =>
-  execFileSync('ps', ['-eo', 'args='], { encoding: 'utf8' })
-    .split('\n')
-    .filter((l) => l.includes('moe_generate') && l.includes(join(dir, cache))).length;
+const generators = (cache: string) => processes('moe_generate', join(dir, cache)).length;
 
 describe('rollout rank capacity', { timeout: 240_000 }, () => {
   test('rolloutEpWorldSize 2 on a 1-rank worker pauses the campaign, not retried; on 2-rank workers it completes, one shard at a time', async () => {

@@ -1,7 +1,7 @@
 // Helpers for tests that run real campaign workflows on the dev server: a workflow bundle built
 // once, workers with test activities on task queues unique to the test, small specs, polling,
 // rollout workers in processes of their own.
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { closeSync, openSync } from 'node:fs';
@@ -234,6 +234,16 @@ export function spawnRolloutWorker(opts: {
     if (typeof log === 'number') closeSync(log);
   }
 }
+
+/** `ps` lines (the pid, then the arguments) of the processes whose arguments hold each of `needles`. */
+export function processes(...needles: string[]): string[] {
+  return execFileSync('ps', ['-eo', 'pid=,args='], { encoding: 'utf8' })
+    .split('\n')
+    .filter((l) => l.trim() !== '' && needles.every((n) => l.includes(n)));
+}
+
+/** The pid of a `processes` line. */
+export const pidOf = (psLine: string) => Number.parseInt(psLine, 10);
 
 /** Resolves once `child` has exited (at once if it has). */
 export function exited(child: ChildProcess): Promise<void> {
