@@ -38,11 +38,11 @@ export async function withLocalStack<T>(
   // The worker SDK, the activities and the workflow bundler load only when a stack starts:
   // main.ts imports every command, and `moerl list` must not pay for `moerl dev`'s worker.
   const [
-    { DefaultLogger, Runtime },
+    { Runtime },
     { workerActivityDeps },
     { createActivities },
     { runWorkers },
-    { sdkTelemetryOptions, startWorkerMetrics },
+    { sdkRuntimeOptions, startWorkerMetrics },
   ] = await Promise.all([
     import('@temporalio/worker'),
     import('../activities/deps.js'),
@@ -52,16 +52,12 @@ export async function withLocalStack<T>(
   ]);
   try {
     // Warnings and errors only: the worker's start-up chatter would bury the user's output.
-    // Rollout and train workers run no workflows by design; the SDK's warning about it is noise.
-    const logger = new DefaultLogger('WARN', (entry) => {
-      if (!entry.message.startsWith('No workflows registered'))
-        console.error(`[${entry.level}] ${entry.message}`);
-    });
-    Runtime.install({
-      shutdownSignals: [],
-      logger,
-      ...(opts.metrics ? sdkTelemetryOptions(opts.metrics) : {}),
-    });
+    Runtime.install(
+      sdkRuntimeOptions({
+        logs: { level: 'WARN', write: (line) => console.error(line) },
+        ...(opts.metrics ? { metrics: opts.metrics } : {}),
+      }),
+    );
   } catch {
     // A runtime already exists in this process (an embedding program installed its own); its
     // telemetry settings, not ours, decide whether the SDK's metrics are served.

@@ -16,7 +16,7 @@ import { parsePort } from './metrics.js';
 import type { MetricsServer } from './metrics.js';
 import { demandIntervalMsFromEnv } from './demand.js';
 import { podBusyMarker, podFromEnv } from './pod-deletion-cost.js';
-import { sdkTelemetryOptions, startWorkerMetrics } from './telemetry.js';
+import { sdkRuntimeOptions, startWorkerMetrics } from './telemetry.js';
 import { campaignEndedFrom, runSweeper, sweepSettingsFromEnv } from './sweeper.js';
 import { expandRoles, roles, runWorkers } from './worker.js';
 import type { Role, WorkerDeployment } from './worker.js';
@@ -141,9 +141,13 @@ async function main(): Promise<void> {
   }
   for (const warning of args.warnings) console.error(`moerl-worker: ${warning}`);
   const { metrics } = args;
-  // The process owns its signals: the SDK must not shut down on its own. The runtime is created
-  // once, before any connection, so its metrics exporter is configured here.
-  Runtime.install({ shutdownSignals: [], ...sdkTelemetryOptions(metrics) });
+  // The runtime is created once, before any connection, so its logs and metrics are set here.
+  Runtime.install(
+    sdkRuntimeOptions({
+      logs: { level: 'INFO', write: (line) => console.error(`moerl-worker: ${line}`) },
+      metrics,
+    }),
+  );
   const stop = new AbortController();
   for (const sig of ['SIGTERM', 'SIGINT'] as const)
     process.once(sig, () => {

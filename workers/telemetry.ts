@@ -1,7 +1,9 @@
-// A worker process's metrics, the same for the worker program (workers/main.ts) and the local
+// A worker process's telemetry, the same for the worker program (workers/main.ts) and the local
 // stack of `moerl dev` (cli/local-stack.ts): moerl's /metrics on one port, the Temporal SDK's
-// Prometheus exporter on another (docs/metrics.md).
-import type { NativeConnection, RuntimeOptions } from '@temporalio/worker';
+// Prometheus exporter on another (docs/metrics.md), and the SDK's log lines, its Rust core's
+// included, written by the process's own logger at the level each deserves.
+import { DefaultLogger } from '@temporalio/worker';
+import type { LogEntry, LogLevel, NativeConnection, RuntimeOptions } from '@temporalio/worker';
 import { Gauge } from 'prom-client';
 import type { CampaignActivities } from '../activities/types.js';
 import type { TaskQueues } from '../workflows/types.js';
@@ -20,20 +22,65 @@ export interface MetricsSettings {
   demandIntervalMs: number;
 }
 
-/** The runtime's telemetry options for the SDK's exporter (Runtime.install, before any connection). */
-export function sdkTelemetryOptions(metrics: MetricsSettings): Pick<RuntimeOptions, 'telemetryOptions'> {
-  if (metrics.sdkPort === undefined) return {};
+/** Where the SDK's log lines go: those at `level` or above, each through `write`. */
+export interface SdkLogSettings {
+  level: LogLevel;
+  write: (line: string) => void;
+}
+
+const severity: Record<LogLevel, number> = { TRACE: 0, DEBUG: 1, INFO: 2, WARN: 3, ERROR: 4 };
+
+// What the SDK reports as a warning but is expected in moerl's use and asks nothing of anyone:
+// a query's answer that found the query gone (the asking client's deadline passed, or the
+// workflow task moved on; the client asks again), and the roles that run no workflows by design.
+const expectedWarnings = [/^Query not found when attempting to respond to it/, /^No workflows registered/];
+
+/** The level an SDK log entry is written at: its own, but expected warnings are debug lines. */
+export function sdkLogLevel(entry: Pick<LogEntry, 'level' | 'message'>): LogLevel {
+  return entry.level === 'WARN' && expectedWarnings.some((pattern) => pattern.test(entry.message))
+    ? 'DEBUG'
+    : entry.level;
+}
+
+/** One log line: `[LEVEL] message key=value ...`, the entry's fields (the core's error among them) included. */
+export function formatSdkLog(level: LogLevel, entry: Pick<LogEntry, 'message' | 'meta'>): string {
+  const fields = Object.entries(entry.meta ?? {})
+    .filter(([key]) => key !== 'sdkComponent' && key !== 'target')
+    .map(([key, value]) => `${key}=${typeof value === 'string' ? value : JSON.stringify(value)}`);
+  return [`[${level}] ${entry.message}`, ...fields].join(' ');
+}
+
+/**
+ * The options of the process's one SDK runtime (Runtime.install, before any connection): the
+ * process owns its signals; the core's log lines are forwarded to the SDK's logger (not printed
+ * by the core itself) and written as `logs` says; with `metrics.sdkPort`, the SDK's Prometheus
+ * exporter.
+ */
+export function sdkRuntimeOptions(opts: { logs: SdkLogSettings; metrics?: MetricsSettings }): RuntimeOptions {
+  const { logs, metrics } = opts;
+  const logger = new DefaultLogger('TRACE', (entry) => {
+    const level = sdkLogLevel(entry);
+    if (severity[level] >= severity[logs.level]) logs.write(formatSdkLog(level, entry));
+  });
+  const threshold = severity[logs.level] >= severity.WARN ? 'WARN' : logs.level;
   return {
+    shutdownSignals: [],
+    logger,
     telemetryOptions: {
-      metrics: {
-        prometheus: {
-          bindAddress: hostPort(metrics.host, metrics.sdkPort),
-          // Prometheus conventions: `_total` counters, durations in seconds with the unit in the name.
-          countersTotalSuffix: true,
-          unitSuffix: true,
-          useSecondsForDurations: true,
-        },
-      },
+      logging: { forward: {}, filter: { core: threshold, other: 'ERROR' } },
+      ...(metrics?.sdkPort === undefined
+        ? {}
+        : {
+            metrics: {
+              prometheus: {
+                bindAddress: hostPort(metrics.host, metrics.sdkPort),
+                // Prometheus conventions: `_total` counters, durations in seconds with the unit in the name.
+                countersTotalSuffix: true,
+                unitSuffix: true,
+                useSecondsForDurations: true,
+              },
+            },
+          }),
     },
   };
 }
