@@ -47,8 +47,14 @@ export interface S3StoreOptions {
   maxAttempts?: number;
   /** Limit on establishing a connection; default 5000 ms. */
   connectTimeoutMs?: number;
-  /** Limit on a connection being silent mid-request; default 60000 ms. */
+  /** Limit on a connection being silent mid-request, body included; default 60000 ms. */
   idleTimeoutMs?: number;
+  /**
+   * Limit on waiting for the answer to a request (its status and headers), per attempt; default
+   * 120000 ms. With the idle limit on the body and the attempts, every read has a deadline, even
+   * from a server that accepts a request and then holds it without a byte.
+   */
+  answerTimeoutMs?: number;
   /** Bodies larger than this go up as multipart uploads of parts this size; default 16 MiB, at least 5 MiB. */
   partSize?: number;
   /** Parts uploaded at once (memory: this many parts); default 4. */
@@ -99,6 +105,8 @@ export class S3Store implements ObjectStore {
       requestHandler: {
         connectionTimeout: opts.connectTimeoutMs ?? 5_000,
         socketTimeout: opts.idleTimeoutMs ?? 60_000,
+        requestTimeout: opts.answerTimeoutMs ?? 120_000,
+        throwOnRequestTimeout: true,
       },
       // Integrity comes from Content-MD5 on every upload, which S3-compatible servers all
       // check; the SDK's newer default checksums (CRC on every request) are not universal.

@@ -14,7 +14,8 @@ import { fileURLToPath } from 'node:url';
 import type { S3Client } from '@aws-sdk/client-s3';
 import { committedCheckpoint } from '../../activities/checkpoints/commit.js';
 import { openStore } from '../../activities/store/index.js';
-import { artifacts } from '../support/campaign-harness.js';
+import { sha256OfStream } from '../../activities/store/streams.js';
+import { artifacts, within } from '../support/campaign-harness.js';
 import { snapshot, violations, watchBucket } from '../support/bucket-watch.js';
 import {
   chaosSpec,
@@ -46,8 +47,8 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
   });
   after(async () => {
     client?.destroy();
-    await proxy?.stop();
-    await gw?.stop();
+    await within('the fault proxy to stop', 30_000, proxy?.stop() ?? Promise.resolve());
+    await within('versitygw to stop', 30_000, gw?.stop() ?? Promise.resolve());
     rmSync(dir, { recursive: true, force: true });
   });
 
@@ -117,12 +118,20 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
       });
     const s3 = directStore(gw, bucket);
     const steps: string[] = [];
+    // Every wait names its step: under load this test once hung past its file's limit saying
+    // nothing after "after the retry".
     const step = async (what: string) => {
-      const snap = await snapshot(client, bucket);
+      const snap = await within(`the bucket's listing ${what}`, 60_000, snapshot(client, bucket));
       steps.push(`${what}: ${snap.objects.size} objects, ${snap.openUploads} open uploads`);
-      assert.deepEqual(await violations(client, bucket, snap, whole), [], what);
+      assert.deepEqual(
+        await within(`the reader's view ${what}`, 60_000, violations(client, bucket, snap, whole)),
+        [],
+        what,
+      );
       return snap;
     };
+    const exitOf = (child: ReturnType<typeof upload>, what: string) =>
+      within(what, 180_000, new Promise((resolve) => child.once('exit', resolve)));
 
     await step('before');
     // Parts answer slowly, so the kill lands while some are in flight and others are done.
@@ -130,7 +139,7 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
     const watch = watchBucket(client, bucket, whole);
     const partsBefore = (await proxy.stats()).partsForwarded;
     const first = upload();
-    const firstExit = new Promise((resolve) => first.once('exit', resolve));
+    const firstExit = exitOf(first, 'the killed upload to exit');
     for (let i = 0; i < 600 && (await proxy.stats()).partsForwarded < partsBefore + 3; i++)
       await new Promise((resolve) => setTimeout(resolve, 50));
     first.kill('SIGKILL');
@@ -138,7 +147,11 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
     const killed = await step('after the kill mid-upload');
     assert.ok(![...killed.objects.keys()].some((k) => k.endsWith('manifest.json')), 'no manifest');
     assert.ok(killed.openUploads >= 1, 'the killed upload was under way (its parts are not visible)');
-    assert.equal(await committedCheckpoint(s3, 'mp', 1), null, 'nothing reads it as a checkpoint');
+    assert.equal(
+      await within('the checkpoint read after the kill', 120_000, committedCheckpoint(s3, 'mp', 1)),
+      null,
+      'nothing reads it as a checkpoint',
+    );
 
     // The retry (a new attempt of the activity) finishes the upload and commits.
     await proxy.setProfile({ partDelayMs: 0 });
@@ -146,22 +159,25 @@ describe('chaos: S3 faults', { skip: tools.skip, timeout: 300_000 }, () => {
     let out = '';
     second.stdout.on('data', (d: Buffer) => (out += d.toString()));
     second.stderr.on('data', (d: Buffer) => (out += d.toString()));
-    const code = await new Promise((resolve) => second.once('exit', resolve));
+    const code = await exitOf(second, 'the retried upload to exit');
     assert.equal(code, 0, `the retried upload succeeds: ${out}`);
-    const seen = await watch.stop();
+    const seen = await within('the bucket watch to stop', 60_000, watch.stop());
     const done = await step('after the retry');
     console.log(`multipart kill: ${steps.join('; ')}; ${seen.listings} listings in between`);
     assert.deepEqual(seen.violations, [], 'no listing in between showed anything partial');
     assert.equal(done.openUploads, 0, 'the retry aborted the killed upload, whose parts took space unseen');
-    const committed = await committedCheckpoint(s3, 'mp', 1);
+    const committed = await within(
+      'the committed checkpoint read',
+      120_000,
+      committedCheckpoint(s3, 'mp', 1),
+    );
     assert.ok(committed, 'committed');
     for (const f of manifest.files) {
-      assert.equal(done.objects.get(`campaigns/mp/checkpoints/000001/${f.name}`), whole.get(f.name));
-      const got = createHash('sha256');
-      for await (const c of s3.getStream(`campaigns/mp/checkpoints/000001/${f.name}`))
-        got.update(c as Buffer);
+      const key = `campaigns/mp/checkpoints/000001/${f.name}`;
+      assert.equal(done.objects.get(key), whole.get(f.name));
+      const { sha256 } = await within(`reading back ${key}`, 120_000, sha256OfStream(s3.getStream(key)));
       assert.equal(
-        got.digest('hex'),
+        sha256,
         createHash('sha256')
           .update(readFileSync(join(local, f.name)))
           .digest('hex'),

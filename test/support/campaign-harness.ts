@@ -137,13 +137,11 @@ export async function resultWithin(
   timeoutMs: number,
   context: () => string | Promise<string> = () => '',
 ): Promise<Awaited<ReturnType<typeof campaign>>> {
-  const late = new AbortController();
-  const timedOut = Symbol('timed out');
-  const outcome = await Promise.race([
-    handle.result().finally(() => late.abort()),
-    delay(timeoutMs, timedOut, { signal: late.signal }).catch(() => undefined),
-  ]);
-  if (outcome !== timedOut) return outcome as Awaited<ReturnType<typeof campaign>>;
+  try {
+    return await within(`campaign ${handle.workflowId}`, timeoutMs, handle.result());
+  } catch (err) {
+    if (!(err instanceof StepTimeout)) throw err;
+  }
   const where = await handle.query<CampaignState>('status').then(
     (s) =>
       `status ${s.status}, next iteration ${s.nextIteration}, committed ${s.committedIteration}, ` +
@@ -154,6 +152,24 @@ export async function resultWithin(
   throw new Error(
     `campaign ${handle.workflowId} not done after ${timeoutMs} ms: ${where}${more ? `; ${more}` : ''}`,
   );
+}
+
+/** What `within` throws when its step is late. */
+export class StepTimeout extends Error {}
+
+/**
+ * `step`'s value, or after `timeoutMs` an error naming `what` it was waiting on: a test stuck on
+ * one step fails saying which, not by its file's timeout with nothing said.
+ */
+export async function within<T>(what: string, timeoutMs: number, step: Promise<T>): Promise<T> {
+  const late = new AbortController();
+  const timedOut = Symbol('timed out');
+  const outcome = await Promise.race([
+    step.finally(() => late.abort()),
+    delay(timeoutMs, timedOut, { signal: late.signal }).catch(() => undefined),
+  ]);
+  if (outcome === timedOut) throw new StepTimeout(`timed out after ${timeoutMs} ms waiting for ${what}`);
+  return outcome as T;
 }
 
 /** Polls `probe` until it returns a value other than undefined, or fails after `timeoutMs`. */

@@ -21,13 +21,19 @@ export function directStore(gw: Versitygw, bucket: string): S3Store {
   return new S3Store(s3Location(gw, bucket), { credentials: credentials(gw) });
 }
 
-/** A plain S3 client straight to the server; the caller destroys it. */
+/** A plain S3 client straight to the server, with the store's deadlines; the caller destroys it. */
 export function directClient(gw: Versitygw): S3Client {
   return new S3Client({
     region: gw.region,
     endpoint: gw.endpoint,
     forcePathStyle: true,
     credentials: credentials(gw),
+    requestHandler: {
+      connectionTimeout: 5_000,
+      socketTimeout: 60_000,
+      requestTimeout: 120_000,
+      throwOnRequestTimeout: true,
+    },
   });
 }
 
