@@ -42,29 +42,29 @@ std::vector<TensorOut> moment_tensors(const std::vector<model::TensorSpec>& spec
 
 model::ModelConfig config_from_json(const Json& j, const std::string& what) {
   model::ModelConfig c;
-  c.vocab_size = (int)integer_field(j, "vocab_size", what);
-  c.max_seq_len = (int)integer_field(j, "max_seq_len", what);
-  c.dim = (int)integer_field(j, "dim", what);
-  c.num_layers = (int)integer_field(j, "num_layers", what);
-  c.num_heads = (int)integer_field(j, "num_heads", what);
-  c.num_experts = (int)integer_field(j, "num_experts", what);
-  c.top_k = (int)integer_field(j, "top_k", what);
-  c.expert_dim = (int)integer_field(j, "expert_dim", what);
+  c.vocab_size = int_field(j, "vocab_size", what);
+  c.max_seq_len = int_field(j, "max_seq_len", what);
+  c.dim = int_field(j, "dim", what);
+  c.num_layers = int_field(j, "num_layers", what);
+  c.num_heads = int_field(j, "num_heads", what);
+  c.num_experts = int_field(j, "num_experts", what);
+  c.top_k = int_field(j, "top_k", what);
+  c.expert_dim = int_field(j, "expert_dim", what);
   c.norm_eps = (float)number_field(j, "norm_eps", what);
   // Hugging Face family fields: absent in moerl-architecture checkpoints.
   auto has = [&](const char* key) { return j.contains(key); };
-  if (has("num_kv_heads")) c.num_kv_heads = (int)integer_field(j, "num_kv_heads", what);
-  if (has("head_dim")) c.head_dim = (int)integer_field(j, "head_dim", what);
+  if (has("num_kv_heads")) c.num_kv_heads = int_field(j, "num_kv_heads", what);
+  if (has("head_dim")) c.head_dim = int_field(j, "head_dim", what);
   if (has("rope_theta")) c.rope_theta = (float)number_field(j, "rope_theta", what);
   if (has("qk_norm")) c.qk_norm = bool_field(j, "qk_norm", what);
   if (has("norm_topk_prob")) c.norm_topk_prob = bool_field(j, "norm_topk_prob", what);
   if (has("tie_embeddings")) c.tie_embeddings = bool_field(j, "tie_embeddings", what);
   if (has("dense_layers")) {
-    c.dense_dim = (int)integer_field(j, "dense_dim", what);
+    c.dense_dim = int_field(j, "dense_dim", what);
     for (const Json& l : array_field(j, "dense_layers", what))
-      c.dense_layers.push_back((int)as_integer(l, what + " dense_layers"));
+      c.dense_layers.push_back(as_int(l, what + " dense_layers"));
   }
-  if (has("pad_token_id")) c.pad_token_id = (int)integer_field(j, "pad_token_id", what);
+  if (has("pad_token_id")) c.pad_token_id = int_field(j, "pad_token_id", what);
   if (has("balance_loss")) {
     const std::string& b = string_field(j, "balance_loss", what);
     MOERL_CHECK_INPUT(b == "batch" || b == "sequence", what, ": balance_loss must be batch or ",
@@ -118,7 +118,7 @@ Manifest read_manifest(const std::string& dir) {
                     " (this build reads versions 1 to ", kVersion, ")");
   m.version = (int)version;
   m.cfg = config_from_json(field(j, "config", path), path + " config");
-  m.world_size = (int)integer_field(j, "world_size", path);
+  m.world_size = int_field(j, "world_size", path);
   MOERL_CHECK_INPUT(m.world_size > 0 && m.cfg.num_experts % m.world_size == 0, path,
                     ": world_size ", m.world_size, " does not divide num_experts");
   m.optimizer_step = integer_field(j, "optimizer_step", path);

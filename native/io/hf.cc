@@ -99,7 +99,7 @@ HfModel read_hf_config(const std::string& dir, int max_seq_len) {
       if (required) problems.push_back("missing field " + key);
       return fallback;
     }
-    return (int)as_integer(*v, path + " field " + key);
+    return as_int(*v, path + " field " + key);
   };
   auto must = [&](const std::string& key, const Json& allowed, const std::string& says) {
     const Json* v = get(key);
@@ -152,7 +152,7 @@ HfModel read_hf_config(const std::string& dir, int max_seq_len) {
     std::set<int> mlp_only;
     if (const Json* v = get("mlp_only_layers"))
       for (const Json& l : as_array(*v, path + " mlp_only_layers"))
-        mlp_only.insert((int)as_integer(l, path + " mlp_only_layers"));
+        mlp_only.insert(as_int(l, path + " mlp_only_layers"));
     if (step <= 0) problems.push_back("decoder_sparse_step = " + std::to_string(step) + " (must be >= 1)");
     for (int l = 0; l < c.num_layers && step > 0; l++)
       if (mlp_only.count(l) || (l + 1) % step != 0) c.dense_layers.push_back(l);
@@ -161,7 +161,7 @@ HfModel read_hf_config(const std::string& dir, int max_seq_len) {
     must("sliding_window", nullptr, "sliding-window attention is not implemented");
     must("router_jitter_noise", 0.0, "router noise is not implemented");
   }
-  if (const Json* v = get("pad_token_id")) c.pad_token_id = (int)as_integer(*v, path + " pad_token_id");
+  if (const Json* v = get("pad_token_id")) c.pad_token_id = as_int(*v, path + " pad_token_id");
   if (const Json* v = get("router_aux_loss_coef"))
     m.router_aux_loss_coef = (float)as_number(*v, path + " router_aux_loss_coef");
   m.dtype = "F32";

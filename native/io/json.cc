@@ -70,6 +70,14 @@ int64_t as_integer(const Json& v, const std::string& what) {
   return (int64_t)x;
 }
 
+int as_int(const Json& v, const std::string& what) {
+  const int64_t x = as_integer(v, what);
+  MOERL_CHECK_INPUT(x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max(),
+                    what, ": integer ", x, " does not fit a 32-bit int (at most ",
+                    std::numeric_limits<int>::max(), ")");
+  return (int)x;
+}
+
 const std::string& as_string(const Json& v, const std::string& what) {
   MOERL_CHECK_INPUT(v.is_string(), what, ": expected a string, got ", v.type_name());
   return v.get_ref<const std::string&>();
@@ -90,6 +98,9 @@ double number_field(const Json& object, const std::string& key, const std::strin
 }
 int64_t integer_field(const Json& object, const std::string& key, const std::string& what) {
   return as_integer(field(object, key, what), what + " field \"" + key + "\"");
+}
+int int_field(const Json& object, const std::string& key, const std::string& what) {
+  return as_int(field(object, key, what), what + " field \"" + key + "\"");
 }
 const std::string& string_field(const Json& object, const std::string& key, const std::string& what) {
   return as_string(field(object, key, what), what + " field \"" + key + "\"");

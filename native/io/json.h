@@ -27,11 +27,15 @@ void for_each_json_line(const std::string& path,
 const Json& field(const Json& object, const std::string& key, const std::string& what);
 double as_number(const Json& v, const std::string& what);
 int64_t as_integer(const Json& v, const std::string& what);  // 3 and 3.0, not 3.5
+// An integer that fits an int: one outside [INT_MIN, INT_MAX] is BadInput naming the value, never
+// truncated (4294967328 is not read as 32).
+int as_int(const Json& v, const std::string& what);
 const std::string& as_string(const Json& v, const std::string& what);
 bool as_bool(const Json& v, const std::string& what);
 const Json::array_t& as_array(const Json& v, const std::string& what);
 double number_field(const Json& object, const std::string& key, const std::string& what);
 int64_t integer_field(const Json& object, const std::string& key, const std::string& what);
+int int_field(const Json& object, const std::string& key, const std::string& what);
 const std::string& string_field(const Json& object, const std::string& key, const std::string& what);
 const Json::array_t& array_field(const Json& object, const std::string& key, const std::string& what);
 bool bool_field(const Json& object, const std::string& key, const std::string& what);

@@ -8,6 +8,7 @@
 // embeddings, top-k weights left unnormalised, transformers' batch-wise balance loss.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -45,16 +46,34 @@ struct ModelConfig {
                           //   gradient (its LM-head row does); -1 = none
 };
 
-// Resolved widths: Hkv, D, the q block H*D and the k (= v) block Hkv*D of a qkv row.
+// Upper bounds of validate(), far above today's largest open models, chosen so that every width
+// the ops hold in an int fits one and no size formed from a config overflows 64 bits. A config
+// beyond one is bad input; to go past a bound, raise it here (and check the ops' int widths).
+constexpr int64_t kMaxVocabSize = 1 << 22;    // V
+constexpr int64_t kMaxSeqLen = 1 << 21;       // T_max
+constexpr int64_t kMaxDim = 1 << 16;          // C, D, and each of H, Hkv
+constexpr int64_t kMaxLayers = 1 << 10;       // L
+constexpr int64_t kMaxExperts = 1 << 14;      // E (and so K)
+constexpr int64_t kMaxHiddenDim = 1 << 18;    // F, dense_dim
+constexpr int64_t kMaxQkvWidth = 1 << 18;     // (H + 2 Hkv) * D, the widest attention row
+constexpr int64_t kMaxParams = int64_t{1} << 40;  // every parameter, all experts (4 TiB in fp32)
+
+// Resolved widths: Hkv, D, the q block H*D and the k (= v) block Hkv*D of a qkv row. Formed in
+// 64 bits; a validated config keeps each below kMaxQkvWidth.
 int kv_heads(const ModelConfig& cfg);
 int head_dim(const ModelConfig& cfg);
-inline int q_width(const ModelConfig& cfg) { return cfg.num_heads * head_dim(cfg); }
-inline int kv_width(const ModelConfig& cfg) { return kv_heads(cfg) * head_dim(cfg); }
-inline int qkv_width(const ModelConfig& cfg) { return q_width(cfg) + 2 * kv_width(cfg); }
+inline int64_t q_width(const ModelConfig& cfg) { return (int64_t)cfg.num_heads * head_dim(cfg); }
+inline int64_t kv_width(const ModelConfig& cfg) { return (int64_t)kv_heads(cfg) * head_dim(cfg); }
+inline int64_t qkv_width(const ModelConfig& cfg) { return q_width(cfg) + 2 * kv_width(cfg); }
 bool is_dense_layer(const ModelConfig& cfg, int layer);
 int num_moe_layers(const ModelConfig& cfg);
 
-// Throws BadInput naming the field if the config cannot describe a model.
+// Parameters of the whole model (every expert), as make_layout lays them out; 64-bit, exact for
+// a config within the bounds above.
+int64_t num_params(const ModelConfig& cfg);
+
+// Throws BadInput naming the field, its value and the bound if the config cannot describe a
+// model or lies beyond a bound above.
 void validate(const ModelConfig& cfg);
 
 // JSON object text, e.g. {"vocab_size":32,...}; io/checkpoint parses it back. Fields at their

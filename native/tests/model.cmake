@@ -14,7 +14,8 @@ target_link_libraries(rl_tests PRIVATE moerl_rl GTest::gtest_main)
 gtest_discover_tests(rl_tests DISCOVERY_TIMEOUT 60)
 
 add_executable(checkpoint_tests ${CMAKE_CURRENT_LIST_DIR}/checkpoint_test.cc
-  ${CMAKE_CURRENT_LIST_DIR}/json_test.cc ${CMAKE_CURRENT_LIST_DIR}/safetensors_test.cc)
+  ${CMAKE_CURRENT_LIST_DIR}/json_test.cc ${CMAKE_CURRENT_LIST_DIR}/safetensors_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/hf_input_test.cc)
 target_link_libraries(checkpoint_tests PRIVATE moerl_io GTest::gtest_main)
 target_compile_definitions(checkpoint_tests PRIVATE MOERL_GOLDEN_DIR="${CMAKE_CURRENT_LIST_DIR}/golden")
 gtest_discover_tests(checkpoint_tests DISCOVERY_TIMEOUT 60)

@@ -118,6 +118,34 @@ TEST(ToolsHelp, BadFlagsExitTwoNamingTheFlag) {
   }
 }
 
+// A config beyond a bound is bad input (exit 2) named before anything is allocated: a random
+// init of ~1.3e13 parameters failed with std::bad_alloc (exit 1, retried), and a vocab_size of
+// 2^32 + 32 in an HF config.json was imported as 32.
+TEST(ToolsBadConfig, AConfigBeyondItsBoundsExitsTwoNamingFieldAndBound) {
+  const std::string w = ::testing::TempDir() + "moerl-tools-bad-config-" + std::to_string(::getpid());
+  fs::remove_all(w);
+  fs::create_directories(w + "/hf");
+  Result absurd = run({kTrain, "init", "--out", w + "/init", "--dim", "64", "--layers", "16",
+                       "--experts", "16384", "--expert-dim", "262144"});
+  EXPECT_EQ(absurd.exit_code, 2) << absurd.output;
+  EXPECT_NE(absurd.output.find("config: the parameter count = "), std::string::npos) << absurd.output;
+  EXPECT_NE(absurd.output.find("exceeds the bound 1099511627776 (kMaxParams in "
+                               "native/model/config.h; a build with it raised allows more)"),
+            std::string::npos)
+      << absurd.output;
+  std::ofstream(w + "/hf/config.json")
+      << R"({"model_type":"qwen3_moe","vocab_size":4294967328,"hidden_size":16,)"
+      << R"("num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":8,)"
+      << R"("num_experts_per_tok":1,"num_experts":2,"moe_intermediate_size":8,)"
+      << R"("rms_norm_eps":1e-6,"max_position_embeddings":64})";
+  Result wide = run({kTrain, "init", "--out", w + "/init", "--from-hf", w + "/hf"});
+  EXPECT_EQ(wide.exit_code, 2) << wide.output;
+  EXPECT_NE(wide.output.find("field vocab_size: integer 4294967328 does not fit a 32-bit int"),
+            std::string::npos)
+      << wide.output;
+  fs::remove_all(w);
+}
+
 struct ToolsTest : ::testing::Test {
   std::string w = ::testing::TempDir() + "moerl-tools-" + std::to_string(::getpid()) + "-" +
                   ::testing::UnitTest::GetInstance()->current_test_info()->name();

@@ -11,6 +11,7 @@
 #include <cstring>  // std::strerror
 #include <filesystem>  // read_symlink
 #include <fstream>  // std::ifstream
+#include <new>      // std::bad_alloc
 #include <sstream>  // std::ostringstream
 
 #include "common/check.h"
@@ -49,6 +50,12 @@ int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& b
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     if (e.kind() == ErrorKind::BadInput) return 2;
     return e.kind() == ErrorKind::PeerFailure ? kPeerLostExitCode : 1;
+  } catch (const std::bad_alloc&) {
+    // a config within its bounds (model/config.h) that this machine cannot hold: a resource
+    // failure, retryable where there is more memory, not bad input
+    std::fprintf(stderr, "%s: error: out of memory (std::bad_alloc): the model, its optimizer "
+                 "state or a batch does not fit this machine's memory\n", name.c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), e.what());
     return 1;

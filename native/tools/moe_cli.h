@@ -25,7 +25,9 @@ constexpr int kPeerLostExitCode = 75;
 // Parses argv into app (whose options are bound to variables), then runs body. Exit codes:
 // 0 done or --help; 2 bad input: an unknown flag, a missing or malformed value (CLI11's
 // message names the flag) or a moerl::Error of kind BadInput; kPeerLostExitCode (75) a peer
-// was lost (PeerFailure); 1 anything else (retryable: this rank's own failure).
+// was lost (PeerFailure); 1 anything else (retryable: this rank's own failure), std::bad_alloc
+// included: a config beyond model/config.h's bounds is bad input before anything is allocated,
+// one within them that does not fit this machine's memory is a resource failure.
 int run_tool(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
 // OpenBLAS reads OPENBLAS_CORETYPE once, as it loads: a process whose OpenBLAS fell back to

@@ -86,9 +86,9 @@ std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo
   io::for_each_json_line(path, [&](const io::Json& j, const std::string& what) {
     rl::TrainSequence s;
     for (const io::Json& t : io::array_field(j, "tokens", what))
-      s.tokens.push_back((int32_t)io::as_integer(t, what + " tokens"));
+      s.tokens.push_back(io::as_int(t, what + " tokens"));
     MOERL_CHECK_INPUT(s.tokens.size() >= 2, what, ": needs at least 2 tokens");
-    s.prompt_len = j.contains("prompt_len") ? (int)io::integer_field(j, "prompt_len", what) : 1;
+    s.prompt_len = j.contains("prompt_len") ? io::int_field(j, "prompt_len", what) : 1;
     MOERL_CHECK_INPUT(s.prompt_len >= 1 && s.prompt_len < (int)s.tokens.size(), what,
                       ": prompt_len must be in [1, tokens)");
     if (grpo) {
