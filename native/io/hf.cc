@@ -36,6 +36,12 @@ std::string dtype_of(const std::string& torch_name, const std::string& what) {
   MOERL_FAIL(BadInput, what, ": dtype ", torch_name, " is not supported (float32, bfloat16, float16)");
 }
 
+// A file of the model directory by name, as the index must name its shards: no path out of it
+// (../x, /x, a/b, a\b), no hidden file, no NUL that would cut the name short.
+bool is_plain_file_name(const std::string& f) {
+  return !f.empty() && f[0] != '.' && f.find_first_of(std::string("/\\\0", 3)) == std::string::npos;
+}
+
 // name -> file of every tensor: the index's weight_map, or model.safetensors' header.
 std::map<std::string, std::string> weight_files(const std::string& dir) {
   std::map<std::string, std::string> files;
@@ -51,7 +57,12 @@ std::map<std::string, std::string> weight_files(const std::string& dir) {
     Json j = parse_json(text, index);
     const Json& map = field(j, "weight_map", index);
     MOERL_CHECK_INPUT(map.is_object(), index, ": weight_map is not an object");
-    for (const auto& [name, file] : map.items()) files[name] = as_string(file, index + " " + name);
+    for (const auto& [name, file] : map.items()) {
+      const std::string& f = as_string(file, index + " tensor " + name);
+      MOERL_CHECK_INPUT(is_plain_file_name(f), index, ": tensor ", name, " maps to ",
+                        Json(f).dump(), ", not a file name of this directory");
+      files[name] = f;
+    }
     return files;
   }
   const std::string single = dir + "/model.safetensors";

@@ -1,5 +1,7 @@
-// Hostile Hugging Face config.json files: every config field within its bound (64-bit products,
-// no 32-bit wrap, no silent truncation of a JSON integer). Each is BadInput naming the field.
+// Hostile Hugging Face directories and safetensors files: every config field within its bound
+// (64-bit products, no 32-bit wrap, no silent truncation of a JSON integer), an index that names
+// a file outside the directory, and safetensors headers whose data ranges overlap, leave the
+// file or disagree with dtype x shape. Each is BadInput naming the field or the file and tensor.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include "common/check.h"
 #include "io/hf.h"
 #include "io/json.h"
+#include "io/safetensors.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -130,6 +133,71 @@ TEST(HfConfigBounds, TheParameterCountIsTheLayoutsCount) {
   learned.num_heads = 2, learned.num_experts = 4, learned.top_k = 2, learned.expert_dim = 12;
   const model::ParamLayout l = model::make_layout(learned, 0, 4);
   EXPECT_EQ(model::num_params(learned), (int64_t)(l.dense_numel + l.expert_numel));
+}
+
+TEST(HfIndex, ShardNamesOutsideTheDirectoryAreRejected) {
+  for (const std::string& file : {"../model.safetensors", "/etc/passwd", "sub/model.safetensors",
+                                  "..", ".hidden.safetensors", "a\\b.safetensors", ""}) {
+    const std::string dir = write_config(qwen_config());
+    const Json index = {{"weight_map", {{"model.embed_tokens.weight", file}}}};
+    write_file_atomic(dir + "/model.safetensors.index.json", index.dump());
+    const HfModel m = read_hf_config(dir, 0);
+    model::ParamStore ps(model::make_layout(m.cfg, 0, m.cfg.num_experts), false);
+    const std::string e = bad_input([&] { load_hf_weights(m, ps); });
+    EXPECT_HAS(e, "model.safetensors.index.json: tensor model.embed_tokens.weight maps to " +
+                      Json(file).dump() + ", not a file name of this directory");
+  }
+}
+
+// A safetensors file of `header` and `data_bytes` zero bytes.
+std::string write_raw_safetensors(const std::string& dir, const Json& header, size_t data_bytes) {
+  const std::string h = header.dump();
+  std::string raw(8, '\0');
+  for (int i = 0; i < 8; i++) raw[i] = (char)((h.size() >> (8 * i)) & 0xff);
+  raw += h + std::string(data_bytes, '\0');
+  const std::string path = dir + "/t.safetensors";
+  write_file_atomic(path, raw);
+  return path;
+}
+
+Json tensor(const std::string& dtype, const std::vector<int64_t>& shape, int64_t b, int64_t e) {
+  return {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {b, e}}};
+}
+
+TEST(SafetensorsHeader, OverlappingRangesAreRejectedNamingBothTensors) {
+  const std::string path = write_raw_safetensors(
+      temp_dir(), {{"a", tensor("F32", {4}, 0, 16)}, {"b", tensor("F32", {4}, 8, 24)}}, 24);
+  const std::string e = bad_input([&] { read_safetensors_header(path); });
+  EXPECT_HAS(e, "t.safetensors: tensor b data range [8,24) overlaps tensor a [0,16)");
+  const std::string same = write_raw_safetensors(
+      temp_dir(), {{"a", tensor("F32", {4}, 0, 16)}, {"b", tensor("BF16", {8}, 0, 16)}}, 16);
+  EXPECT_HAS(bad_input([&] { read_safetensors(same); }), "overlaps tensor a [0,16)");
+}
+
+TEST(SafetensorsHeader, ARangeThatDisagreesWithDtypeAndShapeIsRejected) {
+  const std::string dir = temp_dir();
+  const std::string path = write_raw_safetensors(dir, {{"w", tensor("BF16", {3, 2}, 0, 16)}}, 16);
+  EXPECT_HAS(bad_input([&] { read_safetensors_header(path); }),
+             "t.safetensors tensor w: data range [0,16) holds 16 bytes, its dtype BF16 and shape "
+             "[3,2] take 12");
+  // a shape whose element count overflows 64 bits is named, not wrapped into a small count
+  const std::string huge = write_raw_safetensors(
+      dir, {{"w", tensor("F32", {4294967296LL, 4294967296LL, 4}, 0, 16)}}, 16);
+  EXPECT_HAS(bad_input([&] { read_safetensors_header(huge); }), "does not fit the file's 16 data bytes");
+  const std::string outside = write_raw_safetensors(dir, {{"w", tensor("F32", {4}, 0, 16)}}, 8);
+  EXPECT_HAS(bad_input([&] { read_safetensors_header(outside); }),
+             "tensor w: data range [0,16) outside the 8 data bytes");
+}
+
+TEST(SafetensorsHeader, WhatTheWriterWritesStillReads) {
+  const std::string path = temp_dir() + "/w.safetensors";
+  const std::vector<float> a = {1, 2, 3}, b = {4, 5};
+  write_safetensors(path, {{"a", {3}, a.data()}, {"empty", {0, 4}, nullptr}, {"b", {2}, b.data()}},
+                    "BF16");
+  const SafetensorsHeader h = read_safetensors_header(path);
+  std::vector<float> out(2);
+  read_tensor_f32(h, "b", {2}, out.data());
+  EXPECT_EQ(out, b);
 }
 
 }  // namespace
