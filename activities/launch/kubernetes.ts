@@ -2,7 +2,8 @@
 // completion index is its rank) and a headless Service through which the ranks find rank 0.
 // The API server is the only record of a job: launch() finds the Job by its deterministic name
 // and adopts it, so a retry on any worker process follows the same Job instead of starting a
-// second one. The job is followed through watches of the Job and its pods (kubernetes/watch.ts);
+// second one. The Job owns its Service, token Secret and NetworkPolicy (only the job's own pods
+// reach its pods), which the garbage collector removes with it. The job is followed through watches of the Job and its pods (kubernetes/watch.ts);
 // the objects are built in kubernetes/manifests.ts, failures read in kubernetes/failures.ts,
 // API calls made in kubernetes/api.ts with their errors mapped in kubernetes/errors.ts. With a
 // Kueue queue (launcher.queueName) a Job waits suspended until admitted (kubernetes/queue.ts).
@@ -117,6 +118,7 @@ export class KubernetesLauncher implements Launcher {
           continue;
         }
         await this.api.ensureService(spec, this.settings, existing);
+        await this.api.ensureNetworkPolicy(spec, this.settings, existing);
         await this.api.ensureTokenSecret(spec, this.settings, existing, false);
         return this.follow(spec, existing, true);
       }
@@ -133,6 +135,7 @@ export class KubernetesLauncher implements Launcher {
       );
       if (!created) continue;
       await this.api.ensureService(spec, this.settings, created);
+      await this.api.ensureNetworkPolicy(spec, this.settings, created);
       await this.api.ensureTokenSecret(spec, this.settings, created, true);
       return this.follow(spec, created, false);
     }

@@ -1,12 +1,14 @@
 // A campaign spec is untrusted input: moerl's admission policies (k8s/base/admission) before a real
 // kube-apiserver with kwok nodes. As the train worker (a token of its ServiceAccount, as its pod
 // has) every way out of a trainer Job that `jobs: create` alone allows — another image or
-// ServiceAccount, a Secret as a volume or in the environment, hostPath /, privilege, host
-// namespaces, capabilities, an unconfined profile — is first admitted by RBAC alone (the manifests
+// ServiceAccount, an API token, a Secret as a volume or in the environment, hostPath /,
+// privilege, host namespaces, capabilities, an unconfined profile, a PriorityClass or a
+// toleration the operator did not list — is first admitted by RBAC alone (the manifests
 // before the policies), then denied with its rule's message once the policies are applied; the
 // Job the launcher really writes is admitted and runs; only the job's own token Secret may be
 // written; other identities are not judged; a worker given the operator's settings refuses such
-// specs itself as bad input; and the restricted Pod Security level is enforced where eks says so.
+// specs itself as bad input; k8s/base with its namespace renamed is bounded all the same; and the
+// restricted Pod Security level is enforced where eks says so.
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import {
@@ -34,7 +36,7 @@ import { badInputErrorType } from '../../activities/types.js';
 import { kubernetesLauncherSchema } from '../../workflows/spec-kubernetes.js';
 import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
 import { emptyTrainJob } from '../support/train-job-spec.js';
-import { find, parseObjects, render, type K8sObject } from './render.js';
+import { find, parseObjects, render, renderRenamedBase, type K8sObject } from './render.js';
 
 const namespace = 'moerl';
 const trainWorker = 'moerl-train';
@@ -45,6 +47,9 @@ const admissionKinds = ['ValidatingAdmissionPolicy', 'ValidatingAdmissionPolicyB
 // The operator's store, as a cluster with a shared filesystem on every node would set it.
 const storeHostPath = '/srv/moerl/store';
 const storeClaim = 'moerl-store';
+// The operator's placement lists: one PriorityClass, the EFA group's taint.
+const priorityClasses = 'moerl-training';
+const tolerations = 'moerl.dev/pool:NoSchedule';
 
 let cluster: KubeCluster;
 let local: K8sObject[];
@@ -94,6 +99,8 @@ before(
     };
     params.data.MOERL_TRAINER_STORE_HOST_PATH = storeHostPath;
     params.data.MOERL_TRAINER_STORE_CLAIM = storeClaim;
+    params.data.MOERL_TRAINER_PRIORITY_CLASSES = priorityClasses;
+    params.data.MOERL_TRAINER_TOLERATIONS = tolerations;
     await applyForReal(local.filter((o) => o.kind === 'Namespace'));
     await applyForReal([
       ...local.filter((o) => ['ServiceAccount', 'Role', 'RoleBinding'].includes(o.kind)),
@@ -157,6 +164,10 @@ const rules = {
   root: /^trainer pods run as non-root \(runAsNonRoot true, never runAsUser 0\)$/,
   confined:
     /^trainer pods stay confined: seccomp RuntimeDefault or Localhost, no Unconfined AppArmor profile/,
+  priority:
+    /^trainer pods use only the PriorityClasses \[moerl-training\] \(MOERL_TRAINER_PRIORITY_CLASSES in moerl-trainer-policy\), not /,
+  toleration:
+    /^trainer pods tolerate only the taints \[moerl\.dev\/pool:NoSchedule\] \(MOERL_TRAINER_TOLERATIONS in moerl-trainer-policy, key:Effect\), not /,
 };
 
 const secretVolume = { name: 'stolen', secret: { secretName: 'moerl-temporal-tls' } };
@@ -264,6 +275,27 @@ const escapes: Escape[] = [
     (p) => (p.securityContext!.sysctls = [{ name: 'kernel.msgmax', value: '65536' }]),
     rules.confined,
   ],
+  ['the API token left to the ServiceAccount', (p) => delete p.automountServiceAccountToken, rules.account],
+  [
+    'priority class system-node-critical (pre-empts other workloads)',
+    (p) => (p.priorityClassName = 'system-node-critical'),
+    rules.priority,
+  ],
+  ['a toleration of every taint', (p) => (p.tolerations = [{ operator: 'Exists' }]), rules.toleration],
+  [
+    'a toleration of every effect of the allowed key',
+    (p) => (p.tolerations = [{ key: 'moerl.dev/pool', operator: 'Exists' }]),
+    rules.toleration,
+  ],
+  [
+    "a toleration of the rollout group's taint",
+    (p) =>
+      (p.tolerations = [
+        { key: 'moerl.dev/pool', operator: 'Exists', effect: 'NoSchedule' },
+        { key: 'moerl.dev/spot', operator: 'Equal', value: 'true', effect: 'NoSchedule' },
+      ]),
+    rules.toleration,
+  ],
 ];
 
 /** The launcher's Job with one escape applied. */
@@ -341,6 +373,21 @@ describe('trainer Jobs of the train worker (k8s/base/admission)', () => {
     assert.match((await message(escapes[3]![1])) ?? '', /, not as moerl-train$/);
     assert.match((await message(escapes[4]![1])) ?? '', /, not as the namespace default$/);
     assert.match((await message(escapes[8]![1])) ?? '', /, not host-root$/);
+    const named = (what: string) => message(escapes.find(([w]) => w.startsWith(what))![1]);
+    assert.match(
+      (await named('the API token left')) ?? '',
+      /, not as moerl-trainer with automountServiceAccountToken not false$/,
+    );
+    assert.match((await named('priority class')) ?? '', /, not system-node-critical$/);
+    assert.match((await named('a toleration of every taint')) ?? '', /, not \(every key\):\(every effect\)$/);
+    assert.match(
+      (await named('a toleration of every effect')) ?? '',
+      /, not moerl\.dev\/pool:\(every effect\)$/,
+    );
+    assert.match(
+      (await named("a toleration of the rollout group's")) ?? '',
+      /, not moerl\.dev\/spot:NoSchedule$/,
+    );
   });
 
   it('admits the Job the launcher writes (EFA, an fs store, spec labels and annotations); it runs and is cleaned up', async () => {
@@ -363,6 +410,15 @@ describe('trainer Jobs of the train worker (k8s/base/admission)', () => {
       }),
     );
     assert.equal(await createAsWorker(claimed, true), undefined);
+    // The operator's PriorityClass and the EFA group's taint, tolerated as the eks example does.
+    const placed = jobManifest(
+      trainSpec(),
+      settings({
+        priorityClassName: priorityClasses,
+        tolerations: [{ key: 'moerl.dev/pool', operator: 'Equal', value: 'train', effect: 'NoSchedule' }],
+      }),
+    );
+    assert.equal(await createAsWorker(placed, true), undefined);
   });
 
   it('does not judge other identities: an administrator may create any Job', async () => {
@@ -417,6 +473,8 @@ describe("the launcher refuses such specs itself, with the operator's settings (
       ...params.data,
       MOERL_TRAINER_STORE_HOST_PATH: storeHostPath,
       MOERL_TRAINER_STORE_CLAIM: storeClaim,
+      MOERL_TRAINER_PRIORITY_CLASSES: priorityClasses,
+      MOERL_TRAINER_TOLERATIONS: tolerations,
     })!;
   };
 
@@ -439,6 +497,16 @@ describe("the launcher refuses such specs itself, with the operator's settings (
       'an unconfined AppArmor annotation',
       { annotations: { 'container.apparmor.security.beta.kubernetes.io/rank': 'unconfined' } },
       /trainer pods keep their AppArmor and seccomp profiles/,
+    ],
+    [
+      'priority class system-node-critical',
+      { priorityClassName: 'system-node-critical' },
+      /launcher\.priorityClassName system-node-critical is not a PriorityClass .*\(MOERL_TRAINER_PRIORITY_CLASSES=moerl-training\)/,
+    ],
+    [
+      'a toleration of every taint',
+      { tolerations: [{ operator: 'Exists' }] },
+      /launcher\.tolerations\[0\] \{operator: Exists\} tolerates every taint \(no key\), .*\(MOERL_TRAINER_TOLERATIONS=moerl\.dev\/pool:NoSchedule, each key:Effect\)/,
     ],
   ];
 
@@ -479,12 +547,89 @@ describe("the launcher refuses such specs itself, with the operator's settings (
     const binding = find(local, 'ValidatingAdmissionPolicyBinding', policyName) as K8sObject & {
       spec: { paramRef: { name: string; namespace: string } };
     };
-    assert.deepEqual(binding.spec.paramRef, {
-      name: paramsName,
-      namespace,
-      parameterNotFoundAction: 'Deny',
-    });
+    // No namespace: the ConfigMap of the Job's own namespace, wherever the kustomization puts it.
+    assert.deepEqual(binding.spec.paramRef, { name: paramsName, parameterNotFoundAction: 'Deny' });
   });
+});
+
+describe('a renamed namespace (k8s/base with another `namespace:`) is bounded all the same', () => {
+  const renamed = 'ml-trainers';
+  let objects: K8sObject[];
+  let asRenamedWorker: BatchV1Api;
+
+  before(async () => {
+    objects = parseObjects(await renderRenamedBase(renamed));
+    await applyForReal(objects.filter((o) => o.kind === 'Namespace'));
+    await applyForReal(
+      objects.filter((o) => ['ServiceAccount', 'Role', 'RoleBinding', 'ConfigMap'].includes(o.kind)),
+    );
+    // The same cluster-scoped policies as the moerl namespace's: nothing in them names a namespace.
+    const admission = (list: K8sObject[]) => list.filter((o) => admissionKinds.includes(o.kind));
+    assert.deepEqual(admission(objects), admission(local));
+    await applyForReal(admission(objects));
+    const token = await core.createNamespacedServiceAccountToken({
+      namespace: renamed,
+      name: trainWorker,
+      body: { spec: { audiences: [], expirationSeconds: 3600 } },
+    });
+    const config = cluster.kubeConfig();
+    config.loadFromOptions({
+      clusters: config.clusters,
+      users: [{ name: 'renamed', token: token.status!.token }],
+      contexts: [{ name: 'renamed', cluster: config.getCurrentCluster()!.name, user: 'renamed' }],
+      currentContext: 'renamed',
+    });
+    asRenamedWorker = config.makeApiClient(BatchV1Api);
+  });
+
+  /** The Job the launcher writes in the renamed namespace, with the base's settings. */
+  const renamedJob = (change?: Escape[1]): V1Job => {
+    const spec = trainSpec();
+    const s3 = { kind: 's3', bucket: 'b', prefix: '', region: 'us-west-2', forcePathStyle: false } as const;
+    const job = jobManifest(
+      { ...spec, job: { ...spec.job, store: s3 } },
+      settings({ namespace: renamed, image: 'moerl:0.1.0', storeVolume: undefined }),
+    );
+    const pod = job.spec!.template.spec!;
+    change?.(pod, pod.containers[0]!, job);
+    return job;
+  };
+  const create = async (job: V1Job) => {
+    try {
+      await asRenamedWorker.createNamespacedJob({ namespace: renamed, body: job, dryRun: 'All' });
+      return undefined;
+    } catch (err) {
+      const { code, body } = apiStatus(err);
+      return { code, message: body.message ?? String(err) };
+    }
+  };
+
+  it("the train worker's Role follows it, and its Job is admitted, judged by the namespace's own settings", async () => {
+    const refusal = await create(renamedJob());
+    assert.equal(refusal, undefined, refusal?.message);
+  });
+
+  // The base's settings: the placeholder repository, no store volume, no class, no toleration.
+  const refused: [string, RegExp][] = [
+    ['another image', /^trainer pods run images of moerl only .*, not docker\.io\/library\/busybox:1\.37$/],
+    ['hostPath /', /^trainer pods mount emptyDir volumes and the store only \(hostPath "", claim ""/],
+    [
+      'priority class system-node-critical',
+      /^trainer pods use only the PriorityClasses \[\] .*, not system-node-critical$/,
+    ],
+    [
+      'a toleration of every taint',
+      /^trainer pods tolerate only the taints \[\] .*, not \(every key\):\(every effect\)$/,
+    ],
+  ];
+  for (const [what, rule] of refused)
+    it(`denies ${what}, with its rule's message`, async () => {
+      const change = escapes.find(([w]) => w.startsWith(what))![1];
+      const refusal = await create(renamedJob(change));
+      const message = deniedBy(refusal);
+      assert.ok(message, `denied by ${policyName}: ${refusal?.message ?? 'admitted'}`);
+      assert.match(message, rule);
+    });
 });
 
 describe('Pod Security: restricted, enforced (the eks overlay and the base)', () => {

@@ -1,6 +1,7 @@
 // The KubernetesLauncher against a real control plane (kube-apiserver, controller manager,
 // scheduler) with kwok's fake nodes: nothing runs in the pods, and a test ends a rank by giving
-// its pod an exit code (kube-cluster.ts). Covered: the Job and Service it creates, completion,
+// its pod an exit code (kube-cluster.ts). Covered: the Job, Service and NetworkPolicy it creates
+// (the policy removed with the Job by the garbage collector), completion,
 // exit 2 failing without retries, other failures retried up to backoffLimit, an eviction not
 // counted, adoption by a second launcher (another worker process), kill() leaving nothing
 // behind, a pod that cannot be scheduled, the train worker's Role being enough, API refusals,
@@ -13,6 +14,7 @@ import {
   BatchV1Api,
   CoreV1Api,
   KubeConfig,
+  NetworkingV1Api,
   RbacAuthorizationV1Api,
   type V1Pod,
   type V1Role,
@@ -29,6 +31,7 @@ let cluster: KubeCluster;
 let core: CoreV1Api;
 let batch: BatchV1Api;
 let rbac: RbacAuthorizationV1Api;
+let networking: NetworkingV1Api;
 
 before(async () => {
   const started = Date.now();
@@ -37,6 +40,7 @@ before(async () => {
   core = cluster.kubeConfig().makeApiClient(CoreV1Api);
   batch = cluster.kubeConfig().makeApiClient(BatchV1Api);
   rbac = cluster.kubeConfig().makeApiClient(RbacAuthorizationV1Api);
+  networking = cluster.kubeConfig().makeApiClient(NetworkingV1Api);
   await cluster.addFakeNodes(2);
 });
 after(async () => {
@@ -214,6 +218,17 @@ describe('KubernetesLauncher (real control plane, kwok fake nodes)', () => {
       const token = Buffer.from(secret.data?.token ?? '', 'base64').toString();
       assert.match(token, /^[A-Za-z0-9_-]{43}$/);
       assert.ok(!JSON.stringify(stored).includes(token), 'the token is not in the Job');
+      // The job's own NetworkPolicy, owned by the Job: its pods, and no other job's, reach them.
+      const policy = await networking.readNamespacedNetworkPolicy({ namespace, name: `${spec.name}-ranks` });
+      assert.equal(policy.metadata?.ownerReferences?.[0]?.uid, stored.metadata?.uid);
+      const ranks = { matchLabels: { 'moerl.dev/job': spec.name, 'app.kubernetes.io/component': 'trainer' } };
+      // The client's classes as plain objects (`_from` is its name for `from`).
+      assert.deepEqual(JSON.parse(JSON.stringify(policy.spec)), {
+        podSelector: ranks,
+        policyTypes: ['Ingress', 'Egress'],
+        ingress: [{ _from: [{ podSelector: ranks }] }],
+        egress: [{ to: [{ podSelector: ranks }] }],
+      });
 
       const running = await runningPods(namespace, spec.name, 2);
       for (const pod of running) {
@@ -243,6 +258,14 @@ describe('KubernetesLauncher (real control plane, kwok fake nodes)', () => {
     await waitFor('the job to be removed', 60_000, async () => {
       await assertNothingLeft(namespace, spec.name);
       return true;
+    });
+    // The garbage collector removes the policy once the Job is gone.
+    await waitFor(`the garbage collector to remove network policy ${spec.name}-ranks`, 60_000, async () => {
+      const left = await networking.listNamespacedNetworkPolicy({
+        namespace,
+        labelSelector: selector(spec.name),
+      });
+      return left.items.length === 0 || left.items.map((p) => p.metadata?.name).join();
     });
   });
 
@@ -330,8 +353,9 @@ describe('KubernetesLauncher (real control plane, kwok fake nodes)', () => {
       const uid = (await batch.readNamespacedJob({ namespace, name: spec.name })).metadata?.uid;
       // The first worker shuts down: it stops following, and its Job keeps running.
       shutdown.abort();
-      // The Service went missing (deleted by hand): adoption puts it back.
+      // The Service and the NetworkPolicy went missing (deleted by hand): adoption puts them back.
       await core.deleteNamespacedService({ namespace, name: spec.name });
+      await networking.deleteNamespacedNetworkPolicy({ namespace, name: `${spec.name}-ranks` });
       const fresh = new KubeConfig();
       fresh.loadFromFile(cluster.kubeconfig);
       second = await launcherIn(namespace, {}, fresh).launch(spec);
@@ -343,6 +367,8 @@ describe('KubernetesLauncher (real control plane, kwok fake nodes)', () => {
       );
       const service = await core.readNamespacedService({ namespace, name: spec.name });
       assert.equal(service.metadata?.ownerReferences?.[0]?.uid, uid);
+      const policy = await networking.readNamespacedNetworkPolicy({ namespace, name: `${spec.name}-ranks` });
+      assert.equal(policy.metadata?.ownerReferences?.[0]?.uid, uid);
 
       await exitAll(namespace, await runningPods(namespace, spec.name, 2), 0);
       assert.equal((await finished(second)).state, 'succeeded');

@@ -154,13 +154,14 @@ describe('RBAC of the base, before the real authorizer', () => {
   const inNs = (group: string, resource: string, verbs: string[], subresource?: string) =>
     verbs.map((verb) => ({ group, resource, verb, namespace, ...(subresource ? { subresource } : {}) }));
 
-  it('the train worker may manage Jobs and Services, create and delete token Secrets, read and delete pods, read logs, in moerl', async () => {
+  it('the train worker may manage Jobs and Services, create and delete token Secrets and NetworkPolicies, read and delete pods, read logs, in moerl', async () => {
     await expectAll(
       'moerl-train',
       [
         ...inNs('batch', 'jobs', ['create', 'get', 'list', 'watch', 'delete']),
         ...inNs('', 'services', ['create', 'get', 'list', 'watch', 'delete']),
         ...inNs('', 'secrets', ['create', 'delete']),
+        ...inNs('networking.k8s.io', 'networkpolicies', ['create', 'get', 'delete']),
         ...inNs('', 'pods', ['get', 'list', 'watch', 'delete']),
         ...inNs('', 'pods', ['get'], 'log'),
       ],
@@ -181,6 +182,7 @@ describe('RBAC of the base, before the real authorizer', () => {
         ...inNs('', 'pods', ['create'], 'attach'),
         ...inNs('', 'services', ['update', 'patch']),
         ...inNs('', 'secrets', ['get', 'list', 'watch']),
+        ...inNs('networking.k8s.io', 'networkpolicies', ['list', 'update', 'patch']),
         ...inNs('', 'configmaps', ['get', 'create']),
         ...inNs('', 'serviceaccounts', ['create']),
         ...inNs('', 'serviceaccounts', ['create'], 'token'),

@@ -251,7 +251,8 @@ describe('every kustomization', () => {
       it("bounds the train worker's trainer Jobs by the operator's settings, which the worker reads too", () => {
         const { objects } = rendered[name];
         const policy = trainerPolicy(objects);
-        // The admission policies judge the train worker's own requests: its account, as RBAC names it.
+        // The admission policies judge the train worker's own requests: its account, as RBAC names
+        // it, in any namespace (a renamed one included: admission.test.ts), and no other account.
         const binding = find(objects, 'RoleBinding', 'moerl-train') as K8sObject & {
           subjects: { kind: string; name: string; namespace: string }[];
         };
@@ -264,9 +265,18 @@ describe('every kustomization', () => {
           assert.equal(o.spec.failurePolicy, 'Fail', vap);
           assert.deepEqual(
             o.spec.matchConditions.map((c) => c.expression),
-            [`request.userInfo.username == '${user}'`],
+            [`request.userInfo.username.matches('^system:serviceaccount:[^:]+:${subject?.name}$')`],
             vap,
           );
+          const pattern = new RegExp(/matches\('(.*)'\)$/.exec(o.spec.matchConditions[0]!.expression)![1]!);
+          assert.match(user, pattern);
+          assert.match(`system:serviceaccount:ml-trainers:${subject?.name}`, pattern);
+          for (const other of [
+            `${user}-x`,
+            `system:serviceaccount:moerl:x-${subject?.name}`,
+            subject?.name ?? '',
+          ])
+            assert.doesNotMatch(other, pattern);
           const b = find(objects, 'ValidatingAdmissionPolicyBinding', vap) as K8sObject & {
             spec: { policyName: string; validationActions: string[] };
           };
@@ -306,6 +316,8 @@ interface NodeGroup {
   labels?: Record<string, string>;
   taints?: { key: string; value?: string; effect: string }[];
   overrideBootstrapCommand?: string;
+  disableIMDSv1?: boolean;
+  disablePodIMDS?: boolean;
 }
 interface ClusterConfig {
   availabilityZones: string[];
@@ -350,6 +362,14 @@ function groupFor(
 
 describe('eks overlay, eksctl cluster config and examples/eks.yaml agree', () => {
   const cluster = () => readYaml('k8s/overlays/eks/cluster.yaml') as ClusterConfig;
+
+  it("no pod of any node group reaches the instance metadata service (the node's IAM role)", () => {
+    // eksctl: IMDSv2 only (httpTokens required) and a hop limit of 1 (httpPutResponseHopLimit).
+    for (const group of cluster().managedNodeGroups) {
+      assert.equal(group.disableIMDSv1, true, `${group.name}: disableIMDSv1`);
+      assert.equal(group.disablePodIMDS, true, `${group.name}: disablePodIMDS`);
+    }
+  });
 
   it('rollout workers land on the Spot group only; control and train workers on on-demand', () => {
     const { objects } = rendered.eks;

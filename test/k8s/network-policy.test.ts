@@ -1,9 +1,12 @@
-// The rank port in every rendered kustomization: a NetworkPolicy lets trainer pods take
-// connections from trainer pods only, selecting exactly the pods the launcher creates (its
-// owner labels), and the train worker may create and delete the job token Secrets but read none.
+// Trainer pods' network in every rendered kustomization: the namespace's NetworkPolicies select
+// exactly the pods the launcher creates (its owner labels), admit no connection to them (each
+// job's own policy, from the launcher, admits the job's pods only), let them reach DNS and the
+// operator's store only, never the node's instance metadata service; and the train worker may
+// create and delete the job token Secrets but read none.
 import assert from 'node:assert/strict';
+import { BlockList, isIPv6 } from 'node:net';
 import { before, describe, it } from 'node:test';
-import { jobManifest } from '../../activities/launch/kubernetes/manifests.js';
+import { jobManifest, networkPolicyManifest } from '../../activities/launch/kubernetes/manifests.js';
 import type { TrainJobSpec } from '../../activities/launch/types.js';
 import { kubernetesLauncherSchema } from '../../workflows/spec-kubernetes.js';
 import {
@@ -16,13 +19,17 @@ import {
   type KustomizationName,
 } from './render.js';
 
+interface Peer {
+  podSelector?: { matchLabels: Record<string, string> };
+  namespaceSelector?: { matchLabels: Record<string, string> };
+  ipBlock?: { cidr: string; except?: string[] };
+}
 interface NetworkPolicy extends K8sObject {
   spec: {
     podSelector: { matchLabels: Record<string, string> };
     policyTypes: string[];
-    ingress: {
-      from: { podSelector?: { matchLabels: Record<string, string> }; namespaceSelector?: unknown }[];
-    }[];
+    ingress?: { from?: Peer[] }[];
+    egress?: { to?: Peer[]; ports?: { protocol: string; port: number }[] }[];
   };
 }
 interface Role extends K8sObject {
@@ -56,24 +63,70 @@ before(async () => {
   for (const name of names) rendered[name] = parseObjects(await render(name));
 });
 
-describe('the rank port', () => {
+/** The instance metadata service's addresses (EC2: the node's IAM role). */
+const metadataService = ['169.254.169.254', 'fd00:ec2::254'];
+
+/** Whether `block` lets a pod reach `address` (its cidr holds it and no `except` does). */
+function reaches(block: { cidr: string; except?: string[] }, address: string): boolean {
+  const family = isIPv6(address) ? 'ipv6' : 'ipv4';
+  const within = (cidr: string) => {
+    const [net, bits] = cidr.split('/');
+    if (isIPv6(net!) !== (family === 'ipv6')) return false;
+    const list = new BlockList();
+    list.addSubnet(net!, Number(bits), family);
+    return list.check(address, family);
+  };
+  return within(block.cidr) && !(block.except ?? []).some(within);
+}
+
+describe("trainer pods' network", () => {
   for (const name of names) {
-    it(`${kustomizations[name]}: trainer pods take connections from trainer pods only`, () => {
+    it(`${kustomizations[name]}: trainer pods take no connection, and reach DNS and the store only`, () => {
       const objects = rendered[name];
       const policy = find(objects, 'NetworkPolicy', 'moerl-trainer') as NetworkPolicy;
       assert.equal(policy.metadata.namespace, 'moerl');
       assert.ok(matches(policy.spec.podSelector.matchLabels, trainerPodLabels), 'selects the trainer pods');
-      assert.deepEqual(policy.spec.policyTypes, ['Ingress']);
-      assert.equal(policy.spec.ingress.length, 1);
-      const from = policy.spec.ingress[0]!.from;
-      assert.equal(from.length, 1);
-      assert.equal(from[0]!.namespaceSelector, undefined, 'no other namespace');
-      assert.ok(matches(from[0]!.podSelector!.matchLabels, trainerPodLabels), 'admits trainer pods');
+      assert.deepEqual(policy.spec.policyTypes, ['Ingress', 'Egress']);
+      assert.deepEqual(
+        policy.spec.ingress ?? [],
+        [],
+        'no connection in: the job policies admit their own pods',
+      );
+      assert.deepEqual(policy.spec.egress, [
+        {
+          to: [
+            {
+              namespaceSelector: { matchLabels: { 'kubernetes.io/metadata.name': 'kube-system' } },
+              podSelector: { matchLabels: { 'k8s-app': 'kube-dns' } },
+            },
+          ],
+          ports: [
+            { protocol: 'UDP', port: 53 },
+            { protocol: 'TCP', port: 53 },
+          ],
+        },
+      ]);
+      const store = find(objects, 'NetworkPolicy', 'moerl-trainer-store') as NetworkPolicy;
+      assert.ok(
+        matches(store.spec.podSelector.matchLabels, trainerPodLabels),
+        'the store policy selects them',
+      );
+      assert.deepEqual(store.spec.policyTypes, ['Egress']);
+      assert.deepEqual(
+        objects.filter((o) => o.kind === 'NetworkPolicy').map((o) => o.metadata.name),
+        ['moerl-trainer', 'moerl-trainer-store'],
+      );
+      for (const rule of store.spec.egress ?? [])
+        for (const peer of rule.to ?? []) {
+          assert.ok(peer.ipBlock, `the store is an address block, not pods: ${JSON.stringify(peer)}`);
+          for (const address of metadataService)
+            assert.ok(!reaches(peer.ipBlock, address), `${JSON.stringify(peer.ipBlock)} reaches ${address}`);
+        }
       for (const worker of workerDeployments(objects)) {
         const labels = worker.spec.template.metadata?.labels ?? {};
         assert.ok(
-          !matches(from[0]!.podSelector!.matchLabels, labels),
-          `${worker.metadata.name} is not admitted`,
+          !matches(policy.spec.podSelector.matchLabels, labels),
+          `${worker.metadata.name} is not a trainer pod`,
         );
       }
     });
@@ -87,4 +140,33 @@ describe('the rank port', () => {
       );
     });
   }
+});
+
+describe("a job's own NetworkPolicy (the launcher's)", () => {
+  const policy = networkPolicyManifest(
+    spec,
+    kubernetesLauncherSchema.parse({ kind: 'kubernetes', namespace: 'moerl', image: 'moerl:0.1.0' }),
+    { name: spec.name, uid: 'uid' },
+  );
+  const selector = policy.spec!.podSelector!.matchLabels!;
+  const otherJob = { ...trainerPodLabels, 'moerl.dev/job': 'other-u1-0a1b2c3d' };
+
+  it("selects its job's pods and no other job's", () => {
+    assert.ok(matches(selector, trainerPodLabels));
+    assert.ok(!matches(selector, otherJob));
+  });
+
+  it("admits and reaches its job's pods only, in its own namespace", () => {
+    const peers = [
+      ...policy.spec!.ingress!.flatMap((r) => r._from!),
+      ...policy.spec!.egress!.flatMap((r) => r.to!),
+    ];
+    assert.equal(peers.length, 2);
+    for (const peer of peers) {
+      assert.equal(peer.namespaceSelector, undefined, 'no other namespace');
+      assert.equal(peer.ipBlock, undefined, 'no address block');
+      assert.ok(matches(peer.podSelector!.matchLabels!, trainerPodLabels), 'its own pods');
+      assert.ok(!matches(peer.podSelector!.matchLabels!, otherJob), "not another job's pods");
+    }
+  });
 });

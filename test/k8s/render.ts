@@ -1,7 +1,8 @@
 // Renders moerl's kustomizations (k8s/base, k8s/overlays/*) with the pinned kubectl's built-in
 // kustomize, as `kubectl apply -k` would, and parses the result into plain objects.
 import { execFile } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { parse, parseAllDocuments } from 'yaml';
@@ -36,6 +37,31 @@ export async function render(name: KustomizationName): Promise<string> {
     maxBuffer: 16 * 1024 * 1024,
   });
   return stdout;
+}
+
+/**
+ * k8s/base rendered with its kustomization's `namespace:` changed to `namespace`, as an operator
+ * who renames it would (a copy of k8s/ in a temporary folder).
+ */
+export async function renderRenamedBase(namespace: string): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), 'moerl-k8s-'));
+  try {
+    cpSync(join(repoRoot(), 'k8s'), join(dir, 'k8s'), { recursive: true });
+    const file = join(dir, 'k8s', 'base', 'kustomization.yaml');
+    const text = readFileSync(file, 'utf8');
+    if (!/^namespace: moerl$/m.test(text)) throw new Error(`${file} has no line "namespace: moerl"`);
+    writeFileSync(file, text.replace(/^namespace: moerl$/m, `namespace: ${namespace}`));
+    const { stdout } = await promisify(execFile)(
+      await kubectlPath(),
+      ['kustomize', join(dir, 'k8s', 'base')],
+      {
+        maxBuffer: 16 * 1024 * 1024,
+      },
+    );
+    return stdout;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 export function parseObjects(text: string): K8sObject[] {

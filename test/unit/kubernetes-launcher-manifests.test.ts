@@ -8,9 +8,11 @@ import {
   jobManifest,
   labelValue,
   launchProblem,
+  networkPolicyManifest,
   ownerLabels,
   serviceManifest,
   serviceName,
+  trainerPolicyFromEnv,
 } from '../../activities/launch/kubernetes/manifests.js';
 import type { TrainJobSpec } from '../../activities/launch/types.js';
 import { kubernetesLauncherSchema } from '../../workflows/spec-kubernetes.js';
@@ -194,6 +196,29 @@ describe('kubernetes launcher manifests', () => {
     assert.equal(pod.serviceAccountName, 'moerl-trainer');
   });
 
+  it('mounts no API token, whatever the ServiceAccount says', () => {
+    assert.equal(pod.automountServiceAccountToken, false);
+  });
+
+  it("builds a NetworkPolicy owned by the Job: its pods reach, and are reached by, the job's own pods only", () => {
+    const policy = networkPolicyManifest(spec, settings, { name: spec.name, uid: 'uid-1' });
+    assert.equal(policy.metadata?.name, `${spec.name}-ranks`);
+    assert.equal(policy.metadata?.namespace, 'trainers');
+    assert.deepEqual(policy.metadata?.ownerReferences, [
+      { apiVersion: 'batch/v1', kind: 'Job', name: spec.name, uid: 'uid-1' },
+    ]);
+    const ranks = { matchLabels: { 'moerl.dev/job': spec.name, 'app.kubernetes.io/component': 'trainer' } };
+    const labels = job.spec!.template.metadata!.labels!;
+    assert.ok(
+      Object.entries(ranks.matchLabels).every(([k, v]) => labels[k] === v),
+      'selects the pods',
+    );
+    assert.deepEqual(policy.spec?.podSelector, ranks);
+    assert.deepEqual(policy.spec?.policyTypes, ['Ingress', 'Egress']);
+    assert.deepEqual(policy.spec?.ingress, [{ _from: [{ podSelector: ranks }] }]);
+    assert.deepEqual(policy.spec?.egress, [{ to: [{ podSelector: ranks }] }]);
+  });
+
   it('runs unprivileged, with EFA too: no capability added', () => {
     assert.equal(pod.securityContext?.runAsNonRoot, true);
     // The Dockerfile's USER 65532:65532.
@@ -268,18 +293,116 @@ describe('kubernetes launcher names and labels', () => {
   });
 
   it('refuses job names that cannot name the Job and its pods, and an fs store without its volume', () => {
-    assert.equal(launchProblem(spec, settings), undefined);
+    const unplaced = { ...settings, tolerations: undefined, priorityClassName: undefined };
+    assert.equal(launchProblem(spec, unplaced), undefined);
     assert.match(
-      launchProblem({ ...spec, name: 'Upper' }, settings) ?? '',
+      launchProblem({ ...spec, name: 'Upper' }, unplaced) ?? '',
       /"Upper" must be a DNS-1123 label/,
     );
     assert.match(
-      launchProblem({ ...spec, name: 'a'.repeat(60), worldSize: 1000 }, settings) ?? '',
+      launchProblem({ ...spec, name: 'a'.repeat(60), worldSize: 1000 }, unplaced) ?? '',
       /too long for 1000 ranks: pod hostname a+-999 would pass 63/,
     );
     assert.match(
-      launchProblem(spec, { ...settings, storeVolume: undefined }) ?? '',
+      launchProblem(spec, { ...unplaced, storeVolume: undefined }) ?? '',
       /storeVolume is required with an fs store \(\/mnt\/store\)/,
     );
+  });
+});
+
+describe("kubernetes launcher placement: the operator's lists (MOERL_TRAINER_PRIORITY_CLASSES, MOERL_TRAINER_TOLERATIONS)", () => {
+  const policy = (env: Record<string, string>) =>
+    trainerPolicyFromEnv({
+      MOERL_TRAINER_IMAGE_REPOSITORY: 'registry.example/moerl',
+      MOERL_TRAINER_SERVICE_ACCOUNT: 'moerl-trainer',
+      MOERL_TRAINER_STORE_CLAIM: 'moerl-store',
+      ...env,
+    });
+  const allowing = policy({
+    MOERL_TRAINER_PRIORITY_CLASSES: ' training , batch-low',
+    MOERL_TRAINER_TOLERATIONS: 'nvidia.com/gpu:NoSchedule, moerl.dev/pool:NoSchedule',
+  });
+  const place = (placement: Partial<typeof settings>) => ({
+    ...settings,
+    tolerations: undefined,
+    priorityClassName: undefined,
+    ...placement,
+  });
+
+  it('reads comma-separated lists, empty when unset', () => {
+    assert.deepEqual(allowing?.priorityClasses, ['training', 'batch-low']);
+    assert.deepEqual(allowing?.tolerations, ['nvidia.com/gpu:NoSchedule', 'moerl.dev/pool:NoSchedule']);
+    assert.deepEqual(policy({})?.priorityClasses, []);
+    assert.deepEqual(policy({})?.tolerations, []);
+  });
+
+  it('allows what is listed', () => {
+    assert.equal(launchProblem(spec, settings, allowing), undefined);
+    assert.equal(
+      launchProblem(
+        spec,
+        place({
+          tolerations: [{ key: 'moerl.dev/pool', operator: 'Equal', value: 'train', effect: 'NoSchedule' }],
+        }),
+        allowing,
+      ),
+      undefined,
+    );
+  });
+
+  it('allows no PriorityClass and no toleration by default, with or without the other settings', () => {
+    for (const p of [undefined, policy({})]) {
+      assert.match(
+        launchProblem(spec, place({ priorityClassName: 'training' }), p) ?? '',
+        /^launcher\.priorityClassName training is not a PriorityClass this worker's operator allows \(MOERL_TRAINER_PRIORITY_CLASSES= \(empty: none\)\)$/,
+      );
+      assert.match(
+        launchProblem(
+          spec,
+          place({ tolerations: [{ key: 'nvidia.com/gpu', operator: 'Exists', effect: 'NoSchedule' }] }),
+          p,
+        ) ?? '',
+        /^launcher\.tolerations\[0\] \{key: nvidia\.com\/gpu, operator: Exists, effect: NoSchedule\} tolerates nvidia\.com\/gpu:NoSchedule, which this worker's operator does not allow \(MOERL_TRAINER_TOLERATIONS= \(empty: none\), each key:Effect\)$/,
+      );
+    }
+  });
+
+  it('refuses system-node-critical unless listed by name', () => {
+    assert.match(
+      launchProblem(spec, place({ priorityClassName: 'system-node-critical' }), allowing) ?? '',
+      /priorityClassName system-node-critical is not a PriorityClass .*\(MOERL_TRAINER_PRIORITY_CLASSES=training,batch-low\)/,
+    );
+    const listed = policy({ MOERL_TRAINER_PRIORITY_CLASSES: 'system-node-critical' });
+    assert.equal(
+      launchProblem(spec, place({ priorityClassName: 'system-node-critical' }), listed),
+      undefined,
+    );
+  });
+
+  it('refuses a toleration of every taint, of every effect, or of a taint not listed, naming it and the list', () => {
+    const cases: [NonNullable<typeof settings.tolerations>[number], RegExp][] = [
+      [{ operator: 'Exists' }, /\[1\] \{operator: Exists\} tolerates every taint \(no key\)/],
+      [
+        { key: 'moerl.dev/pool', operator: 'Exists' },
+        /\[1\] \{key: moerl\.dev\/pool, operator: Exists\} tolerates every effect of moerl\.dev\/pool \(no effect\)/,
+      ],
+      [
+        { key: 'moerl.dev/spot', operator: 'Equal', value: 'true', effect: 'NoSchedule' },
+        /tolerates moerl\.dev\/spot:NoSchedule/,
+      ],
+      [
+        { key: 'moerl.dev/pool', operator: 'Exists', effect: 'NoExecute' },
+        /tolerates moerl\.dev\/pool:NoExecute/,
+      ],
+    ];
+    const first = { key: 'nvidia.com/gpu', operator: 'Exists', effect: 'NoSchedule' } as const;
+    for (const [toleration, message] of cases) {
+      const problem = launchProblem(spec, place({ tolerations: [first, toleration] }), allowing) ?? '';
+      assert.match(problem, message);
+      assert.match(
+        problem,
+        /\(MOERL_TRAINER_TOLERATIONS=nvidia\.com\/gpu:NoSchedule,moerl\.dev\/pool:NoSchedule, each key:Effect\)$/,
+      );
+    }
   });
 });

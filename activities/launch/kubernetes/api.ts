@@ -1,8 +1,8 @@
 // The API calls the KubernetesLauncher makes for one namespace: reading, creating and
-// deleting a job's Job and Service, creating its token Secret, and reading its pods' logs,
-// each through errors.ts's mapping and retries.
+// deleting a job's Job and Service, creating its token Secret and NetworkPolicy, and reading its
+// pods' logs, each through errors.ts's mapping and retries.
 import { setTimeout as sleep } from 'node:timers/promises';
-import { BatchV1Api, CoreV1Api } from '@kubernetes/client-node';
+import { BatchV1Api, CoreV1Api, NetworkingV1Api } from '@kubernetes/client-node';
 import type { KubeConfig, V1Job, V1ObjectMeta, V1Service } from '@kubernetes/client-node';
 import { ApplicationFailure } from '@temporalio/common';
 import type { KubernetesLauncher as KubernetesLauncherSpec } from '../../../workflows/spec-kubernetes.js';
@@ -12,6 +12,8 @@ import type { ApiCall } from './errors.js';
 import { newJobToken } from '../rendezvous.js';
 import {
   jobLabel,
+  networkPolicyManifest,
+  networkPolicyName,
   rankContainerName,
   serviceManifest,
   serviceName,
@@ -28,12 +30,14 @@ const deletionTimeoutMs = 180_000;
 export class JobApi {
   readonly batch: BatchV1Api;
   readonly core: CoreV1Api;
+  readonly networking: NetworkingV1Api;
   constructor(
     readonly kubeConfig: KubeConfig,
     readonly namespace: string,
   ) {
     this.batch = kubeConfig.makeApiClient(BatchV1Api);
     this.core = kubeConfig.makeApiClient(CoreV1Api);
+    this.networking = kubeConfig.makeApiClient(NetworkingV1Api);
   }
 
   call(verb: string, resource: string): ApiCall {
@@ -139,6 +143,45 @@ export class JobApi {
     throw ApplicationFailure.create({
       type: kubernetesUnavailableErrorType,
       message: `service ${name} in namespace ${this.namespace} keeps being replaced while job ${spec.name} starts`,
+    });
+  }
+
+  /**
+   * The job's NetworkPolicy (networkPolicyManifest), created if missing; one left over from an
+   * earlier Job of the same name (its collection pending) is replaced. Until it exists the job's
+   * pods take no connection (the namespace's moerl-trainer policy): the ranks' rendezvous waits.
+   */
+  async ensureNetworkPolicy(spec: TrainJobSpec, settings: KubernetesLauncherSpec, job: V1Job): Promise<void> {
+    const owner = { name: spec.name, uid: job.metadata!.uid! };
+    const name = networkPolicyName(spec.name);
+    const gone = (err: unknown) => (isNotFound(err) ? null : undefined);
+    for (let round = 0; round < 3; round++) {
+      const created = await apiCall(
+        this.call('create', `networkpolicies/${name}`),
+        () =>
+          this.networking.createNamespacedNetworkPolicy({
+            namespace: this.namespace,
+            body: networkPolicyManifest(spec, settings, owner),
+          }),
+        (err) => (isAlreadyExists(err) ? null : undefined),
+      );
+      if (created) return;
+      const existing = await apiCall(
+        this.call('get', `networkpolicies/${name}`),
+        () => this.networking.readNamespacedNetworkPolicy({ name, namespace: this.namespace }),
+        gone,
+      );
+      if (!existing) continue;
+      if (existing.metadata?.ownerReferences?.some((r) => r.uid === owner.uid)) return;
+      await apiCall(
+        this.call('delete', `networkpolicies/${name}`),
+        () => this.networking.deleteNamespacedNetworkPolicy({ name, namespace: this.namespace }),
+        gone,
+      );
+    }
+    throw ApplicationFailure.create({
+      type: kubernetesUnavailableErrorType,
+      message: `network policy ${name} in namespace ${this.namespace} keeps being replaced while job ${spec.name} starts`,
     });
   }
 

@@ -6,6 +6,7 @@ import type {
   V1Container,
   V1EnvVar,
   V1Job,
+  V1NetworkPolicy,
   V1OwnerReference,
   V1Secret,
   V1Service,
@@ -63,7 +64,7 @@ export function labelValue(value: string): string {
  * MOERL_TRAINER_* settings, from the same ConfigMap (k8s/base: moerl-trainer-policy) that is the
  * parameter of the API server's admission policy (k8s/base/admission/trainer_jobs_policy.yaml).
  * The launcher refuses a spec outside them before it creates anything; the API server would
- * refuse its Job anyway. Empty store fields allow no such volume.
+ * refuse its Job anyway. Empty store fields allow no such volume; empty lists allow nothing.
  */
 export interface TrainerPolicy {
   /** launcher.image must be `<imageRepository>:<tag>` or `<imageRepository>@<digest>`. */
@@ -74,6 +75,13 @@ export interface TrainerPolicy {
   storeHostPath: string;
   /** The one claim launcher.storeVolume.claimName may name; empty: none. */
   storeClaim: string;
+  /** The PriorityClasses launcher.priorityClassName may name (exact names); empty: none. */
+  priorityClasses: string[];
+  /**
+   * The taints trainer pods may tolerate, as `key:Effect`: each of launcher.tolerations must name
+   * a key and an effect that are listed (any operator and value); empty: no toleration.
+   */
+  tolerations: string[];
 }
 
 /** The worker settings holding a TrainerPolicy, by field. */
@@ -82,23 +90,70 @@ export const trainerPolicyEnv = {
   serviceAccount: 'MOERL_TRAINER_SERVICE_ACCOUNT',
   storeHostPath: 'MOERL_TRAINER_STORE_HOST_PATH',
   storeClaim: 'MOERL_TRAINER_STORE_CLAIM',
+  priorityClasses: 'MOERL_TRAINER_PRIORITY_CLASSES',
+  tolerations: 'MOERL_TRAINER_TOLERATIONS',
 } as const satisfies Record<keyof TrainerPolicy, string>;
 
 /**
  * The policy a worker's environment sets, or undefined when it sets none of the variables (a
- * worker outside the manifests of k8s/: no check of its own). One variable set and the others
- * not allows nothing for the others.
+ * worker outside the manifests of k8s/: no image, account or volume check of its own; the
+ * placement lists are empty for it, see launchProblem). One variable set and the others not
+ * allows nothing for the others. The lists are comma-separated.
  */
 export function trainerPolicyFromEnv(env: NodeJS.ProcessEnv): TrainerPolicy | undefined {
   const names = Object.values(trainerPolicyEnv);
   if (!names.some((name) => env[name] !== undefined)) return undefined;
   const value = (name: string) => (env[name] ?? '').trim();
+  const list = (name: string) =>
+    value(name)
+      .split(',')
+      .map((item) => item.trim())
+      .filter(Boolean);
   return {
     imageRepository: value(trainerPolicyEnv.imageRepository),
     serviceAccount: value(trainerPolicyEnv.serviceAccount),
     storeHostPath: value(trainerPolicyEnv.storeHostPath),
     storeClaim: value(trainerPolicyEnv.storeClaim),
+    priorityClasses: list(trainerPolicyEnv.priorityClasses),
+    tolerations: list(trainerPolicyEnv.tolerations),
   };
+}
+
+type Placement = Pick<TrainerPolicy, 'priorityClasses' | 'tolerations'>;
+type Toleration = NonNullable<KubernetesLauncherSpec['tolerations']>[number];
+
+/** A toleration as the spec wrote it, for a message. */
+function describeToleration(t: Toleration): string {
+  const fields = Object.entries(t).map(([k, v]) => `${k}: ${String(v)}`);
+  return `{${fields.join(', ')}}`;
+}
+
+/**
+ * What in the spec's placement the operator does not allow: a PriorityClass not listed (one of
+ * system-node-critical or system-cluster-critical pre-empts other workloads, and any class can
+ * outrank other teams' pods), or a toleration of a taint not listed (a toleration without a key
+ * tolerates every taint, without an effect every effect of its key, so those are never listed).
+ * Checked whatever else the worker's policy sets: without MOERL_TRAINER_* nothing is listed.
+ */
+function placementProblem(launcher: KubernetesLauncherSpec, allowed: Placement): string | undefined {
+  const list = (field: keyof Placement) =>
+    `${trainerPolicyEnv[field]}=${allowed[field].join(',')}${allowed[field].length ? '' : ' (empty: none)'}`;
+  const priorityClass = launcher.priorityClassName;
+  if (priorityClass !== undefined && !allowed.priorityClasses.includes(priorityClass))
+    return `launcher.priorityClassName ${priorityClass} is not a PriorityClass this worker's operator allows (${list('priorityClasses')})`;
+  for (const [index, t] of (launcher.tolerations ?? []).entries()) {
+    const why =
+      t.key === undefined
+        ? 'tolerates every taint (no key)'
+        : t.effect === undefined
+          ? `tolerates every effect of ${t.key} (no effect)`
+          : allowed.tolerations.includes(`${t.key}:${t.effect}`)
+            ? undefined
+            : `tolerates ${t.key}:${t.effect}`;
+    if (why)
+      return `launcher.tolerations[${index}] ${describeToleration(t)} ${why}, which this worker's operator does not allow (${list('tolerations')}, each key:Effect)`;
+  }
+  return undefined;
 }
 
 /** Pod annotations that would loosen a container's confinement; no spec sets them. */
@@ -109,7 +164,8 @@ const confinementAnnotationPrefixes = [
 
 /** What in `launcher` the operator's policy does not allow, naming the setting; or undefined. */
 function policyProblem(launcher: KubernetesLauncherSpec, policy: TrainerPolicy): string | undefined {
-  const setting = (field: keyof TrainerPolicy) => `${trainerPolicyEnv[field]}=${policy[field]}`;
+  const setting = (field: Exclude<keyof TrainerPolicy, keyof Placement>) =>
+    `${trainerPolicyEnv[field]}=${policy[field]}`;
   const repository = policy.imageRepository;
   if (
     !repository ||
@@ -130,8 +186,9 @@ function policyProblem(launcher: KubernetesLauncherSpec, policy: TrainerPolicy):
  * What makes `spec` impossible to run with `launcher`, or undefined. The job name names the Job
  * and its pods' hostnames `<name>-<rank>`, which must be DNS-1123 labels of at most 63
  * characters; an fs store must come with the volume that holds it; annotations never loosen
- * AppArmor or seccomp; and with the operator's `policy`, image, ServiceAccount and store volume
- * must be ones it allows.
+ * AppArmor or seccomp; a PriorityClass and tolerations must be ones the operator's `policy`
+ * lists (none without one); and with its `policy`, image, ServiceAccount and store volume must
+ * be ones it allows.
  */
 export function launchProblem(
   spec: TrainJobSpec,
@@ -150,7 +207,10 @@ export function launchProblem(
   );
   if (confining)
     return `launcher.annotations.${confining}: trainer pods keep their AppArmor and seccomp profiles (RuntimeDefault); annotations under ${confinementAnnotationPrefixes.join(' or ')} are not allowed`;
-  return policy ? policyProblem(launcher, policy) : undefined;
+  return (
+    placementProblem(launcher, policy ?? { priorityClasses: [], tolerations: [] }) ??
+    (policy ? policyProblem(launcher, policy) : undefined)
+  );
 }
 
 /** The headless Service's name: the job's, unless that starts with a digit (a Service name must not). */
@@ -357,6 +417,8 @@ export function jobManifest(spec: TrainJobSpec, launcher: KubernetesLauncherSpec
             seccompProfile: { type: 'RuntimeDefault' },
           },
           ...(launcher.serviceAccount ? { serviceAccountName: launcher.serviceAccount } : {}),
+          // Never an API token, whatever the ServiceAccount says: spec code runs in these pods.
+          automountServiceAccountToken: false,
           ...(launcher.priorityClassName ? { priorityClassName: launcher.priorityClassName } : {}),
           ...(launcher.nodeSelector ? { nodeSelector: { ...launcher.nodeSelector } } : {}),
           ...(launcher.affinity ? { affinity: structuredClone(launcher.affinity) } : {}),
@@ -394,6 +456,40 @@ export function serviceManifest(
           protocol: 'TCP',
         },
       ],
+    },
+  };
+}
+
+/** The job's NetworkPolicy's name. */
+export function networkPolicyName(jobName: string): string {
+  return `${jobName}-ranks`;
+}
+
+/**
+ * The job's NetworkPolicy, owned by the Job so the garbage collector removes it with the Job: its
+ * pods take connections from the pods of the same job only, and may connect to them. The
+ * namespace's moerl-trainer policy (k8s/base/network) denies trainer pods everything else but
+ * DNS and the store, so no other campaign's pods reach these over the pod network (EFA traffic
+ * bypasses it: a NetworkPolicy does not cover that).
+ */
+export function networkPolicyManifest(
+  spec: TrainJobSpec,
+  launcher: KubernetesLauncherSpec,
+  job: { name: string; uid: string },
+): V1NetworkPolicy {
+  const owner: V1OwnerReference = { apiVersion: 'batch/v1', kind: 'Job', name: job.name, uid: job.uid };
+  const ranks = {
+    podSelector: { matchLabels: { [jobLabel]: spec.name, 'app.kubernetes.io/component': 'trainer' } },
+  };
+  return {
+    apiVersion: 'networking.k8s.io/v1',
+    kind: 'NetworkPolicy',
+    metadata: { ...metadata(spec, launcher, networkPolicyName(spec.name)), ownerReferences: [owner] },
+    spec: {
+      ...structuredClone(ranks),
+      policyTypes: ['Ingress', 'Egress'],
+      ingress: [{ _from: [structuredClone(ranks)] }],
+      egress: [{ to: [structuredClone(ranks)] }],
     },
   };
 }
