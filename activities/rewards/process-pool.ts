@@ -58,8 +58,12 @@ const cpuPollMs = 50;
 const pipeDrainMs = 250;
 const clockTicks = 100; // USER_HZ: /proc/<pid>/stat counts CPU time in 1/100 s on Linux
 
+/** Longest failure message a call returns; the rest is cut, saying so. */
+export const maxFailureMessageChars = 4096;
+
 interface Job {
-  request: unknown;
+  /** The request as its JSON line, encoded when the call was made. */
+  line: string;
   resolve: (result: CallResult) => void;
 }
 
@@ -94,25 +98,29 @@ class Worker {
     });
     const answers = this.child.stdio[3] as Readable;
     answers.setEncoding('utf8');
-    answers.on('data', (text: string) => this.onAnswer(text));
+    answers.on('data', (text: string) => this.guarded(() => this.onAnswer(text)));
     for (const stream of [this.child.stdout, this.child.stderr]) {
       stream?.setEncoding('utf8');
-      stream?.on('data', (text: string) => this.onOutput(text));
+      stream?.on('data', (text: string) => this.guarded(() => this.onOutput(text)));
     }
     (this.child.stdin as Writable).on('error', () => undefined);
-    this.child.on('error', (err) => {
-      cmd.cleanup?.();
-      this.failure ??= { reason: 'start', message: `could not start ${cmd.command}: ${err.message}` };
-      this.onGone(null, null);
-    });
+    this.child.on('error', (err) =>
+      this.guarded(() => {
+        cmd.cleanup?.();
+        this.failure ??= { reason: 'start', message: `could not start ${cmd.command}: ${err.message}` };
+        this.onGone(null, null);
+      }),
+    );
     // 'close' comes once the pipes are drained too, so a last answer or line of output is read
     // before the process counts as gone; a process it left behind may hold them open, so 'exit'
     // plus a moment is enough.
     this.child.on('exit', (code, signal) => {
-      cmd.cleanup?.();
-      setTimeout(() => this.onGone(code, signal), pipeDrainMs).unref();
+      this.guarded(() => cmd.cleanup?.());
+      setTimeout(() => this.guarded(() => this.onGone(code, signal)), pipeDrainMs).unref();
     });
-    this.child.on('close', (code: number | null, signal: NodeJS.Signals | null) => this.onGone(code, signal));
+    this.child.on('close', (code: number | null, signal: NodeJS.Signals | null) =>
+      this.guarded(() => this.onGone(code, signal)),
+    );
     const startMs = options.startTimeoutMs ?? 60_000;
     this.timers.push(
       setTimeout(() => this.kill('start', `did not load its function within ${startMs} ms`), startMs),
@@ -140,7 +148,22 @@ class Worker {
         }, cpuPollMs),
       );
     }
-    (this.child.stdin as Writable).write(`${JSON.stringify(job.request)}\n`);
+    (this.child.stdin as Writable).write(job.line);
+  }
+
+  /**
+   * Runs an event handler's work so that nothing it throws escapes to the process (an uncaught
+   * exception in a stream handler ends the whole worker): the process is killed and its sample
+   * fails with the error.
+   */
+  private guarded(work: () => void): void {
+    try {
+      work();
+    } catch (err) {
+      this.failure ??= { reason: 'crash', message: `the pool failed handling this process: ${String(err)}` };
+      if (this.state === 'dead') return;
+      if (this.state !== 'dying') this.kill('crash', this.failure.message);
+    }
   }
 
   close(): void {
@@ -280,8 +303,15 @@ class Worker {
 
   private withOutput(message: string): string {
     const tail = this.outputTail.trim();
-    return tail ? `${message}; last output: ${quote(tail.slice(-400))}` : message;
+    return capMessage(tail ? `${message}; last output: ${quote(tail.slice(-400))}` : message);
   }
+}
+
+/** `message`, cut to maxFailureMessageChars, saying how long it was. */
+function capMessage(message: string): string {
+  if (message.length <= maxFailureMessageChars) return message;
+  const note = ` ... (truncated: ${message.length} characters in all, ${maxFailureMessageChars} kept)`;
+  return message.slice(0, maxFailureMessageChars - note.length) + note;
 }
 
 /** A message-safe, one-line excerpt. */
@@ -311,8 +341,19 @@ export class ProcessPool {
   call(request: unknown): Promise<CallResult> {
     if (this.closed) return Promise.resolve({ ok: false, reason: 'start', message: 'the pool is closed' });
     if (this.broken) return Promise.resolve({ ok: false, ...this.broken });
+    let line: string;
+    try {
+      line = `${JSON.stringify(request)}\n`;
+    } catch (err) {
+      // E.g. a RangeError for a request nested too deep for the stack: that sample fails alone.
+      return Promise.resolve({
+        ok: false,
+        reason: 'exception',
+        message: capMessage(`${this.options.name}: the request could not be encoded as JSON: ${String(err)}`),
+      });
+    }
     return new Promise((resolve) => {
-      this.queue.push({ request, resolve });
+      this.queue.push({ line, resolve });
       this.dispatch();
     });
   }

@@ -6,7 +6,11 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { ProcessPool, type ProcessPoolOptions } from '../../activities/rewards/process-pool.js';
+import {
+  maxFailureMessageChars,
+  ProcessPool,
+  type ProcessPoolOptions,
+} from '../../activities/rewards/process-pool.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'moerl-pool-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -22,6 +26,7 @@ for await (const line of createInterface({ input: process.stdin })) {
   const { what, value } = JSON.parse(line);
   if (what === 'echo') { console.log('noise on stdout'); answer({ value }); }
   if (what === 'raise') answer({ error: 'it broke', kind: 'exception' });
+  if (what === 'raise-long') answer({ error: 'x'.repeat(60000), kind: 'exception' });
   if (what === 'garbage') answer('not json\\n');
   if (what === 'huge') answer('{"value": "' + 'x'.repeat(100000));
   if (what === 'die') { process.stderr.write('bye from the worker\\n'); process.exit(7); }
@@ -86,6 +91,45 @@ describe('process pool', () => {
       );
       assert.deepEqual(results[5], { ok: true, value: 2 });
       assert.ok(p.started >= 3, `${p.started} processes started: each failed worker was replaced`);
+    } finally {
+      p.close();
+    }
+  });
+
+  it('a request nested too deep to encode fails alone, and the process lives on', async () => {
+    // The depth of a dataset row once made JSON.stringify throw a RangeError inside the stream
+    // handler that hands the next request to a process that became ready: uncaught, it ended
+    // the whole Node process.
+    let deep: unknown = { what: 'echo', value: 1 };
+    for (let i = 0; i < 20_000; i++) deep = { what: 'echo', value: deep };
+    const p = pool(worker, { size: 1 });
+    try {
+      const results = await Promise.all([
+        p.call({ what: 'echo', value: 1 }),
+        p.call(deep),
+        p.call({ what: 'echo', value: 2 }),
+      ]);
+      assert.deepEqual(results[0], { ok: true, value: 1 });
+      assert.equal(results[1]?.ok, false);
+      assert.match(
+        !results[1]?.ok ? (results[1]?.message ?? '') : '',
+        /request could not be encoded as JSON: RangeError/,
+      );
+      assert.deepEqual(results[2], { ok: true, value: 2 });
+      assert.equal(p.started, 1);
+    } finally {
+      p.close();
+    }
+  });
+
+  it('a failure message is cut to 4 KiB, saying so', async () => {
+    const p = pool(worker, { size: 1 });
+    try {
+      const result = await p.call({ what: 'raise-long' });
+      assert.equal(result.ok, false);
+      const message = result.ok ? '' : result.message;
+      assert.ok(message.length <= maxFailureMessageChars, `${message.length} characters`);
+      assert.match(message, /\(truncated: 60000 characters in all, 4096 kept\)$/);
     } finally {
       p.close();
     }
