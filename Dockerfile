@@ -57,6 +57,7 @@ FROM ${NODE_IMAGE}-slim AS base
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libfabric1 libopenblas0-pthread libssl3 ca-certificates \
+      bubblewrap \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 65532 moerl \
  && useradd --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin moerl \

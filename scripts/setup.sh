@@ -48,6 +48,7 @@ DEBIAN_PACKAGES=(
   runc  # the test node's container runtime (containerd 2 is built from Go modules)
   chromium  # headless browser: the report test renders moerl report's page in it
   tmux  # the pseudo-terminal the watch test runs moerl watch in
+  bubblewrap  # the reward functions' jail (activities/rewards/sandbox.ts)
   buildah debootstrap  # the Dockerfile's builder and its locally made base (scripts/build-image.sh)
 )
 ALL_STEPS=(packages npm tools kube-tools reward-python pyref llamacpp node-lts ts native native-asan image image-pytorch)

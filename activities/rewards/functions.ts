@@ -113,7 +113,7 @@ export function mathVerifyPool(options: RewardFunctionsOptions['math'] = {}): Pr
     cpuSeconds: limits.cpuSeconds,
     maxOutputBytes: limits.maxOutputBytes,
     // moerl's own code on untrusted text: limits, but no need of namespaces.
-    spawn: () => sandboxCommand({ program, args, memoryBytes: limits.memoryBytes, isolation: 'none' }),
+    spawn: () => sandboxCommand({ program, args, limits, isolation: 'none' }),
   });
 }
 

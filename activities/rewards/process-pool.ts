@@ -6,7 +6,7 @@
 // process that breaks a limit, dies or answers nonsense is killed with its process group; that
 // sample fails with its reason, and the next sample gets a fresh process.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import type { Readable, Writable } from 'node:stream';
 
 /** Why a sample's score is missing; counted per batch (docs/tasks.md, "Bring a reward function"). */
@@ -257,8 +257,12 @@ class Worker {
         // cstime (children waited for) are the 14th to 17th of the line.
         const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
         for (const i of [11, 12, 13, 14]) ticks += Number(fields[i] ?? 0);
-        const children = readFileSync(`/proc/${id}/task/${id}/children`, 'utf8').trim();
-        if (children) for (const child of children.split(' ')) visit(Number(child));
+        // Every thread's children: a child forked from a thread other than the main one is listed
+        // under that thread only.
+        for (const task of readdirSync(`/proc/${id}/task`)) {
+          const children = readFileSync(`/proc/${id}/task/${task}/children`, 'utf8').trim();
+          if (children) for (const child of children.split(' ')) visit(Number(child));
+        }
       } catch {
         // The process is gone; its time no longer counts.
       }

@@ -1,20 +1,29 @@
 // How a reward function's worker process is started: limits, environment and isolation.
 //
 // What holds on every platform: the environment is a fixed minimal one (PATH, HOME, TMPDIR, PWD,
-// LANG) with nothing of the worker's (no TEMPORAL_*, AWS_*, MOERL_*); the address space is
-// limited (RLIMIT_AS) and core dumps are off; the process runs in its own process group and in a
-// fresh scratch folder, removed when it exits; the pool bounds wall time, CPU time and output
-// (process-pool.ts). With "namespaces" isolation (Linux, as root or where unprivileged user
-// namespaces are allowed) it also runs in new network, PID and mount namespaces: no network at
-// all (not even loopback: the new namespace's lo is down), no view of the worker's processes
-// (a fresh /proc, so not /proc/<worker>/environ either), and every process it starts dies with
-// it. What does not hold: the files the worker's user can read stay readable (same user, same
-// file system), so this contains mistakes and stray network calls; it is not a boundary
-// against code written to escape.
+// LANG) with nothing of the worker's (no TEMPORAL_*, AWS_*, MOERL_*); each process's address
+// space (RLIMIT_AS), CPU time (RLIMIT_CPU) and file size (RLIMIT_FSIZE) are limited and core
+// dumps are off; the process runs in its own process group; the pool bounds wall time, CPU time
+// of the whole process tree and output (process-pool.ts).
+//
+// With "namespaces" isolation (the default) the process runs in a jail made by bubblewrap
+// (bwrap), as root or not: a new user namespace in which it is uid 65534 with no capability at
+// all and no_new_privs set, and new network, PID, IPC, UTS and cgroup namespaces, so no network
+// (not even loopback), no view of any other process (a fresh /proc of its own PID namespace:
+// not /proc/<worker>/environ, nothing to setns into), and every process it starts dies with the
+// jail. Its root is an empty tmpfs with only the interpreter's folders, the runner and the
+// function's own files bound read-only, and a size-capped tmpfs as its scratch folder: no other
+// file of the worker's user is visible, nothing outside scratch is writable. CPU time is bounded
+// for the whole tree, a child forked from any thread included (process-pool.ts).
+//
+// What does not hold without a delegated cgroup (none is used yet): memory is bounded per
+// process, not per sample (at most pids × memoryBytes in all); the number of processes is
+// bounded (RLIMIT_NPROC, counted per uid of the jail's own user namespace) only where the worker
+// is not root: the kernel exempts a jail made by uid 0 from it.
 import { spawnSync, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, realpathSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { WorkerCommand } from './process-pool.js';
 
@@ -25,10 +34,14 @@ export interface SandboxLimits {
   timeoutMs: number;
   /** CPU seconds per sample. */
   cpuSeconds: number;
-  /** Address space of the process (RLIMIT_AS). */
+  /** Address space of each process (RLIMIT_AS). */
   memoryBytes: number;
   /** Bytes printed per sample (stdout and stderr together). */
   maxOutputBytes: number;
+  /** Size of the scratch folder, and of any one file written (RLIMIT_FSIZE). */
+  scratchBytes: number;
+  /** Processes (and threads) the function may run at once, in its jail. */
+  pids: number;
 }
 
 /** Defaults of a user's reward function; the math verifier uses the same. */
@@ -37,74 +50,145 @@ export const defaultSandboxLimits: SandboxLimits = {
   cpuSeconds: 10,
   memoryBytes: 1024 ** 3,
   maxOutputBytes: 1024 ** 2,
+  scratchBytes: 64 * 1024 ** 2,
+  pids: 64,
 };
 
-/** The namespaces every sandboxed process gets, and pid 1 of the new PID namespace dies with unshare. */
-const unshareFlags = ['--net', '--pid', '--fork', '--mount-proc', '--kill-child'];
+/** Where the jail's scratch folder is, inside it. */
+const jailScratch = '/scratch';
 
-let probed: { flags: string[] } | null | undefined;
+let probed: { ok: true } | { ok: false; why: string } | undefined;
 
 /**
- * The unshare flags that work on this machine, or null when none do (not Linux, no unshare,
- * neither root nor unprivileged user namespaces). Probed once per process.
+ * Whether this machine can make the jail, probed once per process: the reason it cannot
+ * otherwise (not Linux, no bwrap, or user namespaces refused, e.g. by a seccomp profile).
  */
-export function namespaceFlags(): string[] | null {
-  if (probed !== undefined) return probed?.flags ?? null;
-  probed = null;
-  if (process.platform === 'linux') {
-    const candidates = process.getuid?.() === 0 ? [unshareFlags] : [];
-    candidates.push(['--map-root-user', ...unshareFlags]);
-    for (const flags of candidates) {
-      const probe = spawnSync('unshare', [...flags, '--', 'true'], { stdio: 'ignore', timeout: 10_000 });
-      if (probe.status === 0) {
-        probed = { flags };
-        break;
-      }
-    }
-  }
-  return probed?.flags ?? null;
+export function probeSandbox(): { ok: true } | { ok: false; why: string } {
+  if (probed) return probed;
+  if (process.platform !== 'linux')
+    return (probed = { ok: false, why: `the jail needs Linux, not ${process.platform}` });
+  const probe = spawnSync('bwrap', [...jailArgs([]), '--', '/bin/true'], {
+    encoding: 'utf8',
+    timeout: 10_000,
+  });
+  if (probe.error)
+    probed = { ok: false, why: `bwrap could not run (${probe.error.message}; install bubblewrap)` };
+  else if (probe.status !== 0)
+    probed = {
+      ok: false,
+      why: `bwrap could not make the jail: ${(probe.stderr || `exit ${probe.status}`).trim()}`,
+    };
+  else probed = { ok: true };
+  return probed;
 }
 
 /** The isolation this machine gives sandboxed processes. */
 export function availableIsolation(): Isolation {
-  return namespaceFlags() ? 'namespaces' : 'none';
+  return probeSandbox().ok ? 'namespaces' : 'none';
+}
+
+/** bwrap's arguments for a jail that sees `readOnly` (and the system's /usr) and nothing else. */
+function jailArgs(readOnly: string[], scratchBytes = 1024 ** 2): string[] {
+  const args = [
+    '--unshare-all',
+    '--unshare-user',
+    '--uid',
+    '65534',
+    '--gid',
+    '65534',
+    '--die-with-parent',
+    '--new-session',
+    '--cap-drop',
+    'ALL',
+    '--ro-bind',
+    '/usr',
+    '/usr',
+    '--proc',
+    '/proc',
+    '--dev',
+    '/dev',
+    '--size',
+    String(scratchBytes),
+    '--tmpfs',
+    jailScratch,
+    '--chdir',
+    jailScratch,
+  ];
+  for (const top of ['bin', 'sbin', 'lib', 'lib32', 'lib64']) {
+    const path = `/${top}`;
+    if (!existsSync(path)) continue;
+    const target = realpathSync(path);
+    args.push(...(target === path ? ['--ro-bind', path, path] : ['--symlink', target.slice(1), path]));
+  }
+  for (const path of ['/etc/ld.so.cache', '/etc/localtime', '/etc/ssl', '/etc/alternatives'])
+    if (existsSync(path)) args.push('--ro-bind', path, path);
+  for (const path of new Set(readOnly))
+    if (path !== '/usr' && !path.startsWith('/usr/')) args.push('--ro-bind', path, path);
+  return args;
+}
+
+/** The folders an interpreter needs: its prefix and, through symlinks, its real one's. */
+export function interpreterPaths(program: string): string[] {
+  return [dirname(dirname(program)), dirname(dirname(realpathSync(program)))];
 }
 
 export interface SandboxCommandOptions {
   /** The program and its arguments, as run inside the sandbox. */
   program: string;
   args: string[];
-  memoryBytes: number;
+  limits: Pick<SandboxLimits, 'memoryBytes' | 'cpuSeconds' | 'scratchBytes' | 'pids'>;
   isolation: Isolation;
+  /** What the jail sees, read-only, besides the system's /usr: the interpreter's and the function's folders. */
+  readOnly?: string[];
   /** Added to the minimal environment (values from the reward's own settings, never the worker's). */
   env?: Record<string, string>;
 }
 
 /** A WorkerCommand that runs `program` under the limits and isolation asked for. */
 export function sandboxCommand(options: SandboxCommandOptions): WorkerCommand {
+  const { limits } = options;
+  // prlimit sets the limits and becomes the program, so they are its own and its children's.
+  const prlimit = [
+    'prlimit',
+    `--as=${limits.memoryBytes}`,
+    '--core=0',
+    `--cpu=${Math.ceil(limits.cpuSeconds) + 1}`,
+    `--fsize=${limits.scratchBytes}`,
+  ];
+  if (options.isolation === 'namespaces') {
+    const probe = probeSandbox();
+    if (!probe.ok) throw new Error(`the reward sandbox cannot start on this machine: ${probe.why}`);
+    const inner = [...prlimit, `--nproc=${limits.pids}`, '--'];
+    return {
+      command: 'bwrap',
+      args: [
+        ...jailArgs(options.readOnly ?? [], limits.scratchBytes),
+        '--',
+        ...inner,
+        options.program,
+        ...options.args,
+      ],
+      env: minimalEnv(jailScratch, options.env),
+    };
+  }
   const scratch = mkdtempSync(join(tmpdir(), 'moerl-reward-'));
-  const env = {
+  return {
+    command: 'prlimit',
+    args: [...prlimit.slice(1), '--', options.program, ...options.args],
+    env: minimalEnv(scratch, options.env),
+    cwd: scratch,
+    cleanup: () => rmSync(scratch, { recursive: true, force: true }),
+  };
+}
+
+function minimalEnv(scratch: string, env: Record<string, string> = {}): Record<string, string> {
+  return {
     PATH: '/usr/local/bin:/usr/bin:/bin',
     HOME: scratch,
     TMPDIR: scratch,
+    PWD: scratch,
     LANG: 'C.UTF-8',
-    ...options.env,
-  };
-  // ulimit -v counts KiB; the shell then becomes the program, so the limits are its own.
-  const limits = `ulimit -v ${Math.ceil(options.memoryBytes / 1024)} && ulimit -c 0 && exec "$@"`;
-  const inner = ['/bin/sh', '-c', limits, 'sh', options.program, ...options.args];
-  let command: string[] = inner;
-  if (options.isolation === 'namespaces') {
-    const flags = namespaceFlags();
-    if (!flags) throw new Error('namespace isolation is not available on this machine');
-    command = ['unshare', ...flags, '--', ...inner];
-  }
-  return {
-    command: command[0] as string,
-    args: command.slice(1),
-    env,
-    cwd: scratch,
-    cleanup: () => rmSync(scratch, { recursive: true, force: true }),
+    ...env,
   };
 }
 

@@ -1,13 +1,14 @@
 // A user's own reward function, in verl's signature
 // compute_score(data_source, solution_str, ground_truth, extra_info), run in a pool of
 // sandboxed processes (sandbox.ts for what the sandbox holds, process-pool.ts for the limits).
-import { resolve } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BadInputError } from './errors.js';
 import { ProcessPool } from './process-pool.js';
 import {
-  availableIsolation,
+  interpreterPaths,
   defaultSandboxLimits,
+  probeSandbox,
   pythonDir,
   resolveRewardPython,
   sandboxCommand,
@@ -54,16 +55,20 @@ export function userFunctionPool(spec: UserFunctionSpec, options: SandboxOptions
   else spec = { ...spec, path: (spec.path ?? []).map((p) => resolve(p)) };
   const limits = { ...defaultSandboxLimits, ...dropUndefined(options) };
   const isolation = options.isolation ?? 'namespaces';
-  if (isolation === 'namespaces' && availableIsolation() !== 'namespaces') {
-    throw new BadInputError(
-      `reward function ${userFunctionName(spec)}: this worker cannot make network, PID and mount ` +
-        'namespaces (unshare: Linux, as root or with unprivileged user namespaces allowed), so it ' +
-        'cannot run the function without network access; run the worker where it can, or set the ' +
-        'sandbox\'s isolation to none (docs/tasks.md, "Bring a reward function")',
-    );
+  if (isolation === 'namespaces') {
+    const probe = probeSandbox();
+    if (!probe.ok)
+      throw new BadInputError(
+        `reward function ${userFunctionName(spec)}: the reward sandbox cannot start on this worker ` +
+          `(${probe.why}), so the worker refuses to run reward code; run the worker where bubblewrap ` +
+          "can make user namespaces, or, on purpose, set the sandbox's isolation to none " +
+          '(MOERL_REWARD_ISOLATION=none; docs/tasks.md, "Bring a reward function")',
+      );
   }
   let program: string;
   let args: string[];
+  // What the jail sees: the interpreter, the runner and the function's own folders.
+  const readOnly = 'file' in spec ? [dirname(spec.file)] : [...(spec.path ?? [])];
   let memoryBytes = limits.memoryBytes;
   if (spec.kind === 'python') {
     program = options.python ?? resolveRewardPython();
@@ -75,11 +80,13 @@ export function userFunctionPool(spec: UserFunctionSpec, options: SandboxOptions
     // -I: no user site-packages, no PYTHON* variables, no script folder on sys.path; -B: no .pyc
     // files written beside the user's code.
     args.unshift('-I', '-B');
+    readOnly.push(...interpreterPaths(program), pythonDir);
   } else {
     memoryBytes = Math.max(memoryBytes, jsMinimumMemoryBytes);
     program = process.execPath;
     const heapMiB = Math.floor((memoryBytes - 1024 ** 3) / 1024 ** 2);
     args = [`--max-old-space-size=${heapMiB}`, jsRunner, spec.file, spec.function ?? 'compute_score'];
+    readOnly.push(...interpreterPaths(program), dirname(jsRunner));
   }
   return new ProcessPool({
     name: userFunctionName(spec),
@@ -87,7 +94,7 @@ export function userFunctionPool(spec: UserFunctionSpec, options: SandboxOptions
     timeoutMs: limits.timeoutMs,
     cpuSeconds: limits.cpuSeconds,
     maxOutputBytes: limits.maxOutputBytes,
-    spawn: () => sandboxCommand({ program, args, memoryBytes, isolation }),
+    spawn: () => sandboxCommand({ program, args, limits: { ...limits, memoryBytes }, isolation, readOnly }),
   });
 }
 

@@ -17,6 +17,11 @@ import { userFunctionPool } from '../../activities/rewards/user-function.js';
 const dir = mkdtempSync(join(tmpdir(), 'moerl-reward-fns-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
 const secret = `s3cret-${process.pid}-${Date.now()}`;
+/** A file of the worker's own user, outside the function's folder (a stand-in token or cache file). */
+const outsideDir = mkdtempSync(join(tmpdir(), 'moerl-reward-outside-'));
+after(() => rmSync(outsideDir, { recursive: true, force: true }));
+const outside = join(outsideDir, 'token');
+writeFileSync(outside, secret, { mode: 0o600 });
 const python = resolveRewardPython();
 const namespaces = availableIsolation() === 'namespaces';
 /** The argument of the `sleep` an "orphan" sample starts: unique, so the test can look for it. */
@@ -36,7 +41,7 @@ function running(cmdline: string): boolean {
 // One function, one behaviour per solution_str; "good" scores 1 when it equals the ground truth.
 writeFileSync(
   join(dir, 'behaviours.py'),
-  `import os, socket, subprocess, sys, time
+  `import json, os, socket, subprocess, sys, threading, time
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if solution_str == "spin":
@@ -65,6 +70,36 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             except OSError:
                 pass
         return 1.0 if extra_info["secret"] in seen else 0.0
+    if solution_str == "jail":
+        # What the jail is, not only what fails in it: a silent fallback would fail this.
+        status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+        facts = {
+            "uid": os.getuid(),
+            "capEff": status["CapEff"].strip(),
+            "noNewPrivs": status["NoNewPrivs"].strip(),
+            "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+            "root": sorted(os.listdir("/")),
+            "passwd": os.path.exists("/etc/passwd"),
+        }
+        for name, path in [("outside", extra_info["outside"]), ("own", __file__)]:
+            try:
+                open(path, "a").close()
+                facts[name] = "writable"
+            except OSError as e:
+                facts[name] = type(e).__name__
+        raise RuntimeError("jail " + json.dumps(facts))
+    if solution_str == "fork-many":
+        children = [subprocess.Popen(["sleep", "30"]) for _ in range(200)]
+        return 1.0
+    if solution_str == "fill-scratch":
+        with open("fill", "wb") as f:
+            for _ in range(100):
+                f.write(b"x" * 1024 * 1024)
+        return 1.0
+    if solution_str == "thread-fork-spin":
+        # A child forked from a thread other than the main one is listed under that thread only.
+        threading.Thread(target=lambda: subprocess.Popen([sys.executable, "-c", "while True: pass"])).start()
+        time.sleep(600)
     if solution_str == "env":
         raise RuntimeError("environment: " + ",".join(sorted(os.environ)))
     if solution_str == "print":
@@ -125,7 +160,7 @@ const sample = (dataSource: string, solutionStr: string): Sample => ({
   dataSource,
   solutionStr,
   groundTruth: 'good',
-  extraInfo: { port, secret, orphan },
+  extraInfo: { port, secret, orphan, outside },
 });
 
 describe(
@@ -153,7 +188,8 @@ describe(
         ['py', 'sleep', 0, 'timeout', /within 15000 ms/],
         ['py', 'orphan', 0, 'timeout', /within 15000 ms/],
         ['py', 'allocate', 0, 'memory', /MemoryError/],
-        ['py', 'connect', 0, 'exception', /OSError: \[Errno 101\] Network is unreachable/],
+        // The jail's own loopback is up, with nothing on it: the worker's is out of reach.
+        ['py', 'connect', 0, 'exception', /ConnectionRefusedError: \[Errno 111\] Connection refused/],
         ['py', 'secret', 0, undefined],
         ['py', 'env', 0, 'exception', /^RuntimeError: environment: HOME,LANG,PATH,PWD,TMPDIR /],
         ['py', 'print', 0, 'output', /printed more than 262144 bytes; last output: "x+/],
@@ -190,6 +226,49 @@ describe(
       });
       assert.equal(batch.failures.count, 10);
       assert.deepEqual(batch.allFailing, []);
+    });
+
+    it('runs in a jail: no capability, its own /proc and root, limits that hold across forks', async () => {
+      const [jail, forks, scratch, threadFork] = (
+        await rewards.scoreBatch(
+          ['jail', 'fork-many', 'fill-scratch', 'thread-fork-spin'].map((t) => sample('py', t)),
+        )
+      ).results;
+      const facts = JSON.parse(
+        /^RuntimeError: jail (\{.*\}) \(behaviours/.exec(jail?.failure?.message ?? '')?.[1] ?? 'null',
+      ) as {
+        uid: number;
+        capEff: string;
+        noNewPrivs: string;
+        procs: number[];
+        root: string[];
+        passwd: boolean;
+        outside: string;
+        own: string;
+      } | null;
+      assert.ok(facts, `the jail's report: ${JSON.stringify(jail)}`);
+      assert.equal(facts.uid, 65534);
+      assert.equal(facts.capEff, '0000000000000000');
+      assert.equal(facts.noNewPrivs, '1');
+      // bwrap's init, the prlimit-turned-interpreter: nothing of the host's.
+      assert.ok(
+        facts.procs.length <= 3 && facts.procs.includes(1),
+        `processes seen: ${facts.procs.join(' ')}`,
+      );
+      for (const top of ['home', 'var', 'sys', 'boot'])
+        assert.ok(!facts.root.includes(top), `the jail's root has /${top}: ${facts.root.join(' ')}`);
+      assert.equal(facts.passwd, false, "the host's /etc/passwd is visible");
+      assert.equal(facts.outside, 'FileNotFoundError', 'a file outside the function folder');
+      assert.match(facts.own, /OSError|PermissionError/, 'the function folder is read-only');
+      // RLIMIT_NPROC does not bind a jail made by root (the kernel exempts uid 0 outside): there
+      // only a delegated cgroup's pids.max would (sandbox.ts).
+      if (process.getuid?.() !== 0) {
+        assert.equal(forks?.failure?.reason, 'exception', JSON.stringify(forks));
+        assert.match(forks?.failure?.message ?? '', /Resource temporarily unavailable/);
+      }
+      assert.equal(scratch?.failure?.reason, 'exception', JSON.stringify(scratch));
+      assert.match(scratch?.failure?.message ?? '', /File too large|No space left/);
+      assert.equal(threadFork?.failure?.reason, 'cpu', JSON.stringify(threadFork));
     });
 
     it('reports a function that fails on every sample, with its first error', async () => {
