@@ -259,6 +259,29 @@ void post_counts(transport::Communicator& comm, const Layout& layout, const Hand
   }
 }
 
+// A counts message steers where received rows land: every field is checked before use. Rows
+// per block fit the handle's int32 rows (send_row), segments are non-empty and sum to the rows.
+void check_counts(int self, int r, const CountsMessage& m) {
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+  MOERL_CHECK(m.num_rows >= 0 && m.num_rows <= kMaxRows, "rank ", self, ": rank ", r,
+              " sent a corrupt dispatch counts message: num_rows=", m.num_rows,
+              " (allowed 0..", kMaxRows, ")");
+  MOERL_CHECK(m.num_segments >= (m.num_rows > 0 ? 1 : 0) && m.num_segments <= Handle::kMaxSegments,
+              "rank ", self, ": rank ", r, " sent a corrupt dispatch counts message: num_segments=",
+              m.num_segments, " for ", m.num_rows, " rows (allowed ", m.num_rows > 0 ? 1 : 0,
+              "..", Handle::kMaxSegments, ")");
+  int64_t rows = 0;
+  for (int g = 0; g < m.num_segments; ++g) {
+    MOERL_CHECK(m.segment_rows[g] > 0 && m.segment_rows[g] <= m.num_rows - rows, "rank ", self,
+                ": rank ", r, " sent a corrupt dispatch counts message: segment ", g, " has ",
+                m.segment_rows[g], " rows (allowed 1..", m.num_rows - rows, " of num_rows=",
+                m.num_rows, ")");
+    rows += m.segment_rows[g];
+  }
+  MOERL_CHECK(rows == m.num_rows, "rank ", self, ": rank ", r, " sent a corrupt dispatch counts "
+              "message: its segments hold ", rows, " rows, num_rows=", m.num_rows);
+}
+
 // Receive side of the routes, from the counts every rank sent us.
 void build_recv_routes(int self, const std::vector<CountsMessage>& from, Handle& h) {
   const int R = h.num_ranks;
@@ -267,8 +290,7 @@ void build_recv_routes(int self, const std::vector<CountsMessage>& from, Handle&
   h.recv_segment_rows.clear();
   for (int r = 0; r < R; ++r) {
     const CountsMessage& m = from[size_t(r)];
-    MOERL_CHECK(m.num_segments >= 0 && m.num_segments <= Handle::kMaxSegments,
-                "rank ", self, ": rank ", r, " sent a corrupt counts message");
+    if (r != self) check_counts(self, r, m);
     h.recv_rank_prefix[r + 1] = h.recv_rank_prefix[r] + m.num_rows;
     h.recv_segment_rows.insert(h.recv_segment_rows.end(), m.segment_rows,
                                m.segment_rows + m.num_segments);

@@ -209,7 +209,8 @@ void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
     const size_t n = size_t(p.offset[size_t(L)]);
     message::fill(p.send_msg.data(), L, p.count.data(), overflow_.rank, overflow_.local_expert,
                   overflow_.count);
-    comm_.post_recv(r, p.recv_msg.data(), p.recv_msg.size(), signal_op, 0);
+    comm_.post_recv(r, p.recv_msg.data(), p.recv_msg.size(), signal_op, 0,
+                    transport::Communicator::Fill::UpTo);
     if (packed_) {
       comm_.post_send(r, p.send_msg.data(), message::bytes(L, n, row_bytes_, size_t(S)),
                       signal_op, 0);
@@ -218,7 +219,7 @@ void LowLatencyBuffer::dispatch_send(TensorView x, const topk_idx_t* topk_idx) {
     for (int e = 0; e < L; ++e) {
       const int64_t row = (int64_t(e) * R + r) * P;
       comm_.post_recv(r, recv_x_.data() + size_t(row) * row_bytes_, size_t(P) * row_bytes_,
-                      op + uint32_t(e / 256), e % 256);
+                      op + uint32_t(e / 256), e % 256, transport::Communicator::Fill::UpTo);
     }
     const uint8_t* rows = message::rows(p.send_msg.data(), L, n, size_t(S));
     for (int e = 0; e < L; ++e) {
@@ -252,9 +253,22 @@ void LowLatencyBuffer::dispatch_recv(LowLatencyRecv& out) {
     }
     const uint8_t* m = peers_[size_t(s)].recv_msg.data();
     const int32_t* head = message::header(m);
+    const int32_t* counts = message::counts(m);
+    // What a peer's message says is checked before it is used: a count steers copies.
+    MOERL_CHECK(head[0] == -1 || (head[0] >= 0 && head[0] < R && head[1] >= 0 && head[1] < L &&
+                                  head[2] > P),
+                "rank ", self, ": rank ", s, " sent a corrupt low-latency dispatch header "
+                "(overflow rank ", head[0], ", local expert ", head[1], ", count ", head[2],
+                "; expected rank -1 or 0..", R - 1, ", expert 0..", L - 1, ", count above ", P,
+                ")");
+    for (int e = 0; e < L; ++e)
+      MOERL_CHECK(counts[e] >= 0 && int64_t(counts[e]) <= config_.num_max_dispatch_tokens_per_rank *
+                                                            int64_t(config_.num_topk),
+                  "rank ", self, ": rank ", s, " sent a corrupt low-latency dispatch count: ",
+                  counts[e], " tokens for local expert ", e, " (allowed 0..",
+                  config_.num_max_dispatch_tokens_per_rank * int64_t(config_.num_topk), ")");
     if (overflow.empty() && head[0] >= 0)
       overflow = overflow_message(s, head[0], head[1], L, head[2], P);
-    const int32_t* counts = message::counts(m);
     size_t total = 0;
     for (int e = 0; e < L; ++e) total += size_t(std::min(counts[e], P));
     const uint8_t* rows = message::rows(m, L, total, size_t(S));

@@ -7,6 +7,9 @@
 //                              <dtype> <seed>
 //        ep_test_rank allreduce <n>            (allreduce, broadcast, gather, barrier)
 //        ep_test_rank loop      <tokens> [fail_rank]  (dispatch+combine until a peer fails)
+//        ep_test_rank stranger  (2 ranks: an endpoint outside the group forges rank 1's message)
+//        ep_test_rank forged_counts <num_rows>  (2 ranks: rank 1 sends rank 0 a counts message
+//                              with that num_rows in place of a dispatch's own)
 #include <cmath>     // std::fabs
 #include <cstdio>    // std::fprintf
 #include <cstdlib>   // std::atoi, std::atoll
@@ -18,7 +21,9 @@
 #include "ep/ep.h"
 #include "ep_reference.h"
 #include "test_rank.h"  // g_rank, EXPECT_SAME, parse_dtype
+#include "transport/clock.h"
 #include "transport/communicator.h"
+#include "transport/fabric.h"  // the stranger's endpoint
 
 using namespace moerl;
 using namespace moerl::ep;
@@ -188,6 +193,105 @@ int run_loop(transport::Communicator& comm, int64_t tokens, int fail_rank) {
   }
 }
 
+// The tag a message of (op, source rank, part, chunk 0) carries, as communicator.cc lays it
+// out: a stranger can compute it.
+uint64_t guessed_tag(uint32_t op, int src, int part) {
+  return (uint64_t(op & 0xffffffu) << 36) | (uint64_t(src & 0xffff) << 20) |
+         (uint64_t(part & 0xff) << 12);
+}
+
+// Rank 0 waits for a message from rank 1. Before rank 1 sends it, a stranger (an endpoint
+// that never joined the rendezvous, made in rank 1's process) sends rank 0 a well-formed
+// message with the tag rank 1's will carry. Rank 0 must get rank 1's bytes, not the
+// stranger's.
+int run_stranger(transport::Communicator& comm) {
+  EXPECT_SAME(comm.world_size() == 2, "the stranger case needs 2 ranks");
+  std::vector<uint8_t> address = comm.address();
+  uint64_t length = address.size();
+  comm.broadcast(&length, sizeof(length), 0);
+  address.resize(size_t(length));
+  comm.broadcast(address.data(), address.size(), 0);
+  const uint32_t op = comm.begin_op();
+  std::vector<uint8_t> message(64, 'G');  // rank 1's genuine bytes
+  if (comm.rank() == 0) {
+    std::vector<uint8_t> got(message.size(), 0);
+    comm.post_recv(1, got.data(), got.size(), op, 0);
+    comm.wait_all("waiting for rank 1's message");
+    EXPECT_SAME(got == message, "rank 0 took the stranger's message as rank 1's (got '%c...')",
+                got[0]);
+  } else {
+    transport::Fabric stranger(comm.config().provider, "127.0.0.1", 1, false);
+    stranger.insert_peers({address});
+    std::vector<uint8_t> forged(message.size(), 'F');
+    fi_context2 context{};
+    const double deadline = transport::now_s() + 60;
+    while (stranger.try_send(0, forged.data(), forged.size(), nullptr, guessed_tag(op, 1, 0),
+                             &context) != 0) {
+      transport::Completion c[4];
+      stranger.poll(c, 4);
+      MOERL_CHECK(transport::now_s() < deadline, "the stranger could not post its message");
+    }
+    // Rank 1 sends only once the stranger's message has left (its send completed).
+    for (bool sent = false; !sent;) {
+      transport::Completion c[4];
+      const size_t n = stranger.poll(c, 4);
+      for (size_t i = 0; i < n; ++i) {
+        MOERL_CHECK(c[i].ok, "the stranger's send failed: ", c[i].error);
+        sent = true;
+      }
+      MOERL_CHECK(transport::now_s() < deadline,
+                  "the stranger's send did not complete within 60 s");
+    }
+    std::fprintf(stderr, "rank 1: the stranger's message was sent\n");
+    comm.post_send(0, message.data(), message.size(), op, 0);
+    comm.wait_all("sending rank 0 the genuine message");
+  }
+  comm.barrier();
+  return 0;
+}
+
+// Rank 0 runs a dispatch; rank 1, in its place, sends the counts message a dispatch sends
+// (the wire layout of dispatch.cc) with num_rows as given and one segment of one row. Rank 0
+// must fail with a clear error naming rank 1 and the value; rank 1 then sees rank 0 fail.
+struct ForgedCounts {
+  int64_t num_rows;
+  int32_t num_segments;
+  int32_t segment_rows[Handle::kMaxSegments];
+};
+
+int run_forged_counts(transport::Communicator& comm, int64_t num_rows) {
+  EXPECT_SAME(comm.world_size() == 2, "the forged counts case needs 2 ranks");
+  Case c;
+  c.world_size = 2;
+  c.tokens = 16;
+  c.num_experts = 4;
+  const RankInputs in = make_inputs(c, comm.rank());
+  Buffer buffer(comm, c.num_experts);
+  if (comm.rank() == 0) {
+    Layout layout;
+    buffer.get_dispatch_layout(in.topk_idx.data(), in.num_tokens, c.num_topk, layout);
+    DispatchOut out;
+    buffer.dispatch({in.x.data(), c.dtype, in.num_tokens, c.hidden}, nullptr, in.topk_idx.data(),
+                    in.topk_weights.data(), layout, out);
+    std::fprintf(stderr, "rank 0: mismatch: dispatch accepted num_rows=%lld from rank 1\n",
+                 (long long)num_rows);
+    return 1;
+  }
+  ForgedCounts forged{};
+  forged.num_rows = num_rows;
+  forged.num_segments = 1;
+  forged.segment_rows[0] = 1;
+  ForgedCounts from_0{};
+  const uint32_t op = comm.begin_op();  // the op of dispatch's counts exchange
+  comm.post_recv(0, &from_0, sizeof(from_0), op, 0);
+  comm.post_send(0, &forged, sizeof(forged), op, 0);
+  comm.wait_all("the forged counts exchange");
+  comm.barrier();  // rank 0 fails instead: this throws, naming it
+  std::fprintf(stderr, "rank 1: mismatch: rank 0 went on after num_rows=%lld\n",
+               (long long)num_rows);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -198,6 +302,9 @@ int main(int argc, char** argv) {
     const std::string mode = argv[1];
     transport::Communicator comm(config);
     if (mode == "allreduce" && argc == 3) return run_allreduce(comm, size_t(std::atoll(argv[2])));
+    if (mode == "stranger" && argc == 2) return run_stranger(comm);
+    if (mode == "forged_counts" && argc == 3)
+      return run_forged_counts(comm, std::atoll(argv[2]));
     if (mode == "loop" && (argc == 3 || argc == 4))
       return run_loop(comm, std::atoll(argv[2]), argc == 4 ? std::atoi(argv[3]) : -1);
     MOERL_CHECK_INPUT(mode == "ep" && argc == 10, "bad arguments for mode ", mode);

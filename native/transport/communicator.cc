@@ -2,9 +2,12 @@
 //
 // Tag layout (60 bits, every provider we target offers at least that many):
 //   [59:36] operation number (24 bits, wraps; older operations are complete by then)
-//   [35:20] source rank      (16 bits; receives match any address, the tag names the source)
+//   [35:20] source rank      (16 bits)
 //   [19:12] part             (8 bits, chosen by the caller)
 //   [11:0]  chunk            (12 bits, messages above the provider's max_msg_size are split)
+// A tag is easy to guess, so it proves nothing: each receive is also bound to the address of
+// the peer it expects (fabric.h), learnt in the authenticated rendezvous, and a message must
+// fill its receive exactly (a shorter one is a corrupt message, never a partial buffer).
 #include "transport/communicator.h"
 
 #include <rdma/fi_errno.h>  // FI_EAGAIN
@@ -30,6 +33,8 @@ struct Communicator::Pending {
   int peer = -1;
   bool is_send = false;
   bool done = false;
+  size_t bytes = 0;    // posted length
+  bool exact = false;  // a receive that must get exactly `bytes`
   fid_mr* mr = nullptr;
 };
 
@@ -101,18 +106,23 @@ std::string Communicator::provider_name() const {
   return fabric_ ? fabric_->provider_name() : std::string("none");
 }
 
+std::vector<uint8_t> Communicator::address() const {
+  return fabric_ ? fabric_->address() : std::vector<uint8_t>();
+}
+
 uint32_t Communicator::begin_op() { return next_op_++; }
 
 void Communicator::post_send(int peer, const void* data, size_t bytes, uint32_t op, int part) {
-  post(true, peer, const_cast<void*>(data), bytes, op, part);
+  post(true, peer, const_cast<void*>(data), bytes, op, part, Fill::Exact);
 }
 
-void Communicator::post_recv(int peer, void* data, size_t bytes, uint32_t op, int part) {
-  post(false, peer, data, bytes, op, part);
+void Communicator::post_recv(int peer, void* data, size_t bytes, uint32_t op, int part,
+                             Fill fill) {
+  post(false, peer, data, bytes, op, part, fill);
 }
 
 void Communicator::post(bool is_send, int peer, void* data, size_t bytes, uint32_t op,
-                        int part) {
+                        int part, Fill fill) {
   MOERL_CHECK(!broken_, "rank ", rank(), ": communicator used after a peer failure");
   MOERL_CHECK(fabric_ != nullptr && peer >= 0 && peer < world_size() && peer != rank(),
               "rank ", rank(), ": bad peer ", peer, " for a message");
@@ -129,6 +139,8 @@ void Communicator::post(bool is_send, int peer, void* data, size_t bytes, uint32
     p.done = false;
     char* chunk = static_cast<char*>(data) + c * chunk_bytes;
     const size_t len = std::min(chunk_bytes, bytes - std::min(bytes, c * chunk_bytes));
+    p.bytes = len;
+    p.exact = !is_send && fill == Fill::Exact;
     p.mr = fabric_->needs_local_mr() && len > 0 ? fabric_->register_memory(chunk, len, is_send)
                                                  : nullptr;
     const uint64_t tag = make_tag(op, is_send ? rank() : peer, part, int(c));
@@ -137,7 +149,7 @@ void Communicator::post(bool is_send, int peer, void* data, size_t bytes, uint32
       FabricCall call(watchdog_.get());
       void* desc = Fabric::descriptor(p.mr);
       const int rc = is_send ? fabric_->try_send(peer, chunk, len, desc, tag, &p.context)
-                             : fabric_->try_recv(chunk, len, desc, tag, &p.context);
+                             : fabric_->try_recv(peer, chunk, len, desc, tag, &p.context);
       if (rc == 0) break;
       // The provider's queues are full: reap completions to make room, then retry.
       progress("posting a message");
@@ -181,6 +193,13 @@ void Communicator::progress(const char* what) {
          << (p != nullptr && p->is_send ? "to" : "from") << " rank " << (p ? p->peer : -1)
          << " failed: " << done[i].error << "; rank " << (p ? p->peer : -1)
          << " is dead or unreachable";
+      fail(ErrorKind::PeerFailure, os.str());
+    }
+    if (p->exact && done[i].bytes != p->bytes) {
+      std::ostringstream os;
+      os << __FILE__ << ":" << __LINE__ << ": rank " << rank() << ": " << what << ": rank "
+         << p->peer << " sent a message of " << done[i].bytes << " bytes where " << p->bytes
+         << " were expected (a corrupt message)";
       fail(ErrorKind::PeerFailure, os.str());
     }
     p->done = true;

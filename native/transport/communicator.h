@@ -43,6 +43,8 @@ class Communicator {
   const Config& config() const { return config_; }
   // Name of the libfabric provider in use ("shm", "tcp;ofi_rxm", "efa"), "none" for one rank.
   std::string provider_name() const;
+  // This rank's fabric address as its peers know it (empty for one rank); for diagnostics.
+  std::vector<uint8_t> address() const;
 
   // ---- collectives --------------------------------------------------------------------
   // data [n] fp32, in place: every rank ends with the element-wise sum over ranks.
@@ -64,9 +66,15 @@ class Communicator {
   // begin_op() returns the number of a new collective operation; messages of different
   // operations never match each other. `part` (0..255) separates the messages one
   // operation sends to the same peer. Buffers must stay valid until wait_all() returns.
+  // A receive takes only a message that `peer` sent (never one from any other endpoint, even
+  // with the right tag) and, unless posted with Fill::UpTo (the caller then checks what the
+  // message says it holds), one that fills it exactly: a message of another length fails
+  // the wait (PeerFailure, naming the peer and both lengths).
+  enum class Fill { Exact, UpTo };
   uint32_t begin_op();
   void post_send(int peer, const void* data, size_t bytes, uint32_t op, int part);
-  void post_recv(int peer, void* data, size_t bytes, uint32_t op, int part);
+  void post_recv(int peer, void* data, size_t bytes, uint32_t op, int part,
+                 Fill fill = Fill::Exact);
   // Waits for every posted message; `what` names the operation in error messages.
   // After a failure the communicator is unusable (its peers are gone): later calls throw.
   void wait_all(const char* what);
@@ -79,7 +87,8 @@ class Communicator {
 
  private:
   struct Pending;  // one in-flight message, defined in communicator.cc
-  void post(bool is_send, int peer, void* data, size_t bytes, uint32_t op, int part);
+  void post(bool is_send, int peer, void* data, size_t bytes, uint32_t op, int part,
+            Fill fill);
   void progress(const char* what);
   void wait_until_done(size_t begin, size_t end, const char* what, double timeout_s);
   void recycle();  // every posted message is done: deregister and reuse the records

@@ -33,7 +33,7 @@ Fabric::Fabric(const std::string& provider, const std::string& local_ip, int ran
   check_locked_memory(provider, rank);
   fi_info* hints = fi_allocinfo();
   MOERL_CHECK(hints != nullptr, "fi_allocinfo failed");
-  hints->caps = FI_TAGGED;
+  hints->caps = FI_TAGGED | FI_DIRECTED_RECV;  // receives bound to a peer's address
   hints->ep_attr->type = FI_EP_RDM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;  // every operation carries an fi_context2
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
@@ -60,7 +60,7 @@ Fabric::Fabric(const std::string& provider, const std::string& local_ip, int ran
   FI_CALL(fi_fabric(info_->fabric_attr, &fabric_, nullptr), "fi_fabric");
   FI_CALL(fi_domain(fabric_, info_, &domain_, nullptr), "fi_domain");
   fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+  cq_attr.format = FI_CQ_FORMAT_MSG;  // with the length of what arrived
   cq_attr.size = 4096;
   FI_CALL(fi_cq_open(domain_, &cq_attr, &cq_, nullptr), "fi_cq_open");
   fi_av_attr av_attr{};
@@ -138,18 +138,21 @@ int Fabric::try_send(int peer, const void* data, size_t bytes, void* desc, uint6
   return 0;
 }
 
-int Fabric::try_recv(void* data, size_t bytes, void* desc, uint64_t tag, fi_context2* ctx) {
-  const ssize_t rc = fi_trecv(ep_, data, bytes, desc, FI_ADDR_UNSPEC, tag, 0, ctx);
+int Fabric::try_recv(int peer, void* data, size_t bytes, void* desc, uint64_t tag,
+                     fi_context2* ctx) {
+  const ssize_t rc = fi_trecv(ep_, data, bytes, desc, peers_[size_t(peer)], tag, 0, ctx);
   if (rc == -FI_EAGAIN) return -FI_EAGAIN;
-  MOERL_CHECK(rc == 0, "rank ", rank_, ": fi_trecv failed: ", fi_strerror(int(-rc)));
+  MOERL_CHECK(rc == 0, "rank ", rank_, ": fi_trecv from rank ", peer, " failed: ",
+              fi_strerror(int(-rc)));
   return 0;
 }
 
 size_t Fabric::poll(Completion* out, size_t max) {
-  fi_cq_entry entries[64];
+  fi_cq_msg_entry entries[64];
   const ssize_t n = fi_cq_read(cq_, entries, std::min<size_t>(max, 64));
   if (n > 0) {
-    for (ssize_t i = 0; i < n; ++i) out[i] = Completion{entries[i].op_context, true, {}};
+    for (ssize_t i = 0; i < n; ++i)
+      out[i] = Completion{entries[i].op_context, true, entries[i].len, {}};
     return size_t(n);
   }
   if (n == -FI_EAGAIN) return 0;
@@ -158,7 +161,7 @@ size_t Fabric::poll(Completion* out, size_t max) {
     fi_cq_readerr(cq_, &err, 0);
     char buf[256] = {0};
     const char* detail = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
-    out[0] = Completion{err.op_context, false,
+    out[0] = Completion{err.op_context, false, err.len,
                         std::string(fi_strerror(err.err)) + " (" + (detail ? detail : "") + ")"};
     return 1;
   }

@@ -1,6 +1,12 @@
 // Fabric: one libfabric RDM endpoint with its CQ and a table address vector in which peer
 // r has fi_addr_t r. Only features the efa provider also offers are used: RDM endpoints,
-// tagged send/recv, provider-chosen memory registration (FI_MR_LOCAL honoured when asked).
+// tagged send/recv with directed receives, provider-chosen memory registration (FI_MR_LOCAL
+// honoured when asked).
+//
+// Every receive names the peer it is for (FI_DIRECTED_RECV): it matches only messages from
+// that peer's address, the one the peer published through the authenticated rendezvous
+// (bootstrap.h). A message from any other endpoint (one that never joined the rendezvous)
+// matches no receive, whatever its tag: it is never taken as a peer's data.
 // Internal to transport/: the Communicator is the public face.
 #pragma once
 
@@ -16,6 +22,7 @@ namespace moerl::transport {
 struct Completion {
   void* context;  // the fi_context2 passed when posting
   bool ok;
+  size_t bytes;       // bytes received (receives; sends: as posted)
   std::string error;  // provider's message when !ok
 };
 
@@ -42,8 +49,8 @@ class Fabric {
   // Return 0 when posted, -FI_EAGAIN when the caller must drive progress and retry.
   int try_send(int peer, const void* data, size_t bytes, void* desc, uint64_t tag,
                fi_context2* ctx);
-  // Receives match any source: the tag carries the source rank (no FI_DIRECTED_RECV needed).
-  int try_recv(void* data, size_t bytes, void* desc, uint64_t tag, fi_context2* ctx);
+  // Matches only a message from `peer`'s address with exactly this tag.
+  int try_recv(int peer, void* data, size_t bytes, void* desc, uint64_t tag, fi_context2* ctx);
   // Reaps up to max completions (drives progress); returns how many were written.
   size_t poll(Completion* out, size_t max);
   size_t max_msg_size() const { return max_msg_size_; }
