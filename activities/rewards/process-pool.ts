@@ -244,19 +244,30 @@ class Worker {
 
   /** CPU seconds of the process and its descendants (0 where /proc is missing). */
   private cpuSeconds(): number {
-    const pid = this.child.pid;
-    if (pid === undefined || process.platform !== 'linux') return 0;
     let ticks = 0;
-    const seen = new Set<number>();
-    const visit = (id: number) => {
-      if (seen.has(id)) return;
-      seen.add(id);
+    for (const id of this.tree()) {
       try {
         const stat = readFileSync(`/proc/${id}/stat`, 'utf8');
         // The fields after the command name (which may hold spaces): utime, stime, and cutime,
         // cstime (children waited for) are the 14th to 17th of the line.
         const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
         for (const i of [11, 12, 13, 14]) ticks += Number(fields[i] ?? 0);
+      } catch {
+        // The process is gone; its time no longer counts.
+      }
+    }
+    return ticks / clockTicks;
+  }
+
+  /** The process and its descendants, as /proc shows them now (none where /proc is missing). */
+  private tree(): number[] {
+    const pid = this.child.pid;
+    if (pid === undefined || process.platform !== 'linux') return [];
+    const seen = new Set<number>();
+    const visit = (id: number) => {
+      if (seen.has(id)) return;
+      seen.add(id);
+      try {
         // Every thread's children: a child forked from a thread other than the main one is listed
         // under that thread only.
         for (const task of readdirSync(`/proc/${id}/task`)) {
@@ -264,19 +275,28 @@ class Worker {
           if (children) for (const child of children.split(' ')) visit(Number(child));
         }
       } catch {
-        // The process is gone; its time no longer counts.
+        // The process is gone, and with it the list of its children.
       }
     };
     visit(pid);
-    return ticks / clockTicks;
+    return [...seen];
   }
 
-  /** Kills the process group; the job (or the start) fails with `reason` once it is gone. */
+  /** Kills the process tree and group; the job (or the start) fails with `reason` once it is gone. */
   private kill(reason: FailureReason, message: string) {
     if (this.state === 'dying' || this.state === 'dead') return;
     this.state = 'dying';
     this.failure ??= { reason, message };
     this.clearTimers();
+    // Each descendant first, while the tree still holds them: one in a session of its own (setsid)
+    // is out of the process group's reach. Then the group, for what started since.
+    for (const id of this.tree().reverse()) {
+      try {
+        process.kill(id, 'SIGKILL');
+      } catch {
+        // Gone already.
+      }
+    }
     try {
       if (this.child.pid !== undefined) process.kill(-this.child.pid, 'SIGKILL');
     } catch {

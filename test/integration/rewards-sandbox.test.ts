@@ -98,7 +98,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         return 1.0
     if solution_str == "thread-fork-spin":
         # A child forked from a thread other than the main one is listed under that thread only.
-        threading.Thread(target=lambda: subprocess.Popen([sys.executable, "-c", "while True: pass"])).start()
+        # (while that thread lives: once it ends, its children pass to the main thread).
+        threading.Thread(target=lambda: (subprocess.Popen([sys.executable, "-c", "while True: pass"]), time.sleep(600))).start()
         time.sleep(600)
     if solution_str == "env":
         raise RuntimeError("environment: " + ",".join(sorted(os.environ)))
@@ -362,5 +363,30 @@ describe('reward function sandbox with isolation "none"', () => {
     } finally {
       pool.close();
     }
+  });
+
+  it('ends a process the function started in a session of its own', async () => {
+    const pool = userFunctionPool(
+      { kind: 'python', file: join(dir, 'behaviours.py') },
+      { ...limits, timeoutMs: 3000, python, isolation: 'none', processes: 1 },
+    );
+    const noneOrphan = String(8000 + (process.pid % 1000) + 0.5);
+    try {
+      const result = await pool.call({
+        data_source: 'x',
+        solution_str: 'orphan',
+        ground_truth: 'good',
+        extra_info: { orphan: noneOrphan },
+      });
+      assert.equal(result.ok ? 'ok' : result.reason, 'timeout');
+    } finally {
+      pool.close();
+    }
+    let alive = running(`sleep\0${noneOrphan}\0`);
+    for (let i = 0; alive && i < 50; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      alive = running(`sleep\0${noneOrphan}\0`);
+    }
+    assert.equal(alive, false, 'a process the function started with setsid outlived its sample by 5 s');
   });
 });
