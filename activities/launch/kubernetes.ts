@@ -171,6 +171,11 @@ class KubernetesJob implements TrainJob {
   private problemTimer: NodeJS.Timeout | undefined;
   /** Time queued for admission (launcher.queueName) apart from time run. */
   private readonly clock = new QueueClock();
+  /**
+   * The most gang restarts the pods have told so far: once the success policy is met, the Job
+   * deletes the ranks still running, and the restart count their annotations carried with them.
+   */
+  private restartsSeen = 0;
 
   constructor(
     private readonly api: JobApi,
@@ -233,9 +238,14 @@ class KubernetesJob implements TrainJob {
       state: job && isQueued(job) ? 'queued' : 'running',
       ranks: rankStatuses(job, this.ownPods(), this.spec.worldSize),
       failure: null,
-      restarts: gangRestarts(this.ownPods()),
+      restarts: this.countRestarts(),
       ...this.clock.times(),
     };
+  }
+
+  private countRestarts(): number {
+    this.restartsSeen = Math.max(this.restartsSeen, gangRestarts(this.ownPods()));
+    return this.restartsSeen;
   }
 
   private finish(state: JobStatus['state'], failure: JobFailure | null): void {
@@ -274,6 +284,7 @@ class KubernetesJob implements TrainJob {
       return;
     }
     this.clock.observe(job);
+    this.countRestarts();
     if (jobCondition(job, 'Complete')) return this.finish('succeeded', null);
     if (jobCondition(job, 'Failed')) {
       const { failure, pod } = failedJobFailure(job, this.ownPods());

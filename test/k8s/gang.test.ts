@@ -196,6 +196,36 @@ describe('an EP 8 Job is a gang (real control plane, kwok fake nodes)', () => {
     });
   }
 
+  it('a rank replaced alone while the group formed still counts once after the success policy has deleted it', async () => {
+    // Regression: the restart was read from the pods left when the Job completed; the success
+    // policy had deleted the replacement (the only pod that carried the count), so it read 0.
+    const namespace = await cluster.createNamespace('gang');
+    const spec = gangSpec();
+    const job = await launcherIn(namespace).launch(spec);
+    try {
+      const first = await gangRunning(namespace, spec.name);
+      const lost = first[randomInt(worldSize)]!;
+      await forceDelete(namespace, lost);
+      const kept = first.filter((p) => p !== lost);
+      const all = await gangRunning(namespace, spec.name, new Set([podName(lost)]));
+      const replacement = all.find((p) => !kept.some((k) => podName(k) === podName(p)))!;
+      assert.equal(rankOf(replacement), rankOf(lost));
+      // A rank of the first generation finishes first: the Job stops and deletes the others.
+      await cluster.setPodExitCode(namespace, podName(kept[0]!), 0);
+      const status = await finished(job);
+      assert.equal(status.state, 'succeeded');
+      await waitFor(`the replacement ${podName(replacement)} to be deleted`, 30_000, async () => {
+        const left = (
+          await core.listNamespacedPod({ namespace, labelSelector: `moerl.dev/job=${spec.name}` })
+        ).items;
+        return !left.some((p) => podName(p) === podName(replacement)) || 'still there';
+      });
+      assert.equal(status.restarts, 1);
+    } finally {
+      await job.cleanUp();
+    }
+  });
+
   it('two gang restarts in a row are counted twice and the Job still completes', async () => {
     const namespace = await cluster.createNamespace('gang');
     const spec = gangSpec();
