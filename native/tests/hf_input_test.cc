@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bad_input.h"
 #include "common/check.h"
 #include "io/hf.h"
 #include "io/json.h"
@@ -47,18 +48,7 @@ std::string write_config(const Json& config) {
   return dir;
 }
 
-// The BadInput message of fn(); fails the test when fn throws nothing or something else.
-template <typename Fn>
-std::string bad_input(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
+using moerl::testing::bad_input;
 
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
 

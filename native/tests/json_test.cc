@@ -6,26 +6,13 @@
 #include <string>
 
 #include "common/check.h"
+#include "bad_input.h"
 #include "io/json.h"
 
 namespace moerl::io {
 namespace {
 
-// The message of the BadInput error `fn` throws; fails the test on anything else.
-template <typename Fn>
-std::string bad_input(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.what();
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a moerl::Error: " << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
+using moerl::testing::bad_input;
 
 TEST(Json, ExpressionIsNotANumber) {
   std::string err = bad_input([] { parse_json("1-2", "rewards.jsonl line 4"); });

@@ -117,32 +117,19 @@ export class JobApi {
   }
 
   /** The job's Service, created if missing; one left over from an earlier Job is replaced. */
-  async ensureService(spec: TrainJobSpec, settings: KubernetesLauncherSpec, job: V1Job): Promise<void> {
+  ensureService(spec: TrainJobSpec, settings: KubernetesLauncherSpec, job: V1Job): Promise<void> {
     const owner = { name: spec.name, uid: job.metadata!.uid! };
     const name = serviceName(spec.name);
-    for (let round = 0; round < 3; round++) {
-      const created = await apiCall(
-        this.call('create', `services/${name}`),
-        () =>
-          this.core.createNamespacedService({
-            namespace: this.namespace,
-            body: serviceManifest(spec, settings, owner),
-          }),
-        (err) => (isAlreadyExists(err) ? null : undefined),
-      );
-      if (created) return;
-      const existing = await this.readService(name);
-      if (!existing) continue;
-      if (existing.metadata?.ownerReferences?.some((r) => r.uid === owner.uid)) return;
-      await apiCall(
-        this.call('delete', `services/${name}`),
-        () => this.core.deleteNamespacedService({ name, namespace: this.namespace }),
-        (err) => (isNotFound(err) ? null : undefined),
-      );
-    }
-    throw ApplicationFailure.create({
-      type: kubernetesUnavailableErrorType,
-      message: `service ${name} in namespace ${this.namespace} keeps being replaced while job ${spec.name} starts`,
+    return this.ensureOwned(spec, owner.uid, {
+      what: `service ${name}`,
+      resource: `services/${name}`,
+      create: () =>
+        this.core.createNamespacedService({
+          namespace: this.namespace,
+          body: serviceManifest(spec, settings, owner),
+        }),
+      read: () => this.core.readNamespacedService({ name, namespace: this.namespace }),
+      remove: () => this.core.deleteNamespacedService({ name, namespace: this.namespace }),
     });
   }
 
@@ -151,37 +138,50 @@ export class JobApi {
    * earlier Job of the same name (its collection pending) is replaced. Until it exists the job's
    * pods take no connection (the namespace's moerl-trainer policy): the ranks' rendezvous waits.
    */
-  async ensureNetworkPolicy(spec: TrainJobSpec, settings: KubernetesLauncherSpec, job: V1Job): Promise<void> {
+  ensureNetworkPolicy(spec: TrainJobSpec, settings: KubernetesLauncherSpec, job: V1Job): Promise<void> {
     const owner = { name: spec.name, uid: job.metadata!.uid! };
     const name = networkPolicyName(spec.name);
+    return this.ensureOwned(spec, owner.uid, {
+      what: `network policy ${name}`,
+      resource: `networkpolicies/${name}`,
+      create: () =>
+        this.networking.createNamespacedNetworkPolicy({
+          namespace: this.namespace,
+          body: networkPolicyManifest(spec, settings, owner),
+        }),
+      read: () => this.networking.readNamespacedNetworkPolicy({ name, namespace: this.namespace }),
+      remove: () => this.networking.deleteNamespacedNetworkPolicy({ name, namespace: this.namespace }),
+    });
+  }
+
+  // An object the Job owns, created if missing; one of the same name owned by another (an
+  // earlier Job's, its collection pending) is deleted and made again, a few rounds at most.
+  private async ensureOwned(
+    spec: TrainJobSpec,
+    ownerUid: string,
+    object: {
+      /** "service <name>", for the error. */
+      what: string;
+      resource: string;
+      create: () => Promise<unknown>;
+      read: () => Promise<{ metadata?: V1ObjectMeta }>;
+      remove: () => Promise<unknown>;
+    },
+  ): Promise<void> {
     const gone = (err: unknown) => (isNotFound(err) ? null : undefined);
     for (let round = 0; round < 3; round++) {
-      const created = await apiCall(
-        this.call('create', `networkpolicies/${name}`),
-        () =>
-          this.networking.createNamespacedNetworkPolicy({
-            namespace: this.namespace,
-            body: networkPolicyManifest(spec, settings, owner),
-          }),
-        (err) => (isAlreadyExists(err) ? null : undefined),
+      const created = await apiCall(this.call('create', object.resource), object.create, (err) =>
+        isAlreadyExists(err) ? null : undefined,
       );
       if (created) return;
-      const existing = await apiCall(
-        this.call('get', `networkpolicies/${name}`),
-        () => this.networking.readNamespacedNetworkPolicy({ name, namespace: this.namespace }),
-        gone,
-      );
+      const existing = await apiCall(this.call('get', object.resource), object.read, gone);
       if (!existing) continue;
-      if (existing.metadata?.ownerReferences?.some((r) => r.uid === owner.uid)) return;
-      await apiCall(
-        this.call('delete', `networkpolicies/${name}`),
-        () => this.networking.deleteNamespacedNetworkPolicy({ name, namespace: this.namespace }),
-        gone,
-      );
+      if (existing.metadata?.ownerReferences?.some((r) => r.uid === ownerUid)) return;
+      await apiCall(this.call('delete', object.resource), object.remove, gone);
     }
     throw ApplicationFailure.create({
       type: kubernetesUnavailableErrorType,
-      message: `network policy ${name} in namespace ${this.namespace} keeps being replaced while job ${spec.name} starts`,
+      message: `${object.what} in namespace ${this.namespace} keeps being replaced while job ${spec.name} starts`,
     });
   }
 
