@@ -59,3 +59,11 @@ export class ProblemList {
       : [...this.kept];
   }
 }
+
+/**
+ * What is wrong with a dataset file, found where its name is not known (a Parquet file's
+ * footer, a row group): the caller names the dataset (DatasetError).
+ */
+export class DatasetProblem extends Error {
+  override name = 'DatasetProblem';
+}

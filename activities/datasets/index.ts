@@ -3,6 +3,13 @@
 // deterministically by (seed, epoch) and read by row index by the shards (docs/tasks.md,
 // "Datasets").
 export { DatasetChangedError, DatasetError, defaultMaxProblems } from './errors.js';
+export {
+  datasetLimitEnv,
+  datasetLimitsFromEnv,
+  defaultDatasetLimits,
+  maxNestingDepth,
+  type DatasetLimits,
+} from './limits.js';
 export { readDatasetRows, type ReadRowsOptions } from './read.js';
 export { verlColumns, type ChatMessage, type DatasetColumns, type DatasetRow } from './rows.js';
 export {

@@ -1,6 +1,7 @@
 // JSONL datasets, streamed: one JSON object a line, row i on line i + 1. Only one line is held
 // at a time, and a line is never held past `maxLineBytes` (a file without newlines must not
 // take the worker's memory).
+import { measureValue, nestingProblem } from './limits.js';
 
 /** Longest line read, by default: 64 MiB, far beyond any prompt. */
 export const defaultMaxLineBytes = 64 * 1024 * 1024;
@@ -56,16 +57,19 @@ export async function* jsonlLines(
   if (length > 0 || tooLong) yield finish();
 }
 
-/** The decoded record of a line, or what is wrong with it. */
+/** The decoded record of a line, or what is wrong with it (not JSON, nested too deep). */
 export function parseJsonlLine(
   line: JsonlLine,
   maxLineBytes = defaultMaxLineBytes,
 ): { record: unknown } | { problem: string } {
   if (line.text === null) return { problem: `longer than ${maxLineBytes} bytes` };
   if (line.text.trim() === '') return { problem: 'an empty line, expected a JSON object' };
+  let record: unknown;
   try {
-    return { record: JSON.parse(line.text) as unknown };
+    record = JSON.parse(line.text) as unknown;
   } catch (err) {
     return { problem: `not JSON: ${(err as Error).message}` };
   }
+  const deep = nestingProblem(measureValue(record).depth);
+  return deep === undefined ? { record } : { problem: deep };
 }

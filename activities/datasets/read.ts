@@ -3,10 +3,11 @@
 // decoded once per worker into a row cache read by offset (row-cache.ts); JSONL is scanned
 // once, stopping at the last row wanted unless the hash must be checked (docs/benchmarks.md
 // has the scan's cost, and why no line-offset index). Bytes that are not the campaign's
-// (another sha256) are refused.
+// (another sha256) are refused, and so is a file past the dataset limits (limits.ts).
 import type { DatasetFormat } from '../../workflows/spec-dataset.js';
-import { DatasetChangedError, DatasetError } from './errors.js';
+import { DatasetChangedError, DatasetError, DatasetProblem } from './errors.js';
 import { defaultMaxLineBytes, jsonlLines, parseJsonlLine } from './jsonl.js';
+import { datasetLimitsFromEnv, type DatasetLimits } from './limits.js';
 import { openParquet } from './parquet.js';
 import { parquetRowCache, readCachedRecords } from './row-cache.js';
 import { toDatasetRow, topLevelColumns, type DatasetColumns, type DatasetRow } from './rows.js';
@@ -26,6 +27,8 @@ export interface ReadRowsOptions {
   maxLineBytes?: number;
   /** Read each row's reference completion too (task.dataset.responseKey), required. */
   responseKey?: string;
+  /** What the file may cost (default: this worker's, datasetLimitsFromEnv). */
+  limits?: DatasetLimits;
 }
 
 /** The rows at `indices` (any order, repeats allowed), in that order. */
@@ -49,16 +52,22 @@ export async function readDatasetRows(
   if (opts.format === 'jsonl') await scanJsonl(input, wanted, opts, keep, problems);
   else {
     const local = await localCopy(input, opts.cacheDir, opts.expectedSha256);
-    const pq = await openParquet(local.path);
-    const columns = [
-      ...topLevelColumns(opts.columns),
-      ...(opts.responseKey ? [opts.responseKey.split('.')[0] as string] : []),
-    ].filter((c, i, all) => pq.columns.includes(c) && all.indexOf(c) === i);
-    const cache = await parquetRowCache(local.path, local.sha256, columns, opts.cacheDir);
-    const records = await readCachedRecords(
-      cache,
-      wanted.filter((i) => i < pq.rows),
-    );
+    let records;
+    try {
+      const pq = await openParquet(local.path, opts.limits ?? datasetLimitsFromEnv());
+      const columns = [
+        ...topLevelColumns(opts.columns),
+        ...(opts.responseKey ? [opts.responseKey.split('.')[0] as string] : []),
+      ].filter((c, i, all) => pq.columns.includes(c) && all.indexOf(c) === i);
+      const cache = await parquetRowCache(pq, local.sha256, columns, opts.cacheDir);
+      records = await readCachedRecords(
+        cache,
+        wanted.filter((i) => i < pq.rows),
+      );
+    } catch (err) {
+      if (err instanceof DatasetProblem) throw new DatasetError(source, [err.message]);
+      throw err;
+    }
     for (const [row, record] of records) keep(row, record, `row ${row}`);
   }
   if (problems.length > 0) throw new DatasetError(source, problems);

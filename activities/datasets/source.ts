@@ -4,7 +4,7 @@
 // object is first copied to a local file, streamed to disk and hashed (the store has no ranged
 // reads), and kept in the worker's cache under its content hash.
 import { createReadStream, createWriteStream } from 'node:fs';
-import { mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -13,6 +13,7 @@ import type { ObjectStore } from '../store/index.js';
 import { hashingStream, sha256OfStream } from '../store/streams.js';
 import type { StoreLocation } from '../types.js';
 import { DatasetChangedError } from './errors.js';
+import { hasContent } from './verify.js';
 
 export type DatasetInput = { path: string } | { store: ObjectStore; key: string };
 
@@ -44,7 +45,8 @@ export async function hashDataset(input: DatasetInput): Promise<{ sha256: string
 /**
  * A local file with the dataset's bytes, and their hash: the file itself for a path; for a
  * store object a copy in `cacheDir`, named by its sha256. The copy is reused while the object
- * keeps the entity tag it had when copied (S3); a store without entity tags (fs) is read again.
+ * keeps the entity tag it had when copied (S3) and the copy still has the object's size and
+ * hash (verify.ts); a store without entity tags (fs) is read again.
  * With `expectedSha256`, bytes that hash otherwise are a DatasetChangedError (and not kept).
  */
 export async function localCopy(
@@ -64,11 +66,11 @@ export async function localCopy(
   await mkdir(cacheDir, { recursive: true });
   const head = await input.store.head(input.key);
   const origin = head?.etag === undefined ? undefined : `${input.store.describe()} ${input.key} ${head.etag}`;
-  if (expectedSha256 !== undefined && origin !== undefined) {
+  if (expectedSha256 !== undefined && origin !== undefined && head !== null) {
     const cached = join(cacheDir, `${expectedSha256}.dataset`);
     const seen = await readFile(`${cached}.origin`, 'utf8').catch(() => null);
-    const info = await stat(cached).catch(() => null);
-    if (seen === origin && info?.isFile()) return { path: cached, sha256: expectedSha256, bytes: info.size };
+    if (seen === origin && (await hasContent(cached, head.bytes, expectedSha256)))
+      return { path: cached, sha256: expectedSha256, bytes: head.bytes };
   }
   const temp = join(
     cacheDir,

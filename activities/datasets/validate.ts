@@ -1,11 +1,13 @@
 // Checks a dataset before a campaign starts: every row's fields, each problem named by its row
 // and field, all problems at once (the first `maxProblems`, then "and N more"), in one
 // streamed pass that also yields the dataset's identity (sha256, size, rows). Memory stays
-// bounded by one JSONL line or one Parquet row group, whatever the file's size.
+// bounded by one JSONL line or one Parquet row group, whatever the file's size, and a file past
+// the dataset limits (limits.ts) is one problem, found before its rows are decoded.
 import type { DatasetFormat } from '../../workflows/spec-dataset.js';
-import { DatasetError, ProblemList, defaultMaxProblems } from './errors.js';
+import { DatasetError, DatasetProblem, ProblemList, defaultMaxProblems } from './errors.js';
 import { defaultMaxLineBytes, jsonlLines, parseJsonlLine } from './jsonl.js';
-import { openParquet, readParquetRows, rowGroupRanges } from './parquet.js';
+import { datasetLimitsFromEnv, overLimit, type DatasetLimits } from './limits.js';
+import { openParquet, readParquetGroup, rowGroupCount } from './parquet.js';
 import {
   toDatasetRow,
   topLevelColumns,
@@ -51,6 +53,8 @@ export interface ValidateOptions {
   responseKey?: string;
   maxProblems?: number;
   maxLineBytes?: number;
+  /** What the file may cost (default: this worker's, datasetLimitsFromEnv). */
+  limits?: DatasetLimits;
 }
 
 /** How a row is named in problems: its index, and for JSONL the line an editor shows. */
@@ -143,10 +147,19 @@ async function validateJsonl(
   checks: RowChecks,
 ): Promise<DatasetIdentity> {
   const maxLineBytes = opts.maxLineBytes ?? defaultMaxLineBytes;
+  const limits = opts.limits ?? datasetLimitsFromEnv();
   const hasher = hashingStream();
-  const bytes = byteStream(input).pipe(hasher);
+  const stream = byteStream(input);
+  const bytes = stream.pipe(hasher);
   let rows = 0;
   for await (const line of jsonlLines(bytes, maxLineBytes)) {
+    if (line.row === limits.maxRows) {
+      stream.destroy();
+      checks.problems.add(
+        `more than ${limits.maxRows} rows (line ${line.row + 1} is past them), more than a dataset may have: ${overLimit(limits, 'maxRows')}; or split the file`,
+      );
+      return { ...hasher.digest(), rows };
+    }
     rows++;
     const parsed = parseJsonlLine(line, maxLineBytes);
     if ('problem' in parsed) checks.bad(line.row, parsed.problem);
@@ -165,9 +178,11 @@ async function validateParquet(
   if (local.bytes === 0) return { ...identity, rows: 0 };
   let pq;
   try {
-    pq = await openParquet(local.path);
+    pq = await openParquet(local.path, opts.limits ?? datasetLimitsFromEnv());
   } catch (err) {
-    checks.problems.add(`not a Parquet file: ${(err as Error).message}`);
+    checks.problems.add(
+      err instanceof DatasetProblem ? err.message : `not a Parquet file: ${(err as Error).message}`,
+    );
     return { ...identity, rows: 0 };
   }
   // A required column the file lacks is one problem, not one per row.
@@ -187,9 +202,19 @@ async function validateParquet(
     return { ...identity, rows: pq.rows };
   }
   const columns = wanted.filter((c) => pq.columns.includes(c));
-  for (const [start, end] of rowGroupRanges(pq)) {
-    const records = await readParquetRows(pq, start, end, columns);
-    for (const [i, record] of records.entries()) await checks.record(start + i, record);
+  for (let g = 0; g < rowGroupCount(pq); g++) {
+    let rows;
+    try {
+      rows = await readParquetGroup(pq, g, columns);
+    } catch (err) {
+      if (!(err instanceof DatasetProblem)) throw err;
+      checks.problems.add(err.message);
+      break;
+    }
+    const start = pq.groupStarts[g] as number;
+    for (const [i, got] of rows.entries())
+      if ('problem' in got) checks.bad(start + i, got.problem);
+      else await checks.record(start + i, got.record);
   }
   return { ...identity, rows: pq.rows };
 }
