@@ -43,14 +43,36 @@ export function rewardFunction(
       timeoutMs: r.timeoutMs,
       maxRetries: r.maxRetries,
       batchSize: r.batchSize,
-      maxResponseBytes: r.maxResponseBytes,
-      headers: rewardAuthHeaders(r.auth, env),
+      maxResponseBytes: allowedResponseBytes(r.maxResponseBytes, env),
+      headers: rewardAuthHeaders(r.auth, r.url, env),
       kind: r.rewardKind,
       signal,
     });
   if (!('builtin' in spec.task))
     throw new BadInputError('a dataset task is scored by its rewards section or an http reward model');
   return verifierReward(spec.task.builtin);
+}
+
+/** The largest reward model response a worker reads unless its operator sets MOERL_REWARD_MAX_RESPONSE_BYTES. */
+export const defaultWorkerMaxResponseBytes = 64 * 1024 * 1024;
+
+/**
+ * The spec's `reward.maxResponseBytes` when this worker allows as much: a response is held whole
+ * in the worker's memory, so how large one may be is the worker's operator's to bound, not the
+ * spec's (the spec may ask up to 1 GiB).
+ */
+export function allowedResponseBytes(asked: number, env: NodeJS.ProcessEnv = process.env): number {
+  const setting = 'MOERL_REWARD_MAX_RESPONSE_BYTES';
+  const text = env[setting]?.trim();
+  if (text && !/^[1-9]\d*$/.test(text))
+    throw new Error(`${setting}=${JSON.stringify(text)} is not a positive whole number of bytes`);
+  const most = text ? Number(text) : defaultWorkerMaxResponseBytes;
+  if (asked > most)
+    throw new BadInputError(
+      `reward.maxResponseBytes ${asked} is more than this worker reads from a reward model (${most} bytes, ` +
+        `${setting}, the worker operator's setting); lower it in the spec, or raise the setting`,
+    );
+  return asked;
 }
 
 /** The sandbox of users' reward functions, as this worker's operator set it (never the spec). */

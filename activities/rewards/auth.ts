@@ -1,16 +1,63 @@
 // The reward model's credential: one header whose secret comes from the worker's environment or
 // from a file on the worker. The spec names only the variable or the file, so the secret never
 // reaches the spec, the workflow history or an error message. A spec is untrusted: it may name
-// only the variables and files the worker's operator allows (MOERL_REWARD_SECRET_ENVS,
-// MOERL_REWARD_SECRET_FILES), never, say, TEMPORAL_API_KEY or the pod's service-account token.
+// only the variables and files the worker's operator allows, each paired with the origins it may
+// go to (MOERL_REWARD_SECRET_ENVS, MOERL_REWARD_SECRET_FILES), never, say, TEMPORAL_API_KEY or
+// the pod's service-account token, and never an allowed secret to a server of its own.
 import { readFileSync, realpathSync } from 'node:fs';
 import { basename, dirname, isAbsolute, join, resolve, sep } from 'node:path';
 import { BadInputError } from './errors.js';
 
-/** Comma-separated environment variable names a spec's `secretEnv` may name. */
+/**
+ * Comma-separated `NAME=ORIGIN` pairs: the environment variables a spec's `secretEnv` may name,
+ * each with an origin (scheme, host and port, e.g. https://rm.internal:8443) its secret may go to.
+ */
 export const secretEnvsSetting = 'MOERL_REWARD_SECRET_ENVS';
-/** Comma-separated absolute paths a spec's `secretFile` may name; one ending in "/" allows its files. */
+/**
+ * Comma-separated `PATH=ORIGIN` pairs: the absolute paths a spec's `secretFile` may name (one
+ * ending in "/" allows its files), each with an origin its secret may go to.
+ */
 export const secretFilesSetting = 'MOERL_REWARD_SECRET_FILES';
+
+/** One allowed secret of a setting, and where it may go. */
+interface AllowedSecret {
+  secret: string;
+  origin: string;
+}
+
+/**
+ * A setting's pairs; an entry without an origin, or with one that is not a bare http(s) origin,
+ * is the operator's mistake, named (a secret allowed to go anywhere is what the pairs prevent).
+ */
+function allowedSecrets(setting: string, env: NodeJS.ProcessEnv): AllowedSecret[] {
+  const fail = (entry: string, why: string) =>
+    new BadInputError(
+      `reward model auth: ${setting} entry ${JSON.stringify(entry)} ${why}; ` +
+        `the worker's operator pairs each secret with the origin it may go to, e.g. ${setting}=${setting === secretEnvsSetting ? 'RM_TOKEN' : '/run/secrets/rm-token'}=https://rm.internal:8443`,
+    );
+  return list(env[setting]).map((entry) => {
+    const at = entry.lastIndexOf('=');
+    if (at <= 0) throw fail(entry, 'names no origin');
+    const secret = entry.slice(0, at).trim();
+    const text = entry.slice(at + 1).trim();
+    let url: URL;
+    try {
+      url = new URL(text);
+    } catch {
+      throw fail(entry, `has ${JSON.stringify(text)}, not an origin`);
+    }
+    if (
+      (url.protocol !== 'https:' && url.protocol !== 'http:') ||
+      url.username ||
+      url.password ||
+      url.pathname !== '/' ||
+      url.search ||
+      url.hash
+    )
+      throw fail(entry, `has ${JSON.stringify(text)}, not an http(s) origin (scheme, host and port only)`);
+    return { secret, origin: url.origin };
+  });
+}
 
 const list = (value: string | undefined) =>
   (value ?? '')
@@ -18,8 +65,8 @@ const list = (value: string | undefined) =>
     .map((s) => s.trim())
     .filter((s) => s !== '');
 
-/** Whether the operator's setting allows `file` (symbolic links and ".." resolved first). */
-function fileAllowed(file: string, allowed: string[]): boolean {
+/** Whether the allowed path `a` (a file, or a folder ending in "/") holds `file` (symbolic links and ".." resolved first). */
+function fileAllowed(file: string, a: string): boolean {
   // A file that does not exist is judged by where it would be, and reported unreadable below.
   let real: string;
   try {
@@ -31,15 +78,13 @@ function fileAllowed(file: string, allowed: string[]): boolean {
       real = resolve(file);
     }
   }
-  return allowed.some((a) => {
-    if (!isAbsolute(a)) return false;
-    try {
-      if (!a.endsWith('/')) return a === real || realpathSync(a) === real;
-      return real.startsWith(realpathSync(a) + sep);
-    } catch {
-      return false;
-    }
-  });
+  if (!isAbsolute(a)) return false;
+  try {
+    if (!a.endsWith('/')) return a === real || realpathSync(a) === real;
+    return real.startsWith(realpathSync(a) + sep);
+  } catch {
+    return false;
+  }
 }
 
 /** The spec's `reward.auth` (workflows/spec.ts): exactly one of secretEnv and secretFile. */
@@ -57,28 +102,42 @@ export interface RewardModelAuth {
 /** The headers `auth` asks for, read now; BadInputError (never quoting the secret) when it cannot be. */
 export function rewardAuthHeaders(
   auth: RewardModelAuth | undefined,
+  url: string,
   env: NodeJS.ProcessEnv = process.env,
 ): Record<string, string> {
   if (!auth) return {};
   const fail = (what: string) => new BadInputError(`reward model auth: ${what}`);
+  let origin: string;
+  try {
+    origin = new URL(url).origin;
+  } catch {
+    throw fail(`url ${JSON.stringify(url)} is not a URL`);
+  }
+  /** The setting's origins for the secret, checked against the spec's url. */
+  const checkAllowed = (where: string, setting: string, matches: (a: AllowedSecret) => boolean) => {
+    const allowed = allowedSecrets(setting, env).filter(matches);
+    if (allowed.length === 0)
+      throw fail(
+        `${where} is not one this worker allows (${setting}=${env[setting] ?? ''}); ` +
+          `the worker's operator lists the secrets a spec may name, each with the origins it may go to`,
+      );
+    if (!allowed.some((a) => a.origin === origin))
+      throw fail(
+        `${where} may go to ${allowed.map((a) => a.origin).join(', ')} only (${setting}), not to ${origin}, ` +
+          `the origin of the spec's url`,
+      );
+  };
   let secret: string;
   let where: string;
   if (auth.secretEnv !== undefined) {
     where = `environment variable ${auth.secretEnv}`;
-    if (!list(env[secretEnvsSetting]).includes(auth.secretEnv))
-      throw fail(
-        `${where} is not one this worker allows (${secretEnvsSetting}=${env[secretEnvsSetting] ?? ''}); ` +
-          `the worker's operator lists the variables a spec may name`,
-      );
+    checkAllowed(where, secretEnvsSetting, (a) => a.secret === auth.secretEnv);
     secret = env[auth.secretEnv] ?? '';
     if (secret === '') throw fail(`${where} is not set on this worker (it holds the ${auth.header} secret)`);
   } else if (auth.secretFile !== undefined) {
-    where = `secret file ${auth.secretFile}`;
-    if (!fileAllowed(auth.secretFile, list(env[secretFilesSetting])))
-      throw fail(
-        `${where} is not one this worker allows (${secretFilesSetting}=${env[secretFilesSetting] ?? ''}); ` +
-          `the worker's operator lists the files a spec may name`,
-      );
+    const file = auth.secretFile;
+    where = `secret file ${file}`;
+    checkAllowed(where, secretFilesSetting, (a) => fileAllowed(file, a.secret));
     try {
       secret = readFileSync(auth.secretFile, 'utf8').replace(/\r?\n$/, '');
     } catch (err) {

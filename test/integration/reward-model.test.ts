@@ -329,7 +329,7 @@ describe('httpRewardModel', () => {
     });
     assert.ok(!JSON.stringify(spec).includes('env-t0ken'));
     const reward = rewardFunction(spec, new AbortController().signal, {
-      MOERL_REWARD_SECRET_ENVS: 'MOERL_REWARD_TOKEN',
+      MOERL_REWARD_SECRET_ENVS: `MOERL_REWARD_TOKEN=${new URL(base).origin}`,
       MOERL_REWARD_TOKEN: 'env-t0ken',
     });
     assert.deepEqual(await reward.score([record(3, 1)]), [31]);
@@ -337,7 +337,7 @@ describe('httpRewardModel', () => {
     assert.throws(
       () =>
         rewardFunction(spec, new AbortController().signal, {
-          MOERL_REWARD_SECRET_ENVS: 'MOERL_REWARD_TOKEN',
+          MOERL_REWARD_SECRET_ENVS: `MOERL_REWARD_TOKEN=${new URL(base).origin}`,
         }),
       /reward model auth: environment variable MOERL_REWARD_TOKEN is not set on this worker/,
     );
