@@ -205,7 +205,7 @@ export class CheckpointCache {
 
   /** Makes room for a checkpoint not cached yet, then downloads it. */
   private async fill(store: ObjectStore, ref: CheckpointRef, sha: string, dir: string): Promise<void> {
-    if (await isInstalled(dir)) return;
+    if (await isInstalled(dir, ref, 'weights')) return;
     const read = await readRefManifest(store, ref);
     const bytes = checkpointBytes(read, ref, 'weights');
     const bound = this.limits.maxBytes;

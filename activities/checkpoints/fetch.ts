@@ -3,11 +3,12 @@
 // trainer rank reads.
 import { randomUUID } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import { mkdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as keys from '../layout.js';
 import { StoreNotFoundError } from '../store/errors.js';
 import { writeFileAtomically } from '../store/local-file.js';
+import { hasContent, rememberContent } from '../store/verified-file.js';
 import type { ObjectStore } from '../store/types.js';
 import type { CheckpointManifest, CheckpointRef } from '../types.js';
 import {
@@ -47,11 +48,6 @@ export async function readRefManifest(
       `${manifestKey} changed after it was committed (sha256 ${sha256Hex(text)}, expected ${ref.manifestSha256})`,
     );
   return { text, manifest: parseManifest(text, manifestKey) };
-}
-
-async function matchesManifest(local: string, file: ManifestFile): Promise<boolean> {
-  if ((await stat(local).catch(() => null))?.size !== file.bytes) return false;
-  return (await sha256OfStream(createReadStream(local))).sha256 === file.sha256;
 }
 
 /** The BadInput failure of a checkpoint file the store does not have (other errors pass through). */
@@ -104,9 +100,24 @@ export function checkpointBytes(
   return partFiles(read, ref, part).reduce((sum, f) => sum + f.bytes, Buffer.byteLength(read.text));
 }
 
-/** True when `dir` is a complete copy of its part (complete exactly when it has its manifest.json). */
-export async function isInstalled(dir: string): Promise<boolean> {
-  return (await stat(join(dir, keys.manifestName)).catch(() => null)) !== null;
+/**
+ * True when `dir` is a complete copy of `part` of checkpoint `ref`: its manifest.json is the
+ * ref's (by sha256), written last, and every file of the part has the manifest's size and
+ * sha256 (store/verified-file.ts: the size at every use, the hash once per process). A copy
+ * written over in the cache, by anyone who can write there, is not one.
+ */
+export async function isInstalled(dir: string, ref: CheckpointRef, part: CheckpointPart): Promise<boolean> {
+  const text = await readFile(join(dir, keys.manifestName), 'utf8').catch(() => null);
+  if (text === null || sha256Hex(text) !== ref.manifestSha256) return false;
+  let files: ManifestFile[];
+  try {
+    files = partFiles({ manifest: parseManifest(text, join(dir, keys.manifestName)) }, ref, part);
+  } catch {
+    return false;
+  }
+  for (const file of files)
+    if (!(await hasContent(join(dir, file.name), file.bytes, file.sha256))) return false;
+  return true;
 }
 
 /**
@@ -125,21 +136,37 @@ export async function installCheckpoint(
     signal?: AbortSignal;
   },
 ): Promise<void> {
-  if (await isInstalled(dir)) return;
+  if (await isInstalled(dir, ref, opts.part)) return;
   const read = opts.read ?? (await readRefManifest(store, ref));
-  const tmp = `${dir}${partialDirMarker}${process.pid}-${randomUUID().slice(0, 8)}`;
+  const partial = () => `${dir}${partialDirMarker}${process.pid}-${randomUUID().slice(0, 8)}`;
+  // A copy that is not whole (a file changed or cut short) is moved out of the way, then removed.
+  if (await stat(dir).catch(() => null)) {
+    const aside = partial();
+    await rename(dir, aside).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== 'ENOENT') throw err;
+    });
+    await rm(aside, { recursive: true, force: true });
+  }
+  const tmp = partial();
   await mkdir(tmp, { recursive: true });
   try {
-    for (const file of partFiles(read, ref, opts.part)) {
+    const files = partFiles(read, ref, opts.part);
+    for (const file of files) {
       opts.signal?.throwIfAborted();
       await downloadVerified(store, ref, file, join(tmp, file.name));
     }
     await writeFile(join(tmp, keys.manifestName), read.text);
-    await rename(tmp, dir).catch(async (err: NodeJS.ErrnoException) => {
-      // Another process cached the same checkpoint first: use theirs.
-      if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
-      await rm(tmp, { recursive: true, force: true });
-    });
+    const mine = await rename(tmp, dir).then(
+      () => true,
+      async (err: NodeJS.ErrnoException) => {
+        // Another process cached the same checkpoint first: use theirs.
+        if (err.code !== 'ENOTEMPTY' && err.code !== 'EEXIST') throw err;
+        await rm(tmp, { recursive: true, force: true });
+        return false;
+      },
+    );
+    // Verified while downloaded: their first use in this process need not hash them again.
+    if (mine) for (const file of files) await rememberContent(join(dir, file.name), file.sha256);
   } catch (err) {
     await rm(tmp, { recursive: true, force: true });
     throw err;
@@ -225,7 +252,7 @@ export async function fetchCheckpointForRank(
   await rm(join(dir, keys.manifestName), { force: true });
   for (const file of files) {
     const local = join(dir, file.name);
-    if (!(await matchesManifest(local, file))) await downloadVerified(store, ref, file, local);
+    if (!(await hasContent(local, file.bytes, file.sha256))) await downloadVerified(store, ref, file, local);
   }
   await writeFileAtomically(join(dir, keys.manifestName), Buffer.from(text));
 }

@@ -4,7 +4,7 @@
 // JSON lines plus an offset index (8 bytes a row), each later read costs one positioned read
 // a row. Named by the dataset's sha256 and the columns read. A manifest written last gives the
 // rows, the two files' sizes and sha256s: a copy without it, or whose files are not those
-// (verify.ts: sizes at every use, hashes once per process), is decoded again.
+// (store/verified-file.ts: sizes at every use, hashes once per process), is decoded again.
 import { createHash } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import { mkdir, open, readFile, rename, rm, writeFile } from 'node:fs/promises';
@@ -12,7 +12,7 @@ import { once } from 'node:events';
 import { join } from 'node:path';
 import { DatasetProblem } from './errors.js';
 import { readParquetGroup, rowGroupCount, type ParquetFile } from './parquet.js';
-import { hasContent } from './verify.js';
+import { hasContent, rememberContent } from '../store/verified-file.js';
 
 export interface RowCache {
   /** The decoded rows, one JSON object a line. */
@@ -75,6 +75,8 @@ export async function parquetRowCache(
       sha256: hash.digest('hex'),
       indexSha256: createHash('sha256').update(index).digest('hex'),
     };
+    await rememberContent(path, manifest.sha256);
+    await rememberContent(indexPath, manifest.indexSha256);
     await writeFile(`${manifestPath}.${suffix}`, JSON.stringify(manifest));
     await rename(`${manifestPath}.${suffix}`, manifestPath);
   } finally {

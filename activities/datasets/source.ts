@@ -13,7 +13,7 @@ import type { ObjectStore } from '../store/index.js';
 import { hashingStream, sha256OfStream } from '../store/streams.js';
 import type { StoreLocation } from '../types.js';
 import { DatasetChangedError } from './errors.js';
-import { hasContent } from './verify.js';
+import { hasContent, rememberContent } from '../store/verified-file.js';
 
 export type DatasetInput = { path: string } | { store: ObjectStore; key: string };
 
@@ -46,7 +46,7 @@ export async function hashDataset(input: DatasetInput): Promise<{ sha256: string
  * A local file with the dataset's bytes, and their hash: the file itself for a path; for a
  * store object a copy in `cacheDir`, named by its sha256. The copy is reused while the object
  * keeps the entity tag it had when copied (S3) and the copy still has the object's size and
- * hash (verify.ts); a store without entity tags (fs) is read again.
+ * hash (store/verified-file.ts); a store without entity tags (fs) is read again.
  * With `expectedSha256`, bytes that hash otherwise are a DatasetChangedError (and not kept).
  */
 export async function localCopy(
@@ -84,6 +84,7 @@ export async function localCopy(
     // Named by content: a concurrent download of the same bytes renames onto the same name.
     const path = join(cacheDir, `${got.sha256}.dataset`);
     await rename(temp, path);
+    await rememberContent(path, got.sha256);
     if (origin !== undefined) await writeFile(`${path}.origin`, origin);
     return { path, ...got };
   } finally {

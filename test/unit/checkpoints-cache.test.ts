@@ -2,10 +2,23 @@
 // also across a restart, and never evicts an entry in use — in this process or another.
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, utimesSync } from 'node:fs';
+import {
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  truncateSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { createInterface } from 'node:readline';
 import { after, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -145,6 +158,49 @@ describe('bounded checkpoint cache', () => {
     await cache.settled();
     (await cache.acquire(counted, refs[0]!)).release();
     assert.equal(counted.downloads, 2, 'cached: no download');
+  });
+
+  test('bounded checkpoint cache: an entry written over in the cache (a file changed, cut short, another manifest) is fetched again, never used', async () => {
+    // Before: an entry counted as installed once its manifest.json existed.
+    const { store, refs } = await checkpoints(2);
+    const counted = countingDownloads(store);
+    const cache = new CheckpointCache(freshRoot(), { maxCheckpoints: 2, maxBytes: Infinity });
+    const use = async (ref: CheckpointRef) => {
+      const lease = await cache.acquire(counted, ref);
+      await assertComplete(lease.dir, ref);
+      lease.release();
+      await cache.settled();
+      return lease.dir;
+    };
+    const dir = await use(refs[0]!);
+    assert.equal(counted.downloads, 2);
+    const dense = join(dir, 'dense.safetensors');
+    const original = readFileSync(dense);
+    const damages: [string, () => void][] = [
+      [
+        'one byte changed, same size',
+        () => writeFileSync(dense, Buffer.from(original.map((b, i) => (i === 100 ? b ^ 0xff : b)))),
+      ],
+      ['cut short', () => truncateSync(dense, original.length - 1)],
+      [
+        "another checkpoint's manifest",
+        () =>
+          copyFileSync(
+            join(cache.root, refs[1]!.manifestSha256, 'manifest.json'),
+            join(dir, 'manifest.json'),
+          ),
+      ],
+    ];
+    await use(refs[1]!);
+    for (const [how, damage] of damages) {
+      const before: number = counted.downloads;
+      await sleep(20); // past the file system's clock tick: the write has a ctime of its own
+      damage();
+      assert.equal(await use(refs[0]!), dir, how);
+      assert.equal(counted.downloads, before + 2, `${how}: fetched again`);
+      await use(refs[0]!);
+      assert.equal(counted.downloads, before + 2, `${how}: then cached`);
+    }
   });
 
   test('bounded checkpoint cache: a restarted cache (new object, same directory) evicts the least recently used first', async () => {

@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { after, before, describe, it } from 'node:test';
 import { parquetWriteFile } from 'hyparquet-writer/src/node.js';
 import {
@@ -173,6 +174,7 @@ describe("datasets: the worker's caches hold what was put there", () => {
     const rows = readdirSync(cacheDir).find((f) => f.endsWith('.rows.jsonl'));
     assert.ok(rows, readdirSync(cacheDir).join(', '));
     const bytes = readFileSync(join(cacheDir, rows));
+    await sleep(20); // past the file system's clock tick: the rewrite has a ctime of its own
     // Row 3 becomes another row of the same length.
     writeFileSync(join(cacheDir, rows), bytes.toString('utf8').replace('"3 + ', '"4 + '));
     assert.equal(readFileSync(join(cacheDir, rows)).length, bytes.length);
@@ -197,6 +199,7 @@ describe("datasets: the worker's caches hold what was put there", () => {
     const original = readFileSync(copy);
     const changed = Buffer.from(original);
     changed[Math.floor(changed.length / 2)]! ^= 0xff;
+    await sleep(20);
     writeFileSync(copy, changed);
     assert.deepEqual(await read(), first);
     assert.deepEqual(readFileSync(copy), original, 'copied again from the store');
