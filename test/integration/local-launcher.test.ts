@@ -163,26 +163,6 @@ describe('LocalLauncher (real rank programs)', { skip: tools.skip }, () => {
     assert.deepEqual(await stillAlive(ranks), [], 'the orphaned ranks were killed');
   });
 
-  test('the ranks form their group through the port rank 0 publishes in the job directory', async () => {
-    const work = join(dir, 'jobs-group');
-    const grouped = spec('group');
-    // moe_train init meets every rank at rank 0's coordinator; sgemm after it, so init is not
-    // the last step (that one waits for the outputs to be stored).
-    // prettier-ignore
-    grouped.job.steps = [
-      ['init', '--out', '{work}/ckpt', '--experts', '4', '--dim', '32', '--layers', '1', '--heads', '2', '--expert-dim', '32'],
-      ['sgemm', '--size', '64', '--repeats', '1'],
-    ];
-    const job = await new LocalLauncher(work, env).launch(grouped);
-    const status = await job.wait();
-    const logs = [0, 1].map((r) => readFileSync(join(work, 'group', `rank-${r}.log`), 'utf8')).join('\n');
-    assert.equal(status.state, 'succeeded', logs);
-    const portFile = join(work, 'group', 'coordinator.port');
-    assert.match(readFileSync(portFile, 'utf8'), /^[1-9]\d*\n$/);
-    assert.equal(statSync(portFile).mode & 0o777, 0o600);
-    await job.cleanUp();
-  });
-
   test('ranks see the rank contract (a job token, the deadlines) and the store credentials, not the worker’s secrets', async () => {
     const work = join(dir, 'jobs-env');
     const job = await new LocalLauncher(work, { ...env, AWS_ACCESS_KEY_ID: 'store-key' }).launch(
