@@ -4,8 +4,14 @@
 // as it takes a single generator; the activity stops every rank itself when it is cancelled or
 // a rank fails. Rank 0 gathers and writes every chunk and prints the progress lines, so only
 // its records are followed; one rank behaves exactly as the single generator always did.
+// Rank 0 listens on a port the kernel picks and publishes it in a file of the run's own 0700
+// directory, where the other ranks read it: no port is chosen and released for another local
+// user to take first.
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { ApplicationFailure } from '@temporalio/common';
-import { freeLoopbackPort, rankEnvironment } from './launch/local.js';
+import { rankEnvironment } from './launch/local.js';
 import { newJobToken, rendezvousEnv } from './launch/rendezvous.js';
 import { rankEnv } from './launch/types.js';
 import { runTool, toolFailure } from './native.js';
@@ -40,11 +46,13 @@ export async function runGenerateRanks(
   const stopAll = new AbortController();
   const onAbort = () => stopAll.abort();
   signal?.addEventListener('abort', onAbort, { once: true });
+  const coordinatorDir = await mkdtemp(join(tmpdir(), 'moerl-rollout-coordinator-')); // 0700
   const contract = {
     ...rankEnvironment(process.env),
     ...opts.env,
     [rankEnv.worldSize]: String(worldSize),
-    [rankEnv.coordinator]: `127.0.0.1:${await freeLoopbackPort()}`,
+    [rankEnv.coordinator]: '127.0.0.1:0',
+    [rankEnv.coordinatorPortFile]: join(coordinatorDir, 'coordinator.port'),
     [rankEnv.provider]: process.env[rankEnv.provider] ?? 'shm',
     [rendezvousEnv.jobToken]: newJobToken(),
   };
@@ -77,5 +85,6 @@ export async function runGenerateRanks(
     return runs[0]!;
   } finally {
     signal?.removeEventListener('abort', onAbort);
+    await rm(coordinatorDir, { recursive: true, force: true });
   }
 }

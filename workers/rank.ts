@@ -8,6 +8,7 @@
 //   MOERL_FI_PROVIDER  MOERL_JOB (the RankJob as JSON)  MOERL_WORK_DIR (scratch; default a
 //   temporary directory)  MOERL_NATIVE_BIN (moe_train's directory; default this build's)
 //   MOERL_PYTORCH_PYTHON (the PyTorch trainer's interpreter; activities/engines/pytorch.ts)
+//   MOERL_COORDINATOR_PORT_FILE (with port 0: step i's rank 0 publishes its port in `<file>.<i>`)
 //   and, read by the native core only: MOERL_JOB_TOKEN  MOERL_STARTUP_TIMEOUT_S  MOERL_TIMEOUT_S
 //   MOERL_BIND_ADDRESS (docs/native-ep.md, "Rank env contract")
 //
@@ -217,12 +218,18 @@ async function runRank(env: NodeJS.ProcessEnv): Promise<number> {
       if (output.rank === undefined || output.rank === rank) await uploadOutputs(store, work, output);
     stored = true;
   };
+  // Each step forms its group afresh: with a published port (the local launchers) each step's
+  // rank 0 publishes in a file of its own, so no rank dials the port of a step that has ended.
+  const portFile = process.env[rankEnv.coordinatorPortFile];
   for (const [i, step] of job.steps.entries()) {
     trainer ??= findTrainer();
     const args = [...trainer.prefix, ...step.map((a) => a.replaceAll('{work}', work))];
+    const env = portFile
+      ? { ...trainer.env, [rankEnv.coordinatorPortFile]: `${portFile}.${i}` }
+      : trainer.env;
     // moe_train's last step waits until the outputs are stored; the PyTorch trainer does not.
     const last = i === job.steps.length - 1 && trainer.name === 'moe_train';
-    const code = await runStep(trainer.tool, args, trainer.env, last ? storeOutputs : undefined);
+    const code = await runStep(trainer.tool, args, env, last ? storeOutputs : undefined);
     if (stopped) return rankStoppedExitCode;
     if (code !== 0) {
       console.error(

@@ -11,6 +11,9 @@
 //                   its start time and launchId, written atomically before any rank starts
 //   status.json     the JobStatus, replaced atomically whenever a rank changes state;
 //                   `"final": true` once every rank has exited
+//   coordinator.port.<i>  the port step i's rank 0 listens on, written by it (0600) once the
+//                   kernel gave it one: the ranks' coordinator is 127.0.0.1:0, so no port is
+//                   chosen and released for another local user to take first (workers/rank.ts)
 //   rank-<r>.log    each rank's stdout and stderr
 //   rank-<r>/       each rank's scratch directory (MOERL_WORK_DIR)
 import { spawn } from 'node:child_process';
@@ -29,7 +32,6 @@ export const rankProgramPath = fileURLToPath(new URL('../../workers/rank.js', im
 
 export interface LocalJobFile {
   spec: TrainJobSpec;
-  coordinatorPort: number;
   /** This start of the job: a later start under the same name (after a failure) has another. */
   launchId: string;
 }
@@ -43,6 +45,7 @@ export const jobFiles = {
   job: 'job.json',
   pid: 'supervisor.pid',
   status: 'status.json',
+  coordinatorPort: 'coordinator.port', // the rank program adds `.<step>`
   rankLog: (rank: number) => `rank-${rank}.log`,
   rankWork: (rank: number) => `rank-${rank}`,
 };
@@ -63,7 +66,7 @@ function supervise(jobDir: string, launchId: string): void {
     console.error(`supervisor: ${jobDir} belongs to start ${file.launchId}, not ${launchId}`);
     process.exit(1);
   }
-  const { spec, coordinatorPort } = file;
+  const { spec } = file;
   writeOwnClaim(jobDir, jobFiles.pid, launchId);
   const ranks: RankStatus[] = Array.from({ length: spec.worldSize }, (_, rank) => ({
     rank,
@@ -103,7 +106,8 @@ function supervise(jobDir: string, launchId: string): void {
         ...spec.env,
         [rankEnv.rank]: String(rank.rank),
         [rankEnv.worldSize]: String(spec.worldSize),
-        [rankEnv.coordinator]: `127.0.0.1:${coordinatorPort}`,
+        [rankEnv.coordinator]: '127.0.0.1:0',
+        [rankEnv.coordinatorPortFile]: join(jobDir, jobFiles.coordinatorPort),
         [rankEnv.provider]: spec.provider,
         [rankEnv.job]: JSON.stringify(spec.job),
         [rankEnv.workDir]: work,

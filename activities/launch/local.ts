@@ -9,7 +9,6 @@ import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { openSync, closeSync } from 'node:fs';
 import { mkdir, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
@@ -59,18 +58,6 @@ export function rankEnvironment(env: NodeJS.ProcessEnv): Record<string, string> 
   return Object.fromEntries(
     Object.entries(env).filter((e): e is [string, string] => keep(e[0]) && e[1] !== undefined),
   );
-}
-
-export function freeLoopbackPort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      const port = typeof address === 'object' && address ? address.port : 0;
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 async function readJson<T>(path: string): Promise<T | null> {
@@ -199,7 +186,8 @@ export class LocalLauncher implements Launcher {
     await this.removeFinishedJobs();
     const dir = join(this.workDir, spec.name);
     for (;;) {
-      const created = await mkdir(dir).then(
+      // Only this user may read the job's files or plant one (rank 0's coordinator.port).
+      const created = await mkdir(dir, { mode: 0o700 }).then(
         () => true,
         (err: NodeJS.ErrnoException) => {
           if (err.code === 'EEXIST') return false;
@@ -246,7 +234,7 @@ export class LocalLauncher implements Launcher {
   }
 
   private async start(spec: TrainJobSpec, dir: string): Promise<TrainJob> {
-    const file: LocalJobFile = { spec, coordinatorPort: await freeLoopbackPort(), launchId: randomUUID() };
+    const file: LocalJobFile = { spec, launchId: randomUUID() };
     writeFileAtomic(join(dir, jobFiles.job), JSON.stringify(file));
     const out = openSync(join(dir, 'supervisor.log'), 'a');
     try {

@@ -140,6 +140,8 @@ export const rankEnv = {
   rank: 'MOERL_RANK',
   worldSize: 'MOERL_WORLD_SIZE',
   coordinator: 'MOERL_COORDINATOR',
+  /** With the coordinator's port 0: where rank 0 publishes the port the kernel gave it. */
+  coordinatorPortFile: 'MOERL_COORDINATOR_PORT_FILE',
   provider: 'MOERL_FI_PROVIDER',
   job: 'MOERL_JOB',
   workDir: 'MOERL_WORK_DIR',

@@ -4,12 +4,14 @@
 // rank that starts long after the others is no failure while the start-up deadline runs
 // (the per-exchange deadline is for later); a rank lost during the rendezvous gives its place
 // to its replacement, and a second live claim of a rank ends the attempt as a peer failure
-// (the gang restarts), never as bad input. Ranks are Bootstrap objects on threads of this
-// process, over 127.0.0.1 (no libfabric needed).
+// (the gang restarts), never as bad input; with port 0 rank 0 listens on a port the kernel
+// picks and the others learn it from the port file. Ranks are Bootstrap objects on threads of
+// this process, over 127.0.0.1 (no libfabric needed).
 #include <arpa/inet.h>   // inet_pton
 #include <fcntl.h>       // O_* for ep_spawn.h
 #include <netinet/in.h>  // sockaddr_in
 #include <sys/socket.h>  // socket, connect, send, recv
+#include <sys/stat.h>    // stat for the port file's mode
 #include <sys/time.h>    // timeval for SO_RCVTIMEO
 #include <unistd.h>      // close
 
@@ -18,12 +20,14 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "bad_input.h"
 #include "common/check.h"
 #include "ep_spawn.h"  // free_loopback_port
 #include "transport/bootstrap.h"
@@ -324,6 +328,79 @@ TEST(TransportBootstrap, StartupDeadlineStillEnds) {
     EXPECT_NE(std::string(e.what()).find("within 1 s"), std::string::npos) << e.what();
   }
   EXPECT_GE(now_s() - t0, 0.9);
+}
+
+// A port file in a fresh directory of the test's own, both removed when it goes.
+struct PortFile {
+  std::string dir = "/tmp/moerl-port-file-XXXXXX", path;
+  PortFile() {
+    EXPECT_NE(::mkdtemp(dir.data()), nullptr) << std::strerror(errno);
+    path = dir + "/coordinator.port";
+  }
+  ~PortFile() {
+    ::unlink(path.c_str());
+    ::rmdir(dir.c_str());
+  }
+};
+
+TEST(TransportBootstrap, PortZeroRankZeroPublishesTheKernelsPortAndTheOthersJoinThroughTheFile) {
+  // No port is chosen, released and bound later (another local user could take it first):
+  // rank 0 binds port 0 and publishes what it got. Rank 1 starts first and waits for the file.
+  const PortFile port_file;
+  const std::string& file = port_file.path;
+  std::unique_ptr<Bootstrap> b0, b1;
+  RankRun rank0, rank1;
+  Config c0 = rank_config(0, 0, "t"), c1 = rank_config(1, 0, "t");
+  c0.coordinator_port_file = c1.coordinator_port_file = file;
+  c0.startup_timeout_s = c1.startup_timeout_s = 10;
+  rank1.start(c1, b1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  rank0.start(c0, b0);
+  rank0.thread.join();
+  rank1.thread.join();
+  EXPECT_EQ(rank0.error, "");
+  EXPECT_EQ(rank1.error, "");
+  EXPECT_EQ(rank0.blobs, rank1.blobs);
+  int port = 0;
+  std::ifstream(file) >> port;
+  EXPECT_GE(port, 1);
+  EXPECT_LE(port, 65535);
+  struct stat st{};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST(TransportBootstrap, PortZeroRankWaitsForThePortFileUntilTheStartupDeadline) {
+  const PortFile port_file;
+  Config c = rank_config(1, 0, "t");
+  c.coordinator_port_file = port_file.path;
+  c.startup_timeout_s = 1.0;
+  try {
+    Bootstrap b(c);
+    FAIL() << "joined a rank 0 that never published its port";
+  } catch (const moerl::Error& e) {
+    EXPECT_EQ(e.kind(), moerl::ErrorKind::Timeout);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("within 1 s"), std::string::npos) << what;
+    EXPECT_NE(what.find("has not published its port in MOERL_COORDINATOR_PORT_FILE " +
+                        c.coordinator_port_file),
+              std::string::npos)
+        << what;
+  }
+}
+
+TEST(TransportConfig, PortZeroNeedsThePortFile) {
+  setenv("MOERL_WORLD_SIZE", "2", 1);
+  setenv("MOERL_COORDINATOR", "127.0.0.1:0", 1);
+  unsetenv("MOERL_COORDINATOR_PORT_FILE");
+  EXPECT_NE(moerl::testing::bad_input([] { Config::from_env(); })
+                .find("has port 0 (rank 0 takes a port the kernel picks) but "
+                      "MOERL_COORDINATOR_PORT_FILE"),
+            std::string::npos);
+  setenv("MOERL_COORDINATOR_PORT_FILE", "/job/coordinator.port", 1);
+  EXPECT_EQ(Config::from_env().coordinator_port_file, "/job/coordinator.port");
+  for (const char* name : {"MOERL_WORLD_SIZE", "MOERL_COORDINATOR", "MOERL_COORDINATOR_PORT_FILE"})
+    unsetenv(name);
 }
 
 TEST(TransportConfig, StartupDeadlineTokenAndBindAddressFromEnv) {

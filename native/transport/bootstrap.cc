@@ -13,7 +13,7 @@
 #include "transport/bootstrap.h"
 
 #include <arpa/inet.h>    // inet_ntop, inet_pton, htons
-#include <fcntl.h>        // fcntl, O_NONBLOCK
+#include <fcntl.h>        // fcntl, O_NONBLOCK, open for the port file
 #include <netdb.h>        // getaddrinfo
 #include <netinet/in.h>   // sockaddr_in
 #include <netinet/tcp.h>  // TCP_NODELAY
@@ -28,7 +28,9 @@
 #include <algorithm>  // std::min
 #include <array>      // std::array for a MAC
 #include <cerrno>     // errno
+#include <cstdio>     // std::rename for the port file
 #include <cstring>    // std::strerror, std::memcpy
+#include <fstream>    // std::ifstream for the port file
 #include <sstream>    // std::ostringstream for the list of missing ranks
 #include <thread>     // std::this_thread::sleep_for between connect attempts
 
@@ -236,6 +238,36 @@ int connect_once(const std::string& host, const std::string& port, double deadli
   return fd;
 }
 
+// Rank 0 publishes the port the kernel gave it: "<port>\n" in a 0600 file beside `path`,
+// renamed over it, so a reader sees the whole port or no file.
+void publish_port(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  MOERL_CHECK(fd >= 0, "rank 0 cannot write MOERL_COORDINATOR_PORT_FILE ", path, ": ", tmp, ": ",
+              std::strerror(errno));
+  const std::string text = std::to_string(port) + "\n";
+  const bool written = ::write(fd, text.data(), text.size()) == ssize_t(text.size());
+  const int err = errno;
+  ::close(fd);
+  MOERL_CHECK(written, "rank 0 cannot write ", tmp, ": ", std::strerror(err));
+  MOERL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "rank 0 cannot rename ", tmp,
+              " to MOERL_COORDINATOR_PORT_FILE ", path, ": ", std::strerror(errno));
+}
+
+// The port rank 0 published in `path`; false (and why) while there is none yet.
+bool published_port(const std::string& path, std::string& port, std::string& why) {
+  std::ifstream in(path);
+  int number = 0;
+  if (in >> number && number >= 1 && number <= 65535) {
+    port = std::to_string(number);
+    return true;
+  }
+  why = in.is_open() ? "MOERL_COORDINATOR_PORT_FILE " + path + " holds no port"
+                     : "rank 0 has not published its port in MOERL_COORDINATOR_PORT_FILE " +
+                           path + " yet";
+  return false;
+}
+
 // A handshake rank 0 has begun with a connection it accepted: admitted or dropped.
 struct Handshake {
   int fd = -1;
@@ -289,6 +321,12 @@ void Bootstrap::admit_peers(const std::string& host, const std::string& port) {
               " (is another group using the port? is this rank 0's own address?)");
   MOERL_CHECK(::listen(listen_fd_, int(kMaxHandshakes)) == 0, "listen: ", std::strerror(errno));
   set_nonblocking(listen_fd_);
+  if (sa.sin_port == 0) {  // the kernel picked the port: tell the others which
+    socklen_t len = sizeof(sa);
+    MOERL_CHECK(::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len) == 0,
+                "getsockname: ", std::strerror(errno));
+    publish_port(config_.coordinator_port_file, ntohs(sa.sin_port));
+  }
   peer_fds_.assign(size_t(world), -1);
   std::vector<Handshake> open;
   struct CloseOpen {  // whichever way this returns, no handshake's socket is left open
@@ -414,14 +452,19 @@ void Bootstrap::admit_peers(const std::string& host, const std::string& port) {
   listen_fd_ = -1;
 }
 
-void Bootstrap::join_coordinator(const std::string& host, const std::string& port) {
+void Bootstrap::join_coordinator(const std::string& host, const std::string& coordinator_port) {
   const int self = config_.rank, world = config_.world_size;
   std::string last_error = "no attempt";
+  std::string port = coordinator_port == "0" ? "" : coordinator_port;  // "": not published yet
   for (;;) {
     if (now_s() >= deadline_) {
       MOERL_FAIL(Timeout, "rank ", self, ": could not join the coordinator ",
                  config_.coordinator, " (rank 0) within ", config_.startup_timeout_s, " s: ",
                  last_error);
+    }
+    if (port.empty() && !published_port(config_.coordinator_port_file, port, last_error)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
     }
     const int fd = connect_once(host, port, deadline_, last_error);
     if (fd >= 0) {

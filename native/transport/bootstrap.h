@@ -38,8 +38,10 @@ class Bootstrap {
  public:
   // Rank 0 listens on the coordinator's port and admits world_size - 1 peers; the others
   // connect (retrying until the start-up deadline while rank 0 is not yet up or refuses
-  // them). Throws Error(Timeout) at the deadline, naming the ranks missing and, when it
-  // refused connections, that they could not prove the token.
+  // them). Port 0: rank 0 listens on a port the kernel picks and publishes it in
+  // coordinator_port_file, which the others read (waiting for it within the same deadline).
+  // Throws Error(Timeout) at the deadline, naming the ranks missing and, when it refused
+  // connections, that they could not prove the token.
   explicit Bootstrap(const Config& config);
   ~Bootstrap();
   Bootstrap(const Bootstrap&) = delete;

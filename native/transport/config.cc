@@ -42,6 +42,7 @@ Config Config::from_env() {
   c.rank = int(parse_int("MOERL_RANK", env_or("MOERL_RANK", "0")));
   c.world_size = int(parse_int("MOERL_WORLD_SIZE", env_or("MOERL_WORLD_SIZE", "1")));
   c.coordinator = env_or("MOERL_COORDINATOR", "");
+  c.coordinator_port_file = env_or("MOERL_COORDINATOR_PORT_FILE", "");
   c.provider = env_or("MOERL_FI_PROVIDER", "shm");
   const std::string timeout = env_or("MOERL_TIMEOUT_S", "60");
   c.timeout_s = parse_seconds("MOERL_TIMEOUT_S", timeout);
@@ -79,11 +80,14 @@ void Config::validate() const {
     const auto colon = coordinator.rfind(':');
     const std::string port = colon == std::string::npos ? "" : coordinator.substr(colon + 1);
     char* end = nullptr;
-    const long port_number = port.empty() ? 0 : std::strtol(port.c_str(), &end, 10);
+    const long port_number = port.empty() ? -1 : std::strtol(port.c_str(), &end, 10);
     MOERL_CHECK_INPUT(colon != std::string::npos && colon > 0 && end != nullptr && *end == '\0' &&
-                          port_number >= 1 && port_number <= 65535,
+                          port_number >= 0 && port_number <= 65535,
                       "MOERL_COORDINATOR='", coordinator,
-                      "' must be host:port (port 1-65535) of rank 0 when MOERL_WORLD_SIZE > 1");
+                      "' must be host:port (port 0-65535) of rank 0 when MOERL_WORLD_SIZE > 1");
+    MOERL_CHECK_INPUT(port_number != 0 || !coordinator_port_file.empty(), "MOERL_COORDINATOR='",
+                      coordinator, "' has port 0 (rank 0 takes a port the kernel picks) but "
+                      "MOERL_COORDINATOR_PORT_FILE, where rank 0 publishes it, is not set");
   }
 }
 

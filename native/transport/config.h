@@ -3,7 +3,12 @@
 //   MOERL_RANK         this rank, 0 <= rank < world size        (default 0)
 //   MOERL_WORLD_SIZE   number of ranks                          (default 1)
 //   MOERL_COORDINATOR  host:port where rank 0 listens for the address exchange
-//                      (required when the world size is above 1)
+//                      (required when the world size is above 1); port 0: rank 0 listens
+//                      on a port the kernel picks and publishes it in the port file
+//   MOERL_COORDINATOR_PORT_FILE  required with port 0: rank 0 writes the port it got there
+//                      (atomically, mode 0600), the other ranks read it (local launchers:
+//                      a file in the job's own directory; no port is chosen and released
+//                      for another local user to take first)
 //   MOERL_FI_PROVIDER  libfabric provider: efa | tcp | shm      (default shm)
 //   MOERL_TIMEOUT_S    deadline in seconds for each exchange once the group has formed
 //                      (default 60)
@@ -29,6 +34,7 @@ struct Config {
   int rank = 0;
   int world_size = 1;
   std::string coordinator;  // "host:port" of rank 0; empty when world_size == 1
+  std::string coordinator_port_file;  // where rank 0 publishes its port when the port is 0
   std::string provider = "shm";
   double timeout_s = 60.0;          // each exchange once the group has formed
   double startup_timeout_s = 60.0;  // forming the group (Bootstrap)

@@ -3,7 +3,7 @@
 // the job, adopted jobs' files untouched, ranks that see only what the rank contract gives.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, test } from 'node:test';
@@ -163,6 +163,31 @@ describe('LocalLauncher (real rank programs)', { skip: tools.skip }, () => {
     assert.deepEqual(await stillAlive(ranks), [], 'the orphaned ranks were killed');
   });
 
+  test('each step forms its group through the port its own rank 0 publishes in the job directory', async () => {
+    const work = join(dir, 'jobs-group');
+    const grouped = spec('group');
+    // Two moe_train inits, each meeting every rank at its own rank 0's coordinator (a step's
+    // rank 1 must not dial the port of the step before it, whose rank 0 is gone); sgemm after
+    // them, so no init is the last step (that one waits for the outputs to be stored).
+    const init = (out: string) =>
+      // prettier-ignore
+      ['init', '--out', `{work}/${out}`, '--experts', '4', '--dim', '32', '--layers', '1', '--heads', '2', '--expert-dim', '32'];
+    grouped.job.steps = [init('a'), init('b'), ['sgemm', '--size', '64', '--repeats', '1']];
+    const launcher = new LocalLauncher(work, env, {
+      deadlines: { startupTimeoutSeconds: 20, exchangeTimeoutSeconds: 20 },
+    });
+    const job = await launcher.launch(grouped);
+    const status = await job.wait();
+    const logs = [0, 1].map((r) => readFileSync(join(work, 'group', `rank-${r}.log`), 'utf8')).join('\n');
+    assert.equal(status.state, 'succeeded', logs);
+    for (const step of [0, 1]) {
+      const portFile = join(work, 'group', `coordinator.port.${step}`);
+      assert.match(readFileSync(portFile, 'utf8'), /^[1-9]\d*\n$/);
+      assert.equal(statSync(portFile).mode & 0o777, 0o600);
+    }
+    await job.cleanUp();
+  });
+
   test('ranks see the rank contract (a job token, the deadlines) and the store credentials, not the worker’s secrets', async () => {
     const work = join(dir, 'jobs-env');
     const job = await new LocalLauncher(work, { ...env, AWS_ACCESS_KEY_ID: 'store-key' }).launch(
@@ -174,8 +199,16 @@ describe('LocalLauncher (real rank programs)', { skip: tools.skip }, () => {
     const jobFileTexts = readdirSync(jobDir, { withFileTypes: true })
       .filter((f) => f.isFile())
       .map((f) => readFileSync(join(jobDir, f.name), 'utf8'));
+    const jobDirMode = statSync(jobDir).mode & 0o777;
+    const jobFile = JSON.parse(readFileSync(join(jobDir, 'job.json'), 'utf8')) as object;
     await job.kill();
     assert.ok(environ.includes('MOERL_RANK=0') || environ.includes('MOERL_RANK=1'), environ.join(' '));
+    // No port chosen ahead and released (another local user could bind it first): rank 0 binds
+    // port 0 and publishes what it got in the job's own directory, which only this user reads.
+    assert.ok(environ.includes('MOERL_COORDINATOR=127.0.0.1:0'), environ.join(' '));
+    assert.ok(environ.includes(`MOERL_COORDINATOR_PORT_FILE=${join(jobDir, 'coordinator.port')}`));
+    assert.equal(jobDirMode, 0o700);
+    assert.deepEqual(Object.keys(jobFile).sort(), ['launchId', 'spec'], 'job.json names no port');
     // The rendezvous: a fresh job token (in no file of the job) and the default deadlines.
     const token =
       environ.find((e) => e.startsWith('MOERL_JOB_TOKEN='))?.slice('MOERL_JOB_TOKEN='.length) ?? '';

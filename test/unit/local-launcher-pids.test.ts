@@ -51,7 +51,7 @@ function spec(name: string): TrainJobSpec {
 function jobDirWith(work: string, name: string, launchId: string): string {
   const jobDir = join(work, name);
   mkdirSync(jobDir, { recursive: true });
-  const file: LocalJobFile = { spec: spec(name), coordinatorPort: 1, launchId };
+  const file: LocalJobFile = { spec: spec(name), launchId };
   writeFileSync(join(jobDir, jobFiles.job), JSON.stringify(file));
   return jobDir;
 }

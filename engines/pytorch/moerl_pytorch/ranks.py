@@ -8,7 +8,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .contract import RankContract
+from .contract import RankContract, publish_port, published_port
 from .errors import BadInput
 
 
@@ -33,9 +33,18 @@ class Group:
         if self.world_size == 1:
             return
         # Rank 0 serves the store on the coordinator's port; every rank connects within the
-        # start-up deadline, and each collective afterwards has MOERL_TIMEOUT_S.
-        store = dist.TCPStore(contract.host, contract.port, self.world_size, is_master=self.rank == 0,
-                              timeout=timedelta(seconds=contract.startup_timeout_s))
+        # start-up deadline, and each collective afterwards has MOERL_TIMEOUT_S. Port 0: rank 0
+        # serves it on a port the kernel picks and publishes that before the others can connect
+        # (so it must not wait for them here), the others read it (docs/engines.md).
+        publishes = contract.port == 0 and self.rank == 0
+        port = contract.port
+        if contract.port == 0 and self.rank > 0:
+            port = published_port(contract.port_file, contract.startup_timeout_s)
+        store = dist.TCPStore(contract.host, port, self.world_size, is_master=self.rank == 0,
+                              timeout=timedelta(seconds=contract.startup_timeout_s),
+                              wait_for_workers=not publishes)
+        if publishes:
+            publish_port(contract.port_file, store.port)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
                                 rank=self.rank, world_size=self.world_size,
                                 timeout=timedelta(seconds=contract.timeout_s))
