@@ -32,6 +32,8 @@ export interface WorkerCommand {
   cwd?: string;
   /** Called once the process is gone (e.g. removes its scratch folder). */
   cleanup?: () => void;
+  /** A limit the process's tree broke, seen from outside it (its cgroup's memory); polled. */
+  limitBroken?: () => { reason: FailureReason; message: string } | undefined;
 }
 
 export interface ProcessPoolOptions {
@@ -76,6 +78,9 @@ class Worker {
   private job: Job | undefined;
   private timers: NodeJS.Timeout[] = [];
   private cpuAtStart = 0;
+  /** The process and its descendants once it loaded its function (a jail's own are among them). */
+  private processesWhenLoaded = 0;
+  private readonly limitBroken: WorkerCommand['limitBroken'];
   /** The first limit broken or fault seen; the process is being killed for it. */
   private failure: { reason: FailureReason; message: string } | undefined;
   state: 'starting' | 'idle' | 'busy' | 'dying' | 'dead' = 'starting';
@@ -89,6 +94,7 @@ class Worker {
     private readonly onChange: (worker: Worker) => void,
   ) {
     const cmd = options.spawn();
+    this.limitBroken = cmd.limitBroken;
     this.child = spawn(cmd.command, cmd.args, {
       env: cmd.env,
       cwd: cmd.cwd,
@@ -115,7 +121,11 @@ class Worker {
     // before the process counts as gone; a process it left behind may hold them open, so 'exit'
     // plus a moment is enough.
     this.child.on('exit', (code, signal) => {
-      this.guarded(() => cmd.cleanup?.());
+      this.guarded(() => {
+        // What killed it, read before cleanup removes where that is told.
+        this.failure ??= cmd.limitBroken?.();
+        cmd.cleanup?.();
+      });
       setTimeout(() => this.guarded(() => this.onGone(code, signal)), pipeDrainMs).unref();
     });
     this.child.on('close', (code: number | null, signal: NodeJS.Signals | null) =>
@@ -140,10 +150,12 @@ class Worker {
       ),
     );
     const cpuLimit = this.options.cpuSeconds;
-    if (cpuLimit !== undefined) {
+    if (cpuLimit !== undefined || this.limitBroken) {
       this.timers.push(
         setInterval(() => {
-          if (this.cpuSeconds() - this.cpuAtStart > cpuLimit)
+          const broken = this.limitBroken?.();
+          if (broken) this.kill(broken.reason, broken.message);
+          else if (cpuLimit !== undefined && this.cpuSeconds() - this.cpuAtStart > cpuLimit)
             this.kill('cpu', `used more than ${cpuLimit} s of CPU`);
         }, cpuPollMs),
       );
@@ -211,6 +223,7 @@ class Worker {
       if (answer.ready === true) {
         this.clearTimers();
         this.loaded = true;
+        this.processesWhenLoaded = this.tree().length;
         this.state = 'idle';
         this.onChange(this);
       } else {
@@ -239,7 +252,11 @@ class Worker {
         ? { ok: true, value: answer.value }
         : { ok: false, reason: kind, message: this.withOutput(answer.error) },
     );
-    this.onChange(this);
+    // Processes the sample started and left running would count against the next sample's
+    // limits (and could meddle with it): the process is retired, and a fresh one follows.
+    if (this.tree().length > this.processesWhenLoaded)
+      this.kill('crash', 'left processes running after its sample');
+    else this.onChange(this);
   }
 
   /** CPU seconds of the process and its descendants (0 where /proc is missing). */

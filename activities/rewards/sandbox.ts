@@ -16,15 +16,17 @@
 // file of the worker's user is visible, nothing outside scratch is writable. CPU time is bounded
 // for the whole tree, a child forked from any thread included (process-pool.ts).
 //
-// What does not hold without a delegated cgroup (none is used yet): memory is bounded per
-// process, not per sample (at most pids × memoryBytes in all); the number of processes is
-// bounded (RLIMIT_NPROC, counted per uid of the jail's own user namespace) only where the worker
-// is not root: the kernel exempts a jail made by uid 0 from it.
+// Memory (what one process may, plus 64 MiB for the jail itself) and the number of processes
+// are bounded for the whole tree by a cgroup per worker process (cgroups.ts): always as root (where the kernel exempts the jail from RLIMIT_NPROC, so
+// without a cgroup the sandbox refuses to start), and where MOERL_REWARD_CGROUP names a
+// delegated one. A worker that is neither has rlimits alone: memory per process (at most
+// pids × memoryBytes in all), processes per uid of the jail's own user namespace (RLIMIT_NPROC).
 import { spawnSync, execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, realpathSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { cgroupSupport, processCgroup } from './cgroups.js';
 import type { WorkerCommand } from './process-pool.js';
 
 export type Isolation = 'namespaces' | 'none';
@@ -57,6 +59,13 @@ export const defaultSandboxLimits: SandboxLimits = {
 /** Where the jail's scratch folder is, inside it. */
 const jailScratch = '/scratch';
 
+/** Memory of a jail's tree beyond its processes' own limit: bwrap and the page cache of what it reads. */
+const jailMemoryBytes = 64 * 1024 ** 2;
+
+/** Writes the shell's pid to each file before `--`, then runs what follows it. */
+const enterCgroup =
+  'while [ "$1" != -- ]; do echo $$ > "$1" || { echo "cannot join the cgroup of $1" >&2; exit 125; }; shift; done; shift; exec "$@"';
+
 let probed: { ok: true } | { ok: false; why: string } | undefined;
 
 /**
@@ -78,7 +87,10 @@ export function probeSandbox(): { ok: true } | { ok: false; why: string } {
       ok: false,
       why: `bwrap could not make the jail: ${(probe.stderr || `exit ${probe.status}`).trim()}`,
     };
-  else probed = { ok: true };
+  else {
+    const cgroups = cgroupSupport();
+    probed = cgroups.kind === 'broken' ? { ok: false, why: cgroups.why } : { ok: true };
+  }
   return probed;
 }
 
@@ -158,17 +170,37 @@ export function sandboxCommand(options: SandboxCommandOptions): WorkerCommand {
   if (options.isolation === 'namespaces') {
     const probe = probeSandbox();
     if (!probe.ok) throw new Error(`the reward sandbox cannot start on this machine: ${probe.why}`);
-    const inner = [...prlimit, `--nproc=${limits.pids}`, '--'];
+    const jail = [
+      'bwrap',
+      ...jailArgs(options.readOnly ?? [], limits.scratchBytes),
+      '--',
+      ...prlimit,
+      `--nproc=${limits.pids}`,
+      '--',
+      options.program,
+      ...options.args,
+    ];
+    const env = minimalEnv(jailScratch, options.env);
+    const cgroups = cgroupSupport();
+    if (cgroups.kind !== 'cgroups') return { command: jail[0]!, args: jail.slice(1), env };
+    // The tree may use what one process may, and the jail's own share on top (bwrap, the files
+    // it reads into the page cache): a single process meets its own limit first, as a clean
+    // MemoryError, not the reclaim that precedes a cgroup's OOM kill.
+    const treeMemoryBytes = limits.memoryBytes + jailMemoryBytes;
+    const cgroup = processCgroup(cgroups, { memoryBytes: treeMemoryBytes, pids: limits.pids });
+    // The shell joins the cgroup, then becomes bwrap: nothing of the jail starts outside it.
     return {
-      command: 'bwrap',
-      args: [
-        ...jailArgs(options.readOnly ?? [], limits.scratchBytes),
-        '--',
-        ...inner,
-        options.program,
-        ...options.args,
-      ],
-      env: minimalEnv(jailScratch, options.env),
+      command: 'sh',
+      args: ['-c', enterCgroup, 'moerl-enter-cgroup', ...cgroup.procsFiles, '--', ...jail],
+      env,
+      cleanup: () => cgroup.remove(),
+      limitBroken: () =>
+        cgroup.outOfMemory()
+          ? {
+              reason: 'memory',
+              message: `its processes together used more than ${treeMemoryBytes} bytes of memory`,
+            }
+          : undefined,
     };
   }
   const scratch = mkdtempSync(join(tmpdir(), 'moerl-reward-'));

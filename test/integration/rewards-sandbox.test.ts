@@ -4,13 +4,14 @@
 // contained and scores 0 with its reason, and the pool goes on scoring good samples in fresh
 // processes; a function that fails on every sample is reported as such with its first error.
 import assert from 'node:assert/strict';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { BadInputError } from '../../activities/rewards/errors.js';
 import { RewardFunctions, type Sample } from '../../activities/rewards/functions.js';
+import { cgroupSupport } from '../../activities/rewards/cgroups.js';
 import { availableIsolation, resolveRewardPython } from '../../activities/rewards/sandbox.js';
 import { userFunctionPool } from '../../activities/rewards/user-function.js';
 
@@ -90,6 +91,19 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         raise RuntimeError("jail " + json.dumps(facts))
     if solution_str == "fork-many":
         children = [subprocess.Popen(["sleep", "30"]) for _ in range(200)]
+        return 1.0
+    if solution_str == "fork-allocate":
+        # Each child stays under the per-process limit; together they pass the tree's.
+        children = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                hoard = b"x" * (250 * 1024 * 1024)
+                time.sleep(30)
+                os._exit(0)
+            children.append(pid)
+        for pid in children:
+            os.waitpid(pid, 0)
         return 1.0
     if solution_str == "fill-scratch":
         with open("fill", "wb") as f:
@@ -230,9 +244,11 @@ describe(
     });
 
     it('runs in a jail: no capability, its own /proc and root, limits that hold across forks', async () => {
-      const [jail, forks, scratch, threadFork] = (
+      const [jail, forks, scratch, threadFork, forkAllocate] = (
         await rewards.scoreBatch(
-          ['jail', 'fork-many', 'fill-scratch', 'thread-fork-spin'].map((t) => sample('py', t)),
+          ['jail', 'fork-many', 'fill-scratch', 'thread-fork-spin', 'fork-allocate'].map((t) =>
+            sample('py', t),
+          ),
         )
       ).results;
       const facts = JSON.parse(
@@ -261,15 +277,44 @@ describe(
       assert.equal(facts.passwd, false, "the host's /etc/passwd is visible");
       assert.equal(facts.outside, 'FileNotFoundError', 'a file outside the function folder');
       assert.match(facts.own, /OSError|PermissionError/, 'the function folder is read-only');
-      // RLIMIT_NPROC does not bind a jail made by root (the kernel exempts uid 0 outside): there
-      // only a delegated cgroup's pids.max would (sandbox.ts).
-      if (process.getuid?.() !== 0) {
-        assert.equal(forks?.failure?.reason, 'exception', JSON.stringify(forks));
-        assert.match(forks?.failure?.message ?? '', /Resource temporarily unavailable/);
+      // As root the cgroup's pids.max holds it (RLIMIT_NPROC does not bind a jail made by root);
+      // otherwise RLIMIT_NPROC, or the cgroup where one is delegated.
+      assert.equal(forks?.failure?.reason, 'exception', JSON.stringify(forks));
+      assert.match(forks?.failure?.message ?? '', /Resource temporarily unavailable/);
+      // Three children of 250 MiB, each under the 512 MiB per-process limit: only a cgroup holds
+      // the tree to it (and 64 MiB for the jail) (a worker with none, not root and none delegated, has rlimits alone).
+      if (cgroupSupport().kind === 'cgroups') {
+        assert.equal(forkAllocate?.failure?.reason, 'memory', JSON.stringify(forkAllocate));
+        assert.match(
+          forkAllocate?.failure?.message ?? '',
+          /together used more than 603979776 bytes of memory/,
+        );
       }
       assert.equal(scratch?.failure?.reason, 'exception', JSON.stringify(scratch));
       assert.match(scratch?.failure?.message ?? '', /File too large|No space left/);
       assert.equal(threadFork?.failure?.reason, 'cpu', JSON.stringify(threadFork));
+    });
+
+    it("removes each worker process's cgroup once the process is gone", async (t) => {
+      const support = cgroupSupport();
+      if (support.kind !== 'cgroups')
+        return t.skip('no cgroups: not root, and MOERL_REWARD_CGROUP is not set');
+      const own = () =>
+        support.base.dirs.flatMap((d) => readdirSync(d).filter((n) => n.startsWith(`w${process.pid}-`)));
+      const pool = new RewardFunctions(
+        { bySource: { py: { kind: 'python', file: join(dir, 'behaviours.py') } } },
+        { sandbox: { ...limits, processes: 2, python } },
+      );
+      const before = own().length;
+      assert.deepEqual(
+        (await pool.scoreBatch([sample('py', 'good'), sample('py', 'exit')])).results.map((r) => r.score),
+        [1, 0],
+      );
+      assert.ok(own().length > before, 'each live worker process has a cgroup');
+      pool.close();
+      for (let i = 0; own().length > before && i < 50; i++)
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      assert.equal(own().length, before, `left behind: ${own().join(' ')}`);
     });
 
     it('reports a function that fails on every sample, with its first error', async () => {
@@ -322,6 +367,28 @@ describe(
     });
   },
 );
+
+describe('the cgroup of a worker process', () => {
+  it('is a cgroup path the operator names; another value is refused, naming it', () => {
+    for (const bad of ['moerl', '/a/../b', '/a/./b', '/a b', '/'])
+      assert.deepEqual(cgroupSupport({ MOERL_REWARD_CGROUP: bad }), {
+        kind: 'broken',
+        why: `MOERL_REWARD_CGROUP=${bad} must be a cgroup path such as /moerl-rewards (no "." or ".." parts)`,
+      });
+  });
+
+  it('is made under the cgroup named, by a worker that may write it (root here)', (t) => {
+    if (process.getuid?.() !== 0) return t.skip('not root: no cgroup this test may write');
+    const named = `/moerl-test-${process.pid}`;
+    const support = cgroupSupport({ MOERL_REWARD_CGROUP: named });
+    assert.equal(support.kind, 'cgroups', JSON.stringify(support));
+    if (support.kind !== 'cgroups') return;
+    for (const d of support.base.dirs) {
+      assert.ok(d.endsWith(named), d);
+      rmdirSync(d);
+    }
+  });
+});
 
 describe('the default isolation', () => {
   it('is namespaces: a pool starts where they exist, and is refused where they do not', () => {
