@@ -8,6 +8,8 @@
 //        ep_test_rank allreduce <n>            (allreduce, broadcast, gather, barrier)
 //        ep_test_rank loop      <tokens> [fail_rank]  (dispatch+combine until a peer fails)
 //        ep_test_rank stranger  (2 ranks: an endpoint outside the group forges rank 1's message)
+//        ep_test_rank stranger_uid  (2 ranks, as root: the same from a process of uid 65534)
+//        ep_test_rank forge <address hex> <tag>  (the stranger of stranger_uid; not a rank)
 //        ep_test_rank forged_counts <num_rows>  (2 ranks: rank 1 sends rank 0 a counts message
 //                              with that num_rows in place of a dispatch's own)
 #include <cmath>     // std::fabs
@@ -15,6 +17,10 @@
 #include <cstdlib>   // std::atoi, std::atoll
 #include <cstring>   // std::memcmp, std::strcmp
 #include <string>
+
+#include <spawn.h>     // posix_spawnp for the stranger of another uid
+#include <sys/wait.h>  // waitpid
+#include <unistd.h>    // readlink, environ
 
 #include "common/check.h"
 #include "ep/dtype.h"
@@ -200,11 +206,79 @@ uint64_t guessed_tag(uint32_t op, int src, int part) {
          (uint64_t(part & 0xff) << 12);
 }
 
+constexpr size_t kMessageBytes = 64;
+
+// Sends `forged` to the one peer of `stranger` with `tag`; true once the send completed.
+bool send_forged(transport::Fabric& stranger, uint64_t tag) {
+  std::vector<uint8_t> forged(kMessageBytes, 'F');
+  fi_context2 context{};
+  const double deadline = transport::now_s() + 60;
+  while (stranger.try_send(0, forged.data(), forged.size(), nullptr, tag, &context) != 0) {
+    transport::Completion c[4];
+    stranger.poll(c, 4);
+    MOERL_CHECK(transport::now_s() < deadline, "the stranger could not post its message");
+  }
+  for (;;) {
+    transport::Completion c[4];
+    const size_t n = stranger.poll(c, 4);
+    for (size_t i = 0; i < n; ++i) {
+      if (!c[i].ok) std::fprintf(stderr, "the stranger's send failed: %s\n", c[i].error.c_str());
+      return c[i].ok;
+    }
+    MOERL_CHECK(transport::now_s() < deadline, "the stranger's send did not complete within 60 s");
+  }
+}
+
+// The stranger of stranger_uid, a process of another uid: 1 if its message reached rank 0.
+int run_forge(const std::string& address_hex, uint64_t tag) {
+  std::vector<uint8_t> address;
+  for (size_t i = 0; i + 1 < address_hex.size(); i += 2)
+    address.push_back(uint8_t(std::stoi(address_hex.substr(i, 2), nullptr, 16)));
+  try {
+    transport::Fabric stranger("shm", "", 1, false);
+    stranger.insert_peers({address});
+    if (send_forged(stranger, tag)) {
+      std::fprintf(stderr, "the stranger (uid %d) sent rank 0 its message\n", int(::getuid()));
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "the stranger could not reach rank 0: %s\n", e.what());
+  }
+  return 0;
+}
+
+// Runs run_forge as uid and gid 65534 (util-linux's setpriv, started by posix_spawn: no forked
+// copy of this rank's endpoint); its exit code.
+int forge_as_nobody(const std::vector<uint8_t>& address, uint64_t tag) {
+  std::string hex;
+  char byte[3];
+  for (uint8_t b : address) {
+    std::snprintf(byte, sizeof(byte), "%02x", b);
+    hex += byte;
+  }
+  std::string self(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  MOERL_CHECK(n > 0, "readlink /proc/self/exe failed");
+  self.resize(size_t(n));
+  std::string tag_text = std::to_string(tag);
+  std::vector<std::string> args = {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                   self,      "forge",         hex,             tag_text};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t child = -1;
+  MOERL_CHECK(::posix_spawnp(&child, "setpriv", nullptr, nullptr, argv.data(), environ) == 0,
+              "posix_spawnp setpriv failed");
+  int status = 0;
+  MOERL_CHECK(::waitpid(child, &status, 0) == child, "waitpid failed");
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // Rank 0 waits for a message from rank 1. Before rank 1 sends it, a stranger (an endpoint
-// that never joined the rendezvous, made in rank 1's process) sends rank 0 a well-formed
-// message with the tag rank 1's will carry. Rank 0 must get rank 1's bytes, not the
-// stranger's.
-int run_stranger(transport::Communicator& comm) {
+// that never joined the rendezvous, made in rank 1's process, or with `other_uid` in a process
+// of uid 65534) sends rank 0 a well-formed message with the tag rank 1's will carry. Rank 0
+// must get rank 1's bytes, not the stranger's.
+int run_stranger(transport::Communicator& comm, bool other_uid) {
   EXPECT_SAME(comm.world_size() == 2, "the stranger case needs 2 ranks");
   std::vector<uint8_t> address = comm.address();
   uint64_t length = address.size();
@@ -212,37 +286,27 @@ int run_stranger(transport::Communicator& comm) {
   address.resize(size_t(length));
   comm.broadcast(address.data(), address.size(), 0);
   const uint32_t op = comm.begin_op();
-  std::vector<uint8_t> message(64, 'G');  // rank 1's genuine bytes
+  std::vector<uint8_t> message(kMessageBytes, 'G');  // rank 1's genuine bytes
   if (comm.rank() == 0) {
     std::vector<uint8_t> got(message.size(), 0);
     comm.post_recv(1, got.data(), got.size(), op, 0);
     comm.wait_all("waiting for rank 1's message");
     EXPECT_SAME(got == message, "rank 0 took the stranger's message as rank 1's (got '%c...')",
                 got[0]);
+  } else if (other_uid) {
+    // Rank 1 sends only once the stranger has tried and gone.
+    const int forged = forge_as_nobody(address, guessed_tag(op, 1, 0));
+    EXPECT_SAME(forged == 0, "the stranger of uid 65534 %s",
+                forged == 1 ? "reached rank 0" : "failed to run");
+    std::fprintf(stderr, "rank 1: the stranger of uid 65534 tried and was refused\n");
   } else {
     transport::Fabric stranger(comm.config().provider, "127.0.0.1", 1, false);
     stranger.insert_peers({address});
-    std::vector<uint8_t> forged(message.size(), 'F');
-    fi_context2 context{};
-    const double deadline = transport::now_s() + 60;
-    while (stranger.try_send(0, forged.data(), forged.size(), nullptr, guessed_tag(op, 1, 0),
-                             &context) != 0) {
-      transport::Completion c[4];
-      stranger.poll(c, 4);
-      MOERL_CHECK(transport::now_s() < deadline, "the stranger could not post its message");
-    }
     // Rank 1 sends only once the stranger's message has left (its send completed).
-    for (bool sent = false; !sent;) {
-      transport::Completion c[4];
-      const size_t n = stranger.poll(c, 4);
-      for (size_t i = 0; i < n; ++i) {
-        MOERL_CHECK(c[i].ok, "the stranger's send failed: ", c[i].error);
-        sent = true;
-      }
-      MOERL_CHECK(transport::now_s() < deadline,
-                  "the stranger's send did not complete within 60 s");
-    }
+    MOERL_CHECK(send_forged(stranger, guessed_tag(op, 1, 0)), "the stranger's send failed");
     std::fprintf(stderr, "rank 1: the stranger's message was sent\n");
+  }
+  if (comm.rank() == 1) {
     comm.post_send(0, message.data(), message.size(), op, 0);
     comm.wait_all("sending rank 0 the genuine message");
   }
@@ -296,13 +360,15 @@ int run_forged_counts(transport::Communicator& comm, int64_t num_rows) {
 
 int main(int argc, char** argv) {
   try {
-    const transport::Config config = transport::Config::from_env();
-    g_rank = config.rank;
     MOERL_CHECK_INPUT(argc >= 2, "usage: ep_test_rank ep|allreduce|loop ...");
     const std::string mode = argv[1];
+    if (mode == "forge" && argc == 4) return run_forge(argv[2], std::stoull(argv[3]));
+    const transport::Config config = transport::Config::from_env();
+    g_rank = config.rank;
     transport::Communicator comm(config);
     if (mode == "allreduce" && argc == 3) return run_allreduce(comm, size_t(std::atoll(argv[2])));
-    if (mode == "stranger" && argc == 2) return run_stranger(comm);
+    if (mode == "stranger" && argc == 2) return run_stranger(comm, false);
+    if (mode == "stranger_uid" && argc == 2) return run_stranger(comm, true);
     if (mode == "forged_counts" && argc == 3)
       return run_forged_counts(comm, std::atoll(argv[2]));
     if (mode == "loop" && (argc == 3 || argc == 4))

@@ -3,7 +3,8 @@
 // taken for that peer, and a peer whose dispatch counts are out of range gets a clear error
 // naming it and the value (file and line), not an allocation failure or a write out of
 // bounds. Ranks are ep_test_rank processes (modes stranger and forged_counts).
-#include <fcntl.h>  // O_* for ep_spawn.h
+#include <fcntl.h>   // O_* for ep_spawn.h
+#include <unistd.h>  // geteuid
 
 #include <string>
 
@@ -23,10 +24,21 @@ void stranger_is_not_a_peer(const std::string& provider) {
   EXPECT_EQ(results[1].exit_code, 0) << all;
 }
 
-// Over tcp (the network a stranger can reach; efa binds receives the same way). Not over
-// shm: its directed receives do not tell a local stranger from the peer (it then gets the
-// stranger's bytes), and shm is for ranks of one host, where /dev/shm is the trust boundary.
+// Over tcp (the network a stranger can reach; efa binds receives the same way).
 TEST(TransportHostile, StrangerWithAPeersTagIsNotTakenForItTcp) { stranger_is_not_a_peer("tcp"); }
+
+// Over shm, directed receives do not tell a process that maps the rank's region from the peer
+// it claims to be, so the boundary is the region's mode (0600, checked as each endpoint
+// opens): a stranger of another uid cannot reach rank 0 at all.
+TEST(TransportHostile, StrangerOfAnotherUidCannotReachAShmRank) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run the stranger as uid 65534";
+  const auto results = run_ranks(2, "shm", 60, {MOERL_EP_TEST_RANK, "stranger_uid"});
+  const std::string all = describe(results);
+  EXPECT_NE(results[1].stderr_text.find("the stranger could not reach rank 0"), std::string::npos)
+      << all;
+  EXPECT_EQ(results[0].exit_code, 0) << all;
+  EXPECT_EQ(results[1].exit_code, 0) << all;
+}
 
 void forged_counts_are_refused(const std::string& num_rows) {
   const auto results = run_ranks(2, "tcp", 60, {MOERL_EP_TEST_RANK, "forged_counts", num_rows});

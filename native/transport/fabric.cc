@@ -6,9 +6,12 @@
 #include <rdma/fi_eq.h>        // fi_cq_open, fi_cq_read, fi_cq_readerr
 #include <rdma/fi_errno.h>     // FI_EAGAIN, FI_EAVAIL, fi_strerror
 #include <rdma/fi_tagged.h>    // fi_tsend, fi_trecv
-#include <unistd.h>            // getpid
+#include <sys/stat.h>          // stat of the shm region
+#include <unistd.h>            // getpid, geteuid
 
-#include <cstring>  // strdup
+#include <cerrno>   // errno
+#include <cstring>  // strdup, std::strerror
+#include <ios>      // std::oct for the region's mode
 #include <random>   // std::random_device for a unique shm endpoint name
 
 #include "common/check.h"
@@ -76,10 +79,25 @@ Fabric::Fabric(const std::string& provider, const std::string& local_ip, int ran
     char name[64];
     snprintf(name, sizeof(name), "moerl_%d_%d_%08x%08x", int(getpid()), rank, rd(), rd());
     FI_CALL(fi_setname(&ep_->fid, name, strlen(name) + 1), "fi_setname (shm endpoint name)");
+    shm_region_ = std::string("/dev/shm/") + name;
   }
   FI_CALL(fi_ep_bind(ep_, &av_->fid, 0), "fi_ep_bind(av)");
   FI_CALL(fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
   FI_CALL(fi_enable(ep_), "fi_enable");
+  if (!shm_region_.empty()) check_private_region();
+}
+
+// shm's directed receives cannot tell a process that maps this rank's region from the peer it
+// claims to be, so the region's mode is the boundary: only this uid may map it (0600). A
+// process of another uid cannot send as a peer; one of this uid could ptrace the rank anyway.
+void Fabric::check_private_region() const {
+  struct stat st{};
+  MOERL_CHECK(::stat(shm_region_.c_str(), &st) == 0, "rank ", rank_, ": the shm region ",
+              shm_region_, " of this endpoint is missing: ", std::strerror(errno));
+  MOERL_CHECK((st.st_mode & 077) == 0 && st.st_uid == ::geteuid(), "rank ", rank_,
+              ": the shm region ", shm_region_, " has mode 0", std::oct, st.st_mode & 0777,
+              std::dec, " and owner uid ", st.st_uid, ": a process of another uid could map it "
+              "and send as a peer (this libfabric's shm must create it 0600)");
 }
 
 Fabric::~Fabric() {

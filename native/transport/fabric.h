@@ -56,6 +56,8 @@ class Fabric {
   size_t max_msg_size() const { return max_msg_size_; }
 
  private:
+  void check_private_region() const;  // shm: the region is this uid's alone (fabric.cc)
+
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
@@ -67,6 +69,7 @@ class Fabric {
   uint64_t next_mr_key_ = 1;  // unique keys for providers that do not pick their own
   size_t max_msg_size_ = 0;
   int rank_;
+  std::string shm_region_;  // shm only: this endpoint's region in /dev/shm
 };
 
 }  // namespace moerl::transport
