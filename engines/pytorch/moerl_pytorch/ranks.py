@@ -45,6 +45,7 @@ class Group:
                               wait_for_workers=not publishes)
         if publishes:
             publish_port(contract.port_file, store.port)
+        self._store, self._timeout_s = store, contract.timeout_s
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store,
                                 rank=self.rank, world_size=self.world_size,
                                 timeout=timedelta(seconds=contract.timeout_s))
@@ -60,6 +61,18 @@ class Group:
             dist.all_reduce(x, op=dist.ReduceOp.SUM)
             t.copy_(x)
         return t
+
+    def finish(self) -> None:
+        """The end of a run that went well: rank 0, which serves the store, leaves last, so no
+        rank's store client outlives its server (one whose server vanished while it shut down
+        aborted its process: "terminate called without an active exception")."""
+        self.close()
+        if self.world_size == 1:
+            return
+        if self.rank > 0:
+            self._store.set(f"closed/{self.rank}", "1")
+        else:
+            self._store.wait([f"closed/{r}" for r in range(1, self.world_size)], timedelta(seconds=self._timeout_s))
 
     def close(self) -> None:
         if self.world_size > 1 and dist.is_initialized():

@@ -122,6 +122,7 @@ def run_grpo(a, contract: RankContract, out, batch: GrpoBatch, policy_dir: HfDir
                     out.line(metrics_line(m, step, extra), True)
                     step += 1
         policy.save(a.out, group, a.max_shard_bytes)
+        group.finish()
     finally:
         group.close()
     return 0
@@ -142,6 +143,7 @@ def run_sft(a, contract: RankContract, out, examples: list[Sequence], policy_dir
             m = policy.train_step(batch, lc, group, out.step_progress("sft", step, a.steps))
             out.line(metrics_line(m, step, {}), True)
         policy.save(a.out, group, a.max_shard_bytes)
+        group.finish()
     finally:
         group.close()
     return 0
