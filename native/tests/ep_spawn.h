@@ -1,6 +1,6 @@
 // Spawns the R ranks of a multi-process test on this host (loopback only) and collects
 // each rank's exit status and stderr. Ranks get the rank env contract (a job token
-// included); the coordinator port is a free loopback port found by binding port 0.
+// included); rank 0 binds port 0 and publishes its port (transport/local_coordinator.h).
 #pragma once
 
 #include <arpa/inet.h>   // htonl
@@ -21,6 +21,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "transport/local_coordinator.h"
 
 extern char** environ;
 
@@ -49,23 +51,28 @@ inline int free_loopback_port() {
 // is called every 20 ms with the pids (negated once exited), the elapsed seconds and the
 // paths of the ranks' stderr files. Ranks still alive after wall_s are killed. extra_env
 // entries ("NAME=value") are added to every rank's environment. The coordinator port is
-// `coordinator_port`, or a free one when 0.
+// `coordinator_port` (a test that dials it), or when 0 the one rank 0 gets and publishes.
 inline std::vector<RankResult> run_ranks_each(
     int world, const std::string& provider, double timeout_s,
     const std::function<std::vector<std::string>(int rank)>& args_of, double wall_s = 120,
     const std::function<void(const std::vector<pid_t>&, double, const std::vector<std::string>&)>&
         while_running = nullptr,
     const std::vector<std::string>& extra_env = {}, int coordinator_port = 0) {
-  const int port = coordinator_port != 0 ? coordinator_port : free_loopback_port();
+  const transport::LocalCoordinator local;
+  const std::vector<std::string> coordinator =
+      coordinator_port != 0
+          ? std::vector<std::string>{"MOERL_COORDINATOR=127.0.0.1:" + std::to_string(coordinator_port)}
+          : local.env();
+  const std::string group = local.id();  // names this group's token and files
   std::vector<pid_t> pids(static_cast<size_t>(world), -1);
   std::vector<std::string> err_paths(static_cast<size_t>(world));
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> env_strings = {
         "MOERL_RANK=" + std::to_string(r), "MOERL_WORLD_SIZE=" + std::to_string(world),
-        "MOERL_COORDINATOR=127.0.0.1:" + std::to_string(port), "MOERL_FI_PROVIDER=" + provider,
-        "MOERL_TIMEOUT_S=" + std::to_string(timeout_s),
-        "MOERL_JOB_TOKEN=test-job-" + std::to_string(port)};
+        "MOERL_FI_PROVIDER=" + provider, "MOERL_TIMEOUT_S=" + std::to_string(timeout_s),
+        "MOERL_JOB_TOKEN=test-job-" + group};
+    env_strings.insert(env_strings.end(), coordinator.begin(), coordinator.end());
     env_strings.insert(env_strings.end(), extra_env.begin(), extra_env.end());
     for (char** e = environ; *e != nullptr; ++e)
       if (std::string(*e).rfind("MOERL_", 0) != 0) env_strings.push_back(*e);
@@ -76,7 +83,7 @@ inline std::vector<RankResult> run_ranks_each(
     for (auto& s : args_copy) argv.push_back(s.data());
     argv.push_back(nullptr);
     err_paths[size_t(r)] = ::testing::TempDir() + "ep_rank_" + std::to_string(::getpid()) + "_" +
-                           std::to_string(port) + "_" + std::to_string(r) + ".err";
+                           group + "_" + std::to_string(r) + ".err";
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 2, err_paths[size_t(r)].c_str(),

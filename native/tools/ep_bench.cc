@@ -9,9 +9,6 @@
 // itself on this host (loopback coordinator), then the MPI baseline, and prints one report
 // (one JSON object with --json). With MOERL_RANK set it is one rank of a pod group and rank 0
 // prints the report of our figures only.
-#include <arpa/inet.h>   // htonl, ntohs
-#include <netinet/in.h>  // sockaddr_in
-#include <sys/socket.h>  // socket, bind: a free loopback port for the coordinator
 #include <spawn.h>     // posix_spawn
 #include <sys/wait.h>  // waitpid
 #include <unistd.h>    // readlink, pipe, geteuid
@@ -28,6 +25,7 @@
 #include "ep_bench_common.h"
 #include "transport/clock.h"
 #include "transport/communicator.h"
+#include "transport/local_coordinator.h"
 
 extern char** environ;
 
@@ -178,22 +176,10 @@ double json_number(const std::string& js, const std::string& key) {
   return at == std::string::npos ? -1.0 : std::strtod(js.c_str() + at + key.size() + 3, nullptr);
 }
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
-  socklen_t len = sizeof(sa);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 int launch(const Options& o) {
   const std::string exe = self_path();
   const std::vector<std::string> args = to_args(o);
-  const int port = free_port();
+  const transport::LocalCoordinator coordinator;
   std::vector<std::vector<std::string>> procs, envs;
   for (int r = 0; r < o.ranks; ++r) {
     std::vector<std::string> p = {exe};
@@ -201,8 +187,8 @@ int launch(const Options& o) {
     procs.push_back(p);
     envs.push_back({"MOERL_RANK=" + std::to_string(r),
                     "MOERL_WORLD_SIZE=" + std::to_string(o.ranks),
-                    "MOERL_COORDINATOR=127.0.0.1:" + std::to_string(port),
                     "MOERL_FI_PROVIDER=" + o.provider});
+    for (const std::string& e : coordinator.env()) envs.back().push_back(e);
   }
   int rc = 0;
   std::string ours = capture(procs, envs, rc);

@@ -11,10 +11,7 @@
 // once per direction (dispatch: payload + fp8 scales; combine: bf16 rows), the counting
 // DeepEP's low-latency figures use. Times: per iteration the maximum over ranks, median
 // over iterations.
-#include <arpa/inet.h>   // htonl, ntohs
-#include <netinet/in.h>  // sockaddr_in
 #include <spawn.h>       // posix_spawn
-#include <sys/socket.h>  // socket, bind: a free loopback port
 #include <sys/wait.h>    // waitpid
 #include <time.h>        // clock_gettime: per-thread CPU time
 #include <unistd.h>      // readlink, close
@@ -33,6 +30,7 @@
 #include "ep_bench_common.h"  // Options parsing pieces, routing, payload, median_of_max
 #include "transport/clock.h"
 #include "transport/communicator.h"
+#include "transport/local_coordinator.h"
 
 extern char** environ;
 
@@ -206,23 +204,13 @@ int launch(const LlOptions& o, int argc, char** argv) {
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   MOERL_CHECK(n > 0, "cannot find this executable's path");
   exe[n] = 0;
-  // A free loopback port for the coordinator (bound to port 0, then released).
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  MOERL_CHECK(bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0,
-              "cannot find a free loopback port: ", std::strerror(errno));
-  close(fd);
-  const int port = ntohs(sa.sin_port);
+  const transport::LocalCoordinator coordinator;
   std::vector<pid_t> pids;
   for (int r = 0; r < o.ranks; ++r) {
     std::vector<std::string> env = {"MOERL_RANK=" + std::to_string(r),
                                     "MOERL_WORLD_SIZE=" + std::to_string(o.ranks),
-                                    "MOERL_COORDINATOR=127.0.0.1:" + std::to_string(port),
                                     "MOERL_FI_PROVIDER=" + o.provider};
+    for (const std::string& e : coordinator.env()) env.push_back(e);
     for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
     std::vector<char*> envp, args = {exe};
     for (auto& s : env) envp.push_back(s.data());

@@ -3,9 +3,10 @@
 // test of the engine checks that the pins agree), found as the reference tests find it and never
 // installed from a test: with the environment missing, `skip` says why.
 import { execFileSync, spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { repoRoot } from '../../cli/temporal-tools.js';
-import { freePort } from '../../cli/dev-server.js';
 import { pythonReference } from './python-reference.js';
 
 export interface EngineRun {
@@ -62,19 +63,27 @@ export function pytorchEngine() {
     pyref,
     /** `python -m moerl_pytorch args` as one process (one rank unless env says otherwise). */
     train: (args: string[], env: Record<string, string> = {}) => run(['-m', 'moerl_pytorch', ...args], env),
-    /** The same on `ranks` local processes under the rank contract; every rank's run. */
+    /**
+     * The same on `ranks` local processes under the rank contract, as the local launcher starts
+     * them (rank 0 serves the store on a port the kernel picks and publishes it); every rank's run.
+     */
     async trainOnRanks(args: string[], ranks: number): Promise<EngineRun[]> {
-      const port = await freePort();
-      return Promise.all(
-        Array.from({ length: ranks }, (_, rank) =>
-          run(['-m', 'moerl_pytorch', ...args], {
-            MOERL_RANK: String(rank),
-            MOERL_WORLD_SIZE: String(ranks),
-            MOERL_COORDINATOR: `127.0.0.1:${port}`,
-            MOERL_STARTUP_TIMEOUT_S: '120',
-          }),
-        ),
-      );
+      const dir = mkdtempSync(join(tmpdir(), 'moerl-pytorch-ranks-'));
+      try {
+        return await Promise.all(
+          Array.from({ length: ranks }, (_, rank) =>
+            run(['-m', 'moerl_pytorch', ...args], {
+              MOERL_RANK: String(rank),
+              MOERL_WORLD_SIZE: String(ranks),
+              MOERL_COORDINATOR: '127.0.0.1:0',
+              MOERL_COORDINATOR_PORT_FILE: join(dir, 'store.port'),
+              MOERL_STARTUP_TIMEOUT_S: '120',
+            }),
+          ),
+        );
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
     },
     /** The engine's own unit tests (engines/pytorch/tests). */
     unitTests: () => run(['-m', 'unittest', 'discover', '-s', 'tests']),
