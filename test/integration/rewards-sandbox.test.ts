@@ -295,28 +295,6 @@ describe(
       assert.equal(threadFork?.failure?.reason, 'cpu', JSON.stringify(threadFork));
     });
 
-    it("removes each worker process's cgroup once the process is gone", async (t) => {
-      const support = cgroupSupport();
-      if (support.kind !== 'cgroups')
-        return t.skip('no cgroups: not root, and MOERL_REWARD_CGROUP is not set');
-      const own = () =>
-        support.base.dirs.flatMap((d) => readdirSync(d).filter((n) => n.startsWith(`w${process.pid}-`)));
-      const pool = new RewardFunctions(
-        { bySource: { py: { kind: 'python', file: join(dir, 'behaviours.py') } } },
-        { sandbox: { ...limits, processes: 2, python } },
-      );
-      const before = own().length;
-      assert.deepEqual(
-        (await pool.scoreBatch([sample('py', 'good'), sample('py', 'exit')])).results.map((r) => r.score),
-        [1, 0],
-      );
-      assert.ok(own().length > before, 'each live worker process has a cgroup');
-      pool.close();
-      for (let i = 0; own().length > before && i < 50; i++)
-        await new Promise((resolve) => setTimeout(resolve, 100));
-      assert.equal(own().length, before, `left behind: ${own().join(' ')}`);
-    });
-
     it('reports a function that fails on every sample, with its first error', async () => {
       const batch = await rewards.scoreBatch([
         sample('failing', 'a'),
@@ -375,6 +353,32 @@ describe('the cgroup of a worker process', () => {
         kind: 'broken',
         why: `MOERL_REWARD_CGROUP=${bad} must be a cgroup path such as /moerl-rewards (no "." or ".." parts)`,
       });
+  });
+
+  // After the suite above has closed its pool, so no other pool of this process starts one.
+  it("removes each worker process's cgroup once the process is gone", async (t) => {
+    const support = cgroupSupport();
+    if (support.kind !== 'cgroups') return t.skip('no cgroups: not root, and MOERL_REWARD_CGROUP is not set');
+    const own = () =>
+      new Set(
+        support.base.dirs.flatMap((d) => readdirSync(d).filter((n) => n.startsWith(`w${process.pid}-`))),
+      );
+    const before = own();
+    const pool = new RewardFunctions(
+      { bySource: { py: { kind: 'python', file: join(dir, 'behaviours.py') } } },
+      { sandbox: { ...limits, processes: 2, python } },
+    );
+    assert.deepEqual(
+      (await pool.scoreBatch([sample('py', 'good'), sample('py', 'exit')])).results.map((r) => r.score),
+      [1, 0],
+    );
+    const made = [...own()].filter((n) => !before.has(n));
+    assert.ok(made.length > 0, 'each live worker process has a cgroup');
+    pool.close();
+    const left = () => made.filter((n) => own().has(n));
+    for (let i = 0; left().length > 0 && i < 50; i++)
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    assert.deepEqual(left(), [], 'cgroups left behind');
   });
 
   it('is made under the cgroup named, by a worker that may write it (root here)', (t) => {
