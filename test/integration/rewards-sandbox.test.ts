@@ -368,6 +368,7 @@ describe('the cgroup of a worker process', () => {
       { bySource: { py: { kind: 'python', file: join(dir, 'behaviours.py') } } },
       { sandbox: { ...limits, processes: 2, python } },
     );
+    t.after(() => pool.close()); // a failed assertion must not leave its processes holding the file open
     assert.deepEqual(
       (await pool.scoreBatch([sample('py', 'good'), sample('py', 'exit')])).results.map((r) => r.score),
       [1, 0],
