@@ -12,7 +12,7 @@ import {
   fstatSync,
   rmSync,
 } from 'node:fs';
-import { createServer } from 'node:net';
+import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { Connection } from '@temporalio/client';
@@ -51,6 +51,13 @@ export interface DevServer {
 /** The dev server did not come up; the message ends with the tail of its log. */
 export class DevServerError extends Error {
   override readonly name = 'DevServerError';
+  constructor(
+    message: string,
+    /** The server's log says a port it wanted was taken (a retry on other ports may succeed). */
+    readonly addressInUse = false,
+  ) {
+    super(message);
+  }
 }
 
 const LOOPBACK = '127.0.0.1';
@@ -81,7 +88,7 @@ export async function startDevServer(opts: DevServerOptions = {}): Promise<DevSe
         return await startOnce(temporal, { ...opts, port, uiPort, logFile }, ownLogDir);
       } catch (err) {
         const pickedPorts = opts.port === undefined || opts.uiPort === undefined;
-        const portTaken = err instanceof DevServerError && /address already in use/i.test(err.message);
+        const portTaken = err instanceof DevServerError && err.addressInUse;
         if (!(pickedPorts && portTaken && attempt < PORT_ATTEMPTS)) throw err;
       }
     }
@@ -140,8 +147,11 @@ async function startOnce(
   } catch (err) {
     await stop(2_000).catch(() => undefined);
     const reason = err instanceof Error ? err.message : String(err);
+    // A Go panic puts its cause first and a long stack after it: the cause is quoted on its own.
+    const panic = logLines(s.logFile, logStart).find((line) => line.startsWith('panic: '));
     throw new DevServerError(
-      `${reason}; command: ${temporal} ${args.join(' ')}\n${logTail(s.logFile, logStart)}`,
+      `${reason}; command: ${temporal} ${args.join(' ')}\n${panic ? `${panic}\n` : ''}${logTail(s.logFile, logStart)}`,
+      /address already in use/i.test(panic ?? logTail(s.logFile, logStart)),
     );
   }
   return {
@@ -213,15 +223,28 @@ export function findOnPath(name: string): string | undefined {
   return undefined;
 }
 
-/** A TCP port on the loopback interface that was free a moment ago. */
+/**
+ * A TCP port on the loopback interface that was free a moment ago. It is held back from other
+ * port-0 binds for a while: a connection to it is closed from the listening side first, which
+ * leaves that side in TIME_WAIT, and the kernel hands out no port in TIME_WAIT for port 0 while
+ * an explicit bind (SO_REUSEADDR, as servers set it) still succeeds. Without this the next
+ * port-0 bind anywhere (the dev server's own internal services among them) may get it.
+ */
 export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
-    const server = createServer();
+    const server = createServer((socket) => socket.end());
     server.once('error', reject);
     server.listen(0, LOOPBACK, () => {
       const address = server.address();
       const port = typeof address === 'object' && address ? address.port : 0;
-      server.close(() => (port ? resolve(port) : reject(new Error('no port assigned'))));
+      if (!port) {
+        server.close(() => reject(new Error('no port assigned')));
+        return;
+      }
+      const client = connect(port, LOOPBACK);
+      client.once('error', (err) => server.close(() => reject(err)));
+      client.once('end', () => client.end());
+      client.once('close', () => server.close(() => resolve(port)));
     });
   });
 }
@@ -242,5 +265,21 @@ export function logTail(logFile: string, from: number, maxBytes = 4096): string 
     }
   } catch (err) {
     return `(cannot read ${logFile}: ${err instanceof Error ? err.message : String(err)})`;
+  }
+}
+
+/** The lines of the first `maxBytes` a server wrote to its log from byte `from` ([] if unreadable). */
+function logLines(logFile: string, from: number, maxBytes = 65_536): string[] {
+  try {
+    const fd = openSync(logFile, 'r');
+    try {
+      const buffer = Buffer.alloc(Math.max(0, Math.min(maxBytes, fstatSync(fd).size - from)));
+      const n = readSync(fd, buffer, 0, buffer.length, from);
+      return buffer.subarray(0, n).toString('utf8').split('\n');
+    } finally {
+      closeSync(fd);
+    }
+  } catch {
+    return [];
   }
 }

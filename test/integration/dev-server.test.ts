@@ -1,12 +1,13 @@
 // The real Temporal dev server, started both ways the project starts it: startDevServer (the
 // `moerl dev` path, with SQLite persistence) and the test harness (TestWorkflowEnvironment).
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Client, Connection, WorkflowNotFoundError } from '@temporalio/client';
-import { startDevServer, type DevServer } from '../../cli/dev-server.js';
+import { DevServerError, freePort, startDevServer, type DevServer } from '../../cli/dev-server.js';
 import { campaignSearchAttributes } from '../../workflows/search-attributes.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
 
@@ -118,6 +119,36 @@ describe('startDevServer', () => {
       },
     );
     assert.ok(readFileSync(logFile, 'utf8').length > 0);
+  });
+
+  it('starts again on other ports when a start panics on a port taken meanwhile (fake temporal binary)', async () => {
+    // A start that lost one of its internal ports to another process: a Go panic whose cause
+    // comes first and whose stack fills more than the log tail quoted in errors.
+    const fake = join(dir, 'fake-temporal');
+    const starts = join(dir, 'starts');
+    writeFileSync(
+      fake,
+      `#!/bin/sh\necho start >> '${starts}'\necho 'panic: listen tcp 127.0.0.1:40001: bind: address already in use'\n` +
+        `i=0; while [ $i -lt 200 ]; do echo "\tgo.uber.org/dig.paramList.BuildList frame $i"; i=$((i+1)); done\nexit 2\n`,
+      { mode: 0o755 },
+    );
+    await assert.rejects(startDevServer({ temporalPath: fake, logFile: join(dir, 'panic.log') }), (err: Error) => {
+      assert.ok(err instanceof DevServerError && err.addressInUse, String(err));
+      assert.match(err.message, /exited with code 2/);
+      assert.match(err.message, /\npanic: listen tcp 127\.0\.0\.1:40001: bind: address already in use\n/);
+      return true;
+    });
+    assert.equal(readFileSync(starts, 'utf8').split('\n').filter(Boolean).length, 3, 'three starts, each on new ports');
+  });
+
+  it('a port it picks, held back from port-0 binds by TIME_WAIT, can still be listened on', async () => {
+    const port = await freePort();
+    const server = createServer();
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(port, '127.0.0.1', resolve);
+    });
+    await new Promise((resolve) => server.close(resolve));
   });
 });
 

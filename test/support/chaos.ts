@@ -10,7 +10,7 @@ import { closeSync, mkdirSync, openSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Client } from '@temporalio/client';
-import { freePort, logTail, startDevServer, type DevServer } from '../../cli/dev-server.js';
+import { logTail, startDevServer, type DevServer } from '../../cli/dev-server.js';
 import * as keys from '../../activities/layout.js';
 import type { ObjectStore } from '../../activities/store/index.js';
 import type { CampaignSpec } from '../../workflows/spec.js';
@@ -71,10 +71,11 @@ export async function startChaosStack(dir: string, env: NodeJS.ProcessEnv = {}):
   mkdirSync(dir, { recursive: true });
   const dbFile = join(dir, 'temporal.db');
   const serverLog = join(dir, 'temporal.log');
-  const port = await freePort();
-  const uiPort = await freePort();
+  // The first start picks the ports (and retries on others when one is taken); restarts keep them.
+  let server: DevServer = await startDevServer({ dbFile, logFile: serverLog });
+  const port = Number(new URL(`grpc://${server.address}`).port);
+  const uiPort = Number(new URL(server.uiUrl).port);
   const startServer = () => startDevServer({ dbFile, logFile: serverLog, port, uiPort });
-  let server: DevServer = await startServer();
   const { client, connection } = await connectClient({ address: server.address, namespace: 'default' });
   const taskQueues = uniqueTaskQueues();
   const prefix = taskQueues.control.slice(0, -'control'.length);
