@@ -98,9 +98,8 @@ async function uninterrupted(deps: ActivityDeps, specs: CampaignSpec[]): Promise
 /**
  * Runs `spec` with control and train in this process and rollout only in worker processes, one
  * at a time, so the worker that is lost is certainly the one running both shards. Loss i comes
- * once each shard of iteration i + 1 has stored a chunk; a shard that has waits for the other
- * with its ranks stopped (SIGSTOP, a node that has stalled), or on a loaded machine it could end
- * before the other's ranks start. `onLoss` sees the worker's name, then the worker goes (SIGKILL:
+ * once each shard of iteration i + 1 has stored a chunk, with the ranks of both stopped
+ * (SIGSTOP, a node that has stalled), so that neither ends first on a loaded machine. `onLoss` sees the worker's name, then the worker goes (SIGKILL:
  * the node is gone, with every process on it; SIGTERM: a Spot notice, the worker stops its
  * activities and leaves, cleanly, its ranks running again) and the next one starts.
  */
@@ -111,6 +110,7 @@ async function interrupted(
   onLoss: (worker: string) => void = () => undefined,
 ) {
   const store = openStore(spec.store);
+  const ranksPerShard = spec.rolloutEpWorldSize ?? 1;
   const queues = uniqueTaskQueues();
   const workers = [`${spec.name}-0`];
   // Rank slots for both shards at once (2 EP-2 shards: 4 ranks) whatever the host's CPUs, so
@@ -127,24 +127,37 @@ async function interrupted(
         const handle = await startCampaign(t.client, spec, queues);
         const id = handle.workflowId;
         for (const [i, signal] of losses.entries()) {
-          const stopped = new Set<number>();
+          const iteration = i + 1;
+          // Each shard's ranks are stopped as soon as all have started; then one shard at a time
+          // runs until it has stored a chunk. With both running, a shard could store its first
+          // chunk and finish the rest between two looks on a loaded machine.
+          const shardPids = new Map<number, number[]>();
           await waitFor(
-            `both shards of iteration ${i + 1} to be under way`,
+            `the ranks of both shards of iteration ${iteration} to start`,
             async () => {
-              let underWay = 0;
               for (const shard of [0, 1]) {
-                if ((await rolloutChunksStored(store, id, i + 1, [shard])) === 0) continue;
-                for (const rank of shardRanks(workers.at(-1)!, id, i + 1, shard)) {
-                  if (!stopped.has(rank)) process.kill(rank, 'SIGSTOP');
-                  stopped.add(rank);
-                }
-                underWay++;
+                if (shardPids.has(shard)) continue;
+                const ranks = shardRanks(workers.at(-1)!, id, iteration, shard);
+                if (ranks.length < ranksPerShard) continue;
+                for (const rank of ranks) process.kill(rank, 'SIGSTOP');
+                shardPids.set(shard, ranks);
               }
-              return underWay === 2 ? true : undefined;
+              return shardPids.size === 2 ? true : undefined;
             },
             60_000,
             20,
           );
+          for (const [shard, ranks] of shardPids) {
+            for (const rank of ranks) process.kill(rank, 'SIGCONT');
+            await waitFor(
+              `shard ${shard} of iteration ${iteration} to store a chunk`,
+              async () => ((await rolloutChunksStored(store, id, iteration, [shard])) > 0 ? true : undefined),
+              60_000,
+              10,
+            );
+            for (const rank of ranks) process.kill(rank, 'SIGSTOP');
+          }
+          const stopped = [...shardPids.values()].flat();
           onLoss(workers.at(-1)!);
           if (signal === 'SIGKILL') process.kill(-worker.pid!, 'SIGKILL');
           else {
