@@ -29,6 +29,11 @@ export interface RolloutRecord {
   /** Behaviour log-prob of each entry of `tokens`. */
   logprobs: number[];
   finish_reason: FinishReason;
+  /**
+   * 1 where `tokens[i]` is the policy's own (trained), 0 where an environment wrote it (a tool
+   * result of a multi-turn episode); absent for a one-shot completion, where all are trained.
+   */
+  loss_mask?: number[];
 }
 
 /** Where a line came from, for error messages. */
@@ -136,6 +141,15 @@ export function parseRolloutLine(text: string, at: LineLocation, opts: ParseOpti
       `field "logprobs" has ${record.logprobs.length} entries for ${record.tokens.length} tokens`,
       'logprobs',
     );
+  }
+  if (obj.loss_mask !== undefined) {
+    const isBit = (x: Json): x is number => x === 0 || x === 1;
+    record.loss_mask = numbers('loss_mask', '0 (an environment token) or 1 (the policy token)', isBit);
+    if (record.loss_mask.length !== record.tokens.length)
+      fail(
+        `field "loss_mask" has ${record.loss_mask.length} entries for ${record.tokens.length} tokens`,
+        'loss_mask',
+      );
   }
   const eosIds = opts.eosIds ?? [eosTokenId];
   if (record.finish_reason === 'stop' && !eosIds.includes(record.tokens[record.tokens.length - 1] ?? -1)) {

@@ -52,21 +52,34 @@ Packed pack(const std::vector<TrainSequence>& batch, const std::vector<int>& ids
 }
 
 // The rows of a packed micro-batch whose logits a loss reads: positions prompt_len - 1 ..
-// len - 2 of each sequence (each predicts the next token), sequence by sequence.
+// len - 2 of each sequence (each predicts the next token) whose target is trained, sequence by
+// sequence.
 std::vector<int32_t> loss_rows(const std::vector<TrainSequence>& batch, const std::vector<int>& ids,
                                int T) {
   std::vector<int32_t> rows;
   for (size_t b = 0; b < ids.size(); b++) {
     const TrainSequence& s = batch[ids[b]];
     for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++)
-      rows.push_back((int32_t)(b * T + t));
+      if (s.trained(t + 1 - s.prompt_len)) rows.push_back((int32_t)(b * T + t));
   }
   return rows;
+}
+
+// Trained tokens of a sequence: its completion less the masked positions.
+int trained_tokens(const TrainSequence& s) {
+  const int n = (int)s.tokens.size() - s.prompt_len;
+  if (s.loss_mask.empty()) return n;
+  int k = 0;
+  for (uint8_t m : s.loss_mask) k += m != 0;
+  return k;
 }
 
 void check_sequence(const TrainSequence& s, Objective obj, int i) {
   MOERL_CHECK_INPUT(s.prompt_len >= 1 && s.prompt_len < (int)s.tokens.size(), "sequence ", i,
                     ": prompt length ", s.prompt_len, " must be in [1, ", s.tokens.size(), ")");
+  MOERL_CHECK_INPUT(s.loss_mask.empty() || s.loss_mask.size() == s.tokens.size() - s.prompt_len,
+                    "sequence ", i, ": loss mask of ", s.loss_mask.size(), " entries for ",
+                    s.tokens.size() - s.prompt_len, " completion tokens");
   if (obj == Objective::Grpo) {
     MOERL_CHECK_INPUT(s.old_logprobs.size() == s.tokens.size() - s.prompt_len, "sequence ", i,
                       ": ", s.old_logprobs.size(), " behaviour log-probs for ",
@@ -133,9 +146,11 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
   double n_tok = 0.0, n_valid = 0.0;
   for (size_t i = 0; i < batch.size(); i++) {
     check_sequence(batch[i], lc.objective, (int)i);
-    n_tok += batch[i].tokens.size() - batch[i].prompt_len;
+    n_tok += trained_tokens(batch[i]);
     n_valid += batch[i].tokens.size();
   }
+  MOERL_CHECK_INPUT(n_tok > 0, "training batch of ", batch.size(),
+                    " sequences has no trained token (every completion token is masked)");
   const double n_seq = (double)batch.size();
   const int L_moe = model::num_moe_layers(cfg);
   const std::vector<std::vector<int>> mbs =
@@ -169,20 +184,26 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
       MOERL_CHECK(lc.objective == Objective::Sft || lc.kl_coef == 0.0f ||
                       s.ref_logprobs.size() == s.old_logprobs.size(),
                   "sequence ", ids[b], " has no reference log-probs (fill_ref_logprobs first)");
-      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++, lg += V) {
+      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++) {
         const int target = s.tokens[t + 1];
         const int j = t + 1 - s.prompt_len;
+        if (!s.trained(j)) {
+          if (first) s.train_logprobs.push_back(0.0f);
+          continue;  // no row of logits: loss_rows left it out
+        }
+        float* const row = lg;
+        lg += V;
         if (lc.objective == Objective::Sft) {
-          const model::SoftmaxStats st = model::softmax_stats(lg, V, 1.0f, true);
-          acc[kLoss] += (float)(-st.logprob(lg, target, 1.0f));
+          const model::SoftmaxStats st = model::softmax_stats(row, V, 1.0f, true);
+          acc[kLoss] += (float)(-st.logprob(row, target, 1.0f));
           acc[kEntropy] += (float)st.entropy;
-          model::logsoftmax_backward(lg, lg, V, 1.0f, st, target, -1.0, 0.0, 1.0 / n_tok);
+          model::logsoftmax_backward(row, row, V, 1.0f, st, target, -1.0, 0.0, 1.0 / n_tok);
           continue;
         }
         const float ref_lp = lc.kl_coef != 0.0f ? s.ref_logprobs[j] : 0.0f;
         GrpoTokenTerms tt =
-            grpo_token(lg, V, target, s.old_logprobs[j], first ? nullptr : &s.train_logprobs[j],
-                       ref_lp, s.advantage, lc, 1.0 / n_tok, lg);
+            grpo_token(row, V, target, s.old_logprobs[j], first ? nullptr : &s.train_logprobs[j],
+                       ref_lp, s.advantage, lc, 1.0 / n_tok, row);
         if (first) s.train_logprobs.push_back((float)tt.logprob);
         acc[kPolicy] += (float)tt.policy;
         acc[kKl] += (float)tt.kl;
@@ -266,9 +287,14 @@ void fill_ref_logprobs(model::ParamStore& ps, model::ExpertComm& comm,
     for (int b = 0; b < pk.B; b++) {
       TrainSequence& s = batch[ids[b]];
       s.ref_logprobs.clear();
-      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++, lg += V) {
+      for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++) {
+        if (!s.trained(t + 1 - s.prompt_len)) {
+          s.ref_logprobs.push_back(0.0f);
+          continue;
+        }
         const model::SoftmaxStats st = model::softmax_stats(lg, V, inv_tau, false);
         s.ref_logprobs.push_back((float)st.logprob(lg, s.tokens[t + 1], inv_tau));
+        lg += V;
       }
     }
     if (progress) progress((int)mb + 1, (int)mbs.size());

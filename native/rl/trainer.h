@@ -25,6 +25,11 @@ struct TrainSequence {
   // the old policy of truncated importance sampling and of mismatch_kl. Filled by that forward.
   std::vector<float> train_logprobs;
   float advantage = 0.0f;             // GRPO, per sequence
+  // [completion] 1 where the token is the policy's own and trained, 0 where an environment
+  // wrote it (a tool result, an observation: no loss, no logits computed); empty = all trained.
+  // Masked positions hold 0 in train_logprobs and ref_logprobs.
+  std::vector<uint8_t> loss_mask;
+  bool trained(int j) const { return loss_mask.empty() || loss_mask[j] != 0; }
 };
 
 enum class Objective { Sft, Grpo };

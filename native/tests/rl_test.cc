@@ -1,14 +1,16 @@
 // RL pieces: the GRPO per-token loss gradient against finite differences (unclipped,
-// clipped, KL and entropy terms, truncated importance sampling), mismatch_kl, and the
-// learning-rate schedule.
+// clipped, KL and entropy terms, truncated importance sampling), mismatch_kl, the loss mask of
+// multi-turn episodes (SFT and GRPO), and the learning-rate schedule.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "bad_input.h"
 #include "rl/adamw.h"
 #include "rl/trainer.h"
+#include "model/expert_comm.h"
 
 namespace moerl::rl {
 namespace {
@@ -108,6 +110,106 @@ TEST(GrpoTis, FirstForwardWeighsByTheTruncatedRatioToTheRollout) {
   EXPECT_NEAR(t.policy, std::exp(0.1), 1e-6);
   EXPECT_FALSE(t.tis_clipped);
 }
+
+// The loss mask on a tiny model, one rank: a sequence's summed gradient (the step's gradient
+// times its trained tokens) is linear in the mask, an all-ones mask is no mask, and a masked
+// token's id never reaches a gradient it does not feed as input.
+class LossMask : public ::testing::TestWithParam<Objective> {
+ protected:
+  model::ModelConfig cfg = [] {
+    model::ModelConfig c;
+    c.vocab_size = 13;
+    c.max_seq_len = 12;
+    c.dim = 8;
+    c.num_layers = 2;
+    c.num_heads = 2;
+    c.num_experts = 4;
+    c.top_k = 2;
+    c.expert_dim = 4;
+    return c;
+  }();
+  transport::Communicator tc{transport::Config{}};
+  model::ExpertComm comm{tc, cfg.num_experts};
+  model::ParamStore ps{model::make_layout(cfg, 0, cfg.num_experts)};
+  LossConfig lc;
+
+  void SetUp() override {
+    ps.init_random(7);
+    lc.objective = GetParam();
+    lc.aux_coef = 0.0f;  // the router losses do not depend on the mask
+    lc.z_coef = 0.0f;
+  }
+
+  // Two sequences: prompt 3 tokens, completion 6.
+  std::vector<TrainSequence> batch(const std::vector<uint8_t>& mask) const {
+    std::vector<TrainSequence> b(2);
+    for (int i = 0; i < 2; i++) {
+      for (int t = 0; t < 9; t++) b[i].tokens.push_back((t * 5 + i * 3 + 1) % cfg.vocab_size);
+      b[i].prompt_len = 3;
+      for (int j = 0; j < 6; j++) b[i].old_logprobs.push_back(-2.0f - 0.1f * (float)j);
+      b[i].advantage = i == 0 ? 0.7f : -0.4f;
+      b[i].loss_mask = mask;
+    }
+    return b;
+  }
+
+  // The dense and expert gradients summed over trained tokens (not divided by their count).
+  std::vector<double> summed_gradient(std::vector<TrainSequence> b) {
+    const StepMetrics m = compute_gradients(ps, comm, b, lc);
+    std::vector<double> g;
+    for (float x : ps.grad_dense) g.push_back((double)x * m.tokens);
+    for (float x : ps.grad_experts) g.push_back((double)x * m.tokens);
+    return g;
+  }
+};
+
+TEST_P(LossMask, GradientIsLinearInTheMaskAndAllOnesIsNoMask) {
+  const std::vector<uint8_t> ones(6, 1), policy = {1, 1, 0, 0, 0, 1}, env = {0, 0, 1, 1, 1, 0};
+  const std::vector<double> none = summed_gradient(batch({}));
+  EXPECT_EQ(summed_gradient(batch(ones)), none) << "an all-ones mask is bitwise no mask";
+  const std::vector<double> a = summed_gradient(batch(policy)), b = summed_gradient(batch(env));
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < none.size(); i++) {
+    worst = std::max(worst, std::abs(a[i] + b[i] - none[i]));
+    scale = std::max(scale, std::abs(none[i]));
+  }
+  EXPECT_GT(scale, 1e-3);
+  EXPECT_LT(worst, 1e-5 * scale) << "G(mask) + G(1 - mask) = G(all)";
+  double moved = 0.0;
+  for (size_t i = 0; i < none.size(); i++) moved = std::max(moved, std::abs(a[i] - none[i]));
+  EXPECT_GT(moved, 1e-3 * scale) << "the masked tokens contributed nothing";
+}
+
+TEST_P(LossMask, AMaskedLastTokenDoesNotReachTheGradient) {
+  std::vector<TrainSequence> b = batch({1, 1, 1, 1, 1, 0});
+  const std::vector<double> before = summed_gradient(b);
+  for (TrainSequence& s : b) s.tokens.back() = (s.tokens.back() + 4) % cfg.vocab_size;
+  EXPECT_EQ(summed_gradient(b), before);
+  std::vector<TrainSequence> masked = batch({1, 1, 1, 1, 1, 0});
+  const StepMetrics m = compute_gradients(ps, comm, masked, lc);
+  EXPECT_EQ(m.tokens, 2 * 5);
+  if (lc.objective == Objective::Grpo) {
+    ASSERT_EQ(masked[0].train_logprobs.size(), 6u);
+    EXPECT_EQ(masked[0].train_logprobs[5], 0.0f);
+    EXPECT_NE(masked[0].train_logprobs[4], 0.0f);
+  }
+}
+
+TEST_P(LossMask, BadMasksAreBadInput) {
+  std::vector<TrainSequence> short_mask = batch({1, 1, 0});
+  EXPECT_NE(testing::bad_input([&] { compute_gradients(ps, comm, short_mask, lc); })
+                .find("sequence 0: loss mask of 3 entries for 6 completion tokens"),
+            std::string::npos);
+  std::vector<TrainSequence> nothing = batch(std::vector<uint8_t>(6, 0));
+  EXPECT_NE(testing::bad_input([&] { compute_gradients(ps, comm, nothing, lc); })
+                .find("has no trained token"),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Objectives, LossMask, ::testing::Values(Objective::Sft, Objective::Grpo),
+                         [](const auto& info) {
+                           return info.param == Objective::Sft ? std::string("Sft") : "Grpo";
+                         });
 
 TEST(Schedule, WarmupThenCosineToFloor) {
   AdamWConfig c;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -263,6 +264,53 @@ TEST_F(ToolsTest, MalformedJsonInputExitsTwoNamingFileAndLine) {
   Result r = run({kReward, "--rollouts", w + "/bad.jsonl"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find(w + "/bad.jsonl line 2: invalid JSON"), std::string::npos) << r.output;
+}
+
+// A rollout's "loss_mask" (an episode's environment tokens) reaches the GRPO loss: all ones
+// trains exactly as no mask, a mask with zeros trains differently, a bad one exits 2 naming the
+// file and line.
+TEST_F(ToolsTest, GrpoTakesTheRolloutsLossMask) {
+  ASSERT_EQ(run(generate(w + "/r")).exit_code, 0);
+  const std::string chunk = w + "/r/chunk-0.jsonl";
+  auto with_mask = [&](const std::string& path, const std::function<int(size_t, size_t)>& bit) {
+    std::ofstream out(path);
+    io::for_each_json_line(chunk, [&](const io::Json& j, const std::string&) {
+      io::Json line = j;
+      io::Json mask = io::Json::array();
+      for (size_t k = 0; k < j["tokens"].size(); k++) mask.push_back(bit(k, j["tokens"].size()));
+      line["loss_mask"] = mask;
+      out << line.dump() << "\n";
+    });
+  };
+  with_mask(w + "/ones.jsonl", [](size_t, size_t) { return 1; });
+  with_mask(w + "/half.jsonl", [](size_t k, size_t) { return (int)(k % 2); });
+  with_mask(w + "/short.jsonl", [](size_t k, size_t n) { return k + 1 < n ? 1 : 2; });
+  {
+    std::ofstream rewards(w + "/rewards.jsonl");
+    int n = 0;
+    io::for_each_json_line(chunk, [&](const io::Json& j, const std::string& what) {
+      rewards << "{\"prompt_id\":" << io::integer_field(j, "prompt_id", what)
+              << ",\"sample_index\":" << io::integer_field(j, "sample_index", what)
+              << ",\"reward\":" << (n++ % 3 == 0 ? 1 : 0) << "}\n";
+    });
+  }
+  auto grpo = [&](const std::string& rollouts, const std::string& out) {
+    return run({kTrain, "grpo", "--checkpoint", w + "/init", "--out", out, "--rollouts", rollouts,
+                "--rewards", w + "/rewards.jsonl", "--progress-interval", "0"});
+  };
+  for (const char* name : {"plain", "ones", "half"}) {
+    const std::string rollouts = std::string(name) == "plain" ? chunk : w + "/" + name + ".jsonl";
+    Result r = grpo(rollouts, w + "/g-" + name);
+    ASSERT_EQ(r.exit_code, 0) << name << ": " << r.output;
+  }
+  const std::string weights = "/dense.safetensors";
+  EXPECT_EQ(io::read_file(w + "/g-ones" + weights), io::read_file(w + "/g-plain" + weights));
+  EXPECT_NE(io::read_file(w + "/g-half" + weights), io::read_file(w + "/g-plain" + weights));
+  Result bad = grpo(w + "/short.jsonl", w + "/g-bad");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find(w + "/short.jsonl line 1 loss_mask: entry "), std::string::npos)
+      << bad.output;
+  EXPECT_NE(bad.output.find("is 2; each entry is 0"), std::string::npos) << bad.output;
 }
 
 TEST_F(ToolsTest, SftOnTokenIdsTrainsAsOnTheSameText) {

@@ -184,8 +184,28 @@ std::string rollout_to_json(const RolloutRecord& r) {
      << ",\"tokens\":" << int_array(r.tokens) << ",\"text\":" << io::json_quote(r.text)
      << ",\"logprobs\":[";
   for (size_t i = 0; i < r.logprobs.size(); i++) os << (i ? "," : "") << io::json_float(r.logprobs[i]);
-  os << "],\"finish_reason\":" << io::json_quote(r.finish_reason) << "}";
+  os << "],\"finish_reason\":" << io::json_quote(r.finish_reason);
+  if (!r.loss_mask.empty()) {
+    os << ",\"loss_mask\":[";
+    for (size_t i = 0; i < r.loss_mask.size(); i++) os << (i ? "," : "") << (int)r.loss_mask[i];
+    os << "]";
+  }
+  os << "}";
   return os.str();
+}
+
+std::vector<uint8_t> loss_mask_field(const io::Json& j, size_t completion, const std::string& what) {
+  std::vector<uint8_t> mask;
+  if (!j.contains("loss_mask")) return mask;
+  for (const io::Json& m : io::array_field(j, "loss_mask", what)) {
+    const int64_t v = io::as_integer(m, what + " loss_mask");
+    MOERL_CHECK_INPUT(v == 0 || v == 1, what, " loss_mask: entry ", mask.size(), " is ", v,
+                      "; each entry is 0 (an environment's token) or 1 (the policy's)");
+    mask.push_back((uint8_t)v);
+  }
+  MOERL_CHECK_INPUT(mask.size() == completion, what, " loss_mask: ", mask.size(), " entries for ",
+                    completion, " completion tokens");
+  return mask;
 }
 
 std::vector<RolloutRecord> read_rollouts(const std::vector<std::string>& paths) {
@@ -208,6 +228,7 @@ std::vector<RolloutRecord> read_rollouts(const std::vector<std::string>& paths) 
       r.finish_reason = io::string_field(j, "finish_reason", what);
       MOERL_CHECK_INPUT(r.logprobs.size() == r.tokens.size(), what, ": ", r.logprobs.size(),
                         " logprobs for ", r.tokens.size(), " tokens");
+      r.loss_mask = loss_mask_field(j, r.tokens.size(), what);
       out.push_back(std::move(r));
     });
   }

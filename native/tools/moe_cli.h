@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "io/json.h"
 #include "model/expert_comm.h"
 #include "transport/communicator.h"
 
@@ -113,7 +114,14 @@ struct RolloutRecord {
   std::string text;
   std::vector<float> logprobs;
   std::string finish_reason;  // "stop" | "length"
+  // [tokens] 1 = the policy's token (trained), 0 = an environment's (an episode's tool result);
+  // empty (no "loss_mask" key) = all the policy's: a one-shot completion.
+  std::vector<uint8_t> loss_mask;
 };
+
+// The optional "loss_mask" of a JSON line: 0/1 per completion token, `completion` of them;
+// empty when absent. Throws BadInput naming `what` on any other value or length.
+std::vector<uint8_t> loss_mask_field(const io::Json& j, size_t completion, const std::string& what);
 
 std::string rollout_to_json(const RolloutRecord& r);
 // Reads every line of every file; throws BadInput naming file and line on a bad record.

@@ -3,7 +3,8 @@
 //   moe_train init   --out DIR [--seed S] [--dim 128 --layers 2 --heads 4 --experts 8
 //                    --top-k 2 --expert-dim 128 --max-seq-len 32]
 //   moe_train sft    --checkpoint DIR --out DIR --task add|--data FILE [--steps 200 ...]
-//                    (--data lines: {"prompt","answer"} text or {"prompt_tokens","tokens"} ids)
+//                    (--data lines: {"prompt","answer"} text or {"prompt_tokens","tokens"} ids,
+//                    with an optional "loss_mask": 0/1 per token, 0 = not learned)
 //   moe_train grpo   --checkpoint DIR --out DIR (--rollouts-file LIST | --rollouts F1,F2)
 //                    (--rewards-file LIST | --rewards R1,R2) [...]
 //   moe_train sgemm  [--size 1024 --repeats 5]   (OpenBLAS sgemm GFLOP/s: median and best)
@@ -251,6 +252,7 @@ rl::TrainSequence sft_example(const io::Json& j, const std::string& what, int vo
   seq.tokens = token_ids(j, "prompt_tokens", what, vocab_size);
   seq.prompt_len = (int)seq.tokens.size();
   for (int32_t t : token_ids(j, "tokens", what, vocab_size)) seq.tokens.push_back(t);
+  seq.loss_mask = loss_mask_field(j, seq.tokens.size() - seq.prompt_len, what);
   return seq;
 }
 
@@ -397,6 +399,7 @@ int cmd_grpo(const GrpoOptions& o) {
         s.prompt_len = (int)s.tokens.size();
         s.tokens.insert(s.tokens.end(), ro.tokens.begin(), ro.tokens.end());
         s.old_logprobs = ro.logprobs;
+        s.loss_mask = ro.loss_mask;
         s.advantage = (float)((r[k - i] - mean) / (sd + 1e-6));
         seqs.push_back(std::move(s));
       }

@@ -51,6 +51,16 @@ describe('parseRolloutLine', () => {
     assert.deepEqual(parseRolloutLine(JSON.stringify(good), at), good);
   });
 
+  it("keeps an episode's loss mask and rejects one of other values or length", () => {
+    const masked = { ...good, loss_mask: [1, 0, 0, 1] };
+    assert.deepEqual(parseRolloutLine(JSON.stringify(masked), at).loss_mask, [1, 0, 0, 1]);
+    assert.equal(parseRolloutLine(JSON.stringify(good), at).loss_mask, undefined);
+    assertMalformed(withField('loss_mask', [1, 0, 2, 1]), 'loss_mask', /element 2 is number 2/);
+    assertMalformed(withField('loss_mask', [1, 0, true, 1]), 'loss_mask', /element 2 is boolean/);
+    assertMalformed(withField('loss_mask', [1, 0]), 'loss_mask', /"loss_mask" has 2 entries for 4 tokens/);
+    assertMalformed(withField('loss_mask', null), 'loss_mask', /must be an array/);
+  });
+
   it('accepts a truncated sample without <eos>, and unknown extra fields', () => {
     const line = JSON.stringify({
       ...good,
