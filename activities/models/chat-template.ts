@@ -31,7 +31,8 @@ export class ChatTemplate {
    */
   constructor(
     readonly source: string,
-    private readonly file: string,
+    /** Where the template was read (named in errors). */
+    readonly file: string,
     private readonly specialTokens: Record<string, string>,
   ) {
     try {

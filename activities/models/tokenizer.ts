@@ -65,7 +65,8 @@ export class HfTokenizer {
     /** The directory it was loaded from. */
     readonly dir: string,
     private readonly tokenizer: LibraryTokenizer,
-    private readonly chatTemplate: ChatTemplate,
+    /** The model's chat template (an agentic episode renders its environment turns with it). */
+    readonly chatTemplate: ChatTemplate,
     eosTokenIds: number[],
     private readonly cleanUpSpaces: boolean,
     /** The id a completion moerl writes ends with (an SFT example's): the tokenizer's own
