@@ -1,0 +1,259 @@
+// One multi-turn episode, token in and token out (docs/agents.md). The policy generates until its
+// turn ends; a turn with tool calls has them run and their results appended as the environment's
+// turn (rendered ids, never re-tokenized text), a turn without any ends the episode. Every limit
+// ends the episode with its reason. The engine behind TurnGenerator keeps its own KV cache: it is
+// given only the ids appended since its last turn. The record is what training and the report
+// read: the completion ids, their behaviour log-probs, the loss mask (1 on the policy's ids) and
+// the turns with their token ranges and tool calls.
+import type { ChatMessage } from '../models/chat-template.js';
+import type { ToolCallError, ToolCallParser } from './tool-calls.js';
+
+/** Version of EpisodeRecord as it is stored on a rollout line (`episode`). */
+export const episodeFormatVersion = 1;
+
+export const episodeEndReasons = [
+  'answered', // a policy turn without tool calls
+  'max-turns',
+  'max-tokens', // the episode's completion budget
+  'context-length', // the next turn would not fit the model's context
+  'episode-time',
+] as const;
+export type EpisodeEndReason = (typeof episodeEndReasons)[number];
+
+/** The policy side of an episode: one engine session whose KV cache holds every id so far. */
+export interface TurnGenerator {
+  /**
+   * Appends `appended` (the prompt first, then each environment turn) and samples until an
+   * end-of-turn id or `maxNewTokens`; `stopped` says it ended on an end-of-turn id.
+   */
+  generate(
+    appended: readonly number[],
+    maxNewTokens: number,
+    signal: AbortSignal,
+  ): Promise<{ tokens: number[]; logprobs: number[]; stopped: boolean }>;
+  /** The text of generated ids (parsed for tool calls only: nothing decoded is encoded again). */
+  decode(tokens: readonly number[]): string;
+}
+
+/** What runs the calls of one episode (sandboxed tools, an MCP server, an environment). */
+export interface ToolRunner {
+  /** Resolves with the result text; rejects (or is aborted at the time limit) on failure. */
+  call(name: string, args: Record<string, unknown>, signal: AbortSignal): Promise<string>;
+}
+
+export interface EpisodeLimits {
+  maxTurns: number;
+  /** Completion ids of the whole episode, the policy's and the environment's. */
+  maxTokens: number;
+  /** The model's context: prompt and completion. */
+  contextLength: number;
+  toolCallMs: number;
+  episodeMs: number;
+}
+
+export interface ToolCallRecord {
+  name: string;
+  arguments: unknown;
+  /** The text the tool turn shows for this call: its result or its error. */
+  result: string;
+  /** Why the call did not run or failed; absent when it returned. */
+  error?: ToolCallError['kind'] | 'failed' | 'timeout';
+  latencyMs: number;
+}
+
+/** A turn's ids are completion[start, end). */
+export type EpisodeTurn =
+  | { role: 'policy'; start: number; end: number }
+  | { role: 'environment'; start: number; end: number; calls: ToolCallRecord[] };
+
+export interface EpisodeRecord {
+  version: typeof episodeFormatVersion;
+  end_reason: EpisodeEndReason;
+  turns: EpisodeTurn[];
+}
+
+export interface Episode {
+  /** Completion ids after the prompt: policy and environment turns in order. */
+  tokens: number[];
+  /** Behaviour log-prob of each policy id; 0 on the environment's. */
+  logprobs: number[];
+  /** 1 on the policy's ids (trained), 0 on the environment's. */
+  lossMask: number[];
+  record: EpisodeRecord;
+}
+
+export interface EpisodeOptions {
+  policy: TurnGenerator;
+  parser: ToolCallParser;
+  tools: ToolRunner;
+  /** The ids of an environment turn (helper: activities/agents/turn-render.ts). */
+  renderEnvironmentTurn: (messages: ChatMessage[]) => number[];
+  limits: EpisodeLimits;
+  /** Aborts the episode from outside (the activity was cancelled); rejects with its reason. */
+  signal?: AbortSignal;
+  /** The clock of tool latencies. */
+  now?: () => number;
+}
+
+export async function runEpisode(promptTokens: readonly number[], opts: EpisodeOptions): Promise<Episode> {
+  const episodeTime = timeLimit(opts.limits.episodeMs, opts.signal);
+  try {
+    return await episodeTurns(promptTokens, opts, episodeTime.signal);
+  } finally {
+    episodeTime.clear();
+  }
+}
+
+async function episodeTurns(
+  promptTokens: readonly number[],
+  opts: EpisodeOptions,
+  episodeSignal: AbortSignal,
+): Promise<Episode> {
+  const { policy, parser, tools, limits } = opts;
+  const now = opts.now ?? Date.now;
+  const outOfTime = () => episodeSignal.aborted && !opts.signal?.aborted;
+  const episode: Episode = {
+    tokens: [],
+    logprobs: [],
+    lossMask: [],
+    record: { version: episodeFormatVersion, end_reason: 'answered', turns: [] },
+  };
+  const end = (reason: EpisodeEndReason) => {
+    episode.record.end_reason = reason;
+    return episode;
+  };
+  let appended: readonly number[] = promptTokens;
+  for (let turn = 0; ; turn++) {
+    if (turn === limits.maxTurns) return end('max-turns');
+    const used = promptTokens.length + episode.tokens.length;
+    const budget = Math.min(limits.maxTokens - episode.tokens.length, limits.contextLength - used);
+    if (budget <= 0) return end(limits.maxTokens <= episode.tokens.length ? 'max-tokens' : 'context-length');
+    let generated;
+    try {
+      generated = await policy.generate(appended, budget, episodeSignal);
+    } catch (err) {
+      if (outOfTime()) return end('episode-time');
+      throw err;
+    }
+    const start = episode.tokens.length;
+    episode.tokens.push(...generated.tokens);
+    episode.logprobs.push(...generated.logprobs);
+    episode.lossMask.push(...generated.tokens.map(() => 1));
+    episode.record.turns.push({ role: 'policy', start, end: episode.tokens.length });
+    if (!generated.stopped) {
+      const atContext = promptTokens.length + episode.tokens.length >= limits.contextLength;
+      return end(atContext ? 'context-length' : 'max-tokens');
+    }
+    const parsed = parser.parse(policy.decode(generated.tokens));
+    if (parsed.calls.length === 0 && parsed.errors.length === 0) return end('answered');
+
+    const calls = await runCalls(parsed, tools, limits.toolCallMs, episodeSignal, now);
+    opts.signal?.throwIfAborted();
+    if (outOfTime()) return end('episode-time');
+    const messages: ChatMessage[] = calls.map((c) => ({ role: 'tool', name: c.name, content: c.result }));
+    const environment = opts.renderEnvironmentTurn(messages);
+    if (promptTokens.length + episode.tokens.length + environment.length >= limits.contextLength)
+      return end('context-length');
+    if (episode.tokens.length + environment.length >= limits.maxTokens) return end('max-tokens');
+    const envStart = episode.tokens.length;
+    episode.tokens.push(...environment);
+    episode.logprobs.push(...environment.map(() => 0));
+    episode.lossMask.push(...environment.map(() => 0));
+    episode.record.turns.push({ role: 'environment', start: envStart, end: episode.tokens.length, calls });
+    appended = environment;
+  }
+}
+
+// The calls of one turn in the order the model wrote them (a later call may rely on an earlier
+// one's effect), bad ones answered with their error text; each within the call time limit.
+async function runCalls(
+  parsed: ReturnType<ToolCallParser['parse']>,
+  tools: ToolRunner,
+  toolCallMs: number,
+  episodeSignal: AbortSignal,
+  now: () => number,
+): Promise<ToolCallRecord[]> {
+  type Slot = { index: number; run: () => Promise<ToolCallRecord> };
+  const slots: Slot[] = [
+    ...parsed.errors.map((e) => ({
+      index: e.index,
+      run: async (): Promise<ToolCallRecord> => ({
+        name: e.name ?? '',
+        arguments: null,
+        result: e.message,
+        error: e.kind,
+        latencyMs: 0,
+      }),
+    })),
+    ...parsed.calls.map((c) => ({
+      index: c.index,
+      run: async (): Promise<ToolCallRecord> => {
+        const started = now();
+        const callTime = timeLimit(toolCallMs, episodeSignal);
+        const signal = callTime.signal;
+        const record = { name: c.name, arguments: c.arguments };
+        try {
+          const result = await abortable(tools.call(c.name, c.arguments, signal), signal);
+          return { ...record, result, latencyMs: now() - started };
+        } catch (err) {
+          const timedOut = signal.aborted && !episodeSignal.aborted;
+          const why = timedOut
+            ? `timed out after ${toolCallMs} ms`
+            : `failed: ${(err as Error)?.message ?? String(err)}`;
+          return {
+            ...record,
+            result: `tool "${c.name}" ${why}`,
+            error: timedOut ? 'timeout' : 'failed',
+            latencyMs: now() - started,
+          };
+        } finally {
+          callTime.clear();
+        }
+      },
+    })),
+  ].sort((a, b) => a.index - b.index);
+  const records: ToolCallRecord[] = [];
+  for (const slot of slots) {
+    if (episodeSignal.aborted) break;
+    records.push(await slot.run());
+  }
+  return records;
+}
+
+/** `work`, or a rejection as soon as `signal` aborts (a tool that ignores its signal is not waited for). */
+function abortable<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason as Error);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason as Error);
+    signal.addEventListener('abort', onAbort, { once: true });
+    work.then(
+      (value) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(value);
+      },
+      (err: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(err as Error);
+      },
+    );
+  });
+}
+
+/**
+ * A signal that aborts after `ms` or with `parent`. Its timer keeps the process alive, unlike
+ * AbortSignal.timeout's: a tool that never answers must still be timed out. `clear` when done.
+ */
+function timeLimit(ms: number, parent?: AbortSignal): { signal: AbortSignal; clear(): void } {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(new Error(`time limit of ${ms} ms`)), ms);
+  const onParent = () => controller.abort(parent?.reason);
+  if (parent?.aborted) onParent();
+  else parent?.addEventListener('abort', onParent, { once: true });
+  return {
+    signal: controller.signal,
+    clear: () => {
+      clearTimeout(timer);
+      parent?.removeEventListener('abort', onParent);
+    },
+  };
+}
