@@ -2,11 +2,14 @@
 // (fakes: a character-per-id "tokenizer", turns read from a script): the episode's ids are the
 // policy's ids and the rendered environment turns in order, the loss mask marks the policy's,
 // the engine is given only what was appended since its last turn, bad and failing calls become
-// error turns, and each limit ends the episode with its reason.
+// error turns, and each limit ends the episode with its reason. On an OpenAI-compatible engine
+// (a fake one) each turn's prompt is the whole episode so far, as ids, with a seed of its own.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { runEpisode, type EpisodeLimits, type TurnGenerator } from '../../activities/agents/episode.js';
+import { engineTurnGenerator, turnSeed } from '../../activities/agents/engine-turns.js';
 import { ToolCallParser, type ToolSchema } from '../../activities/agents/tool-calls.js';
+import type { CompletionRequest, RolloutEngine } from '../../activities/engines/types.js';
 import type { ChatMessage } from '../../activities/models/chat-template.js';
 
 const endOfTurn = 0; // the fake vocabulary: id 0 ends a turn, any other id is a char code
@@ -208,5 +211,57 @@ describe('runEpisode (scripted policy and tools: fakes)', () => {
     });
     cancel.abort(new Error('cancelled'));
     await assert.rejects(run, /cancelled/);
+  });
+});
+
+describe('engineTurnGenerator (fake engine recording its requests)', () => {
+  it('sends every id of the episode so far as the prompt, each turn with its own seed, and reads stop as the turn end', async () => {
+    const requests: CompletionRequest[] = [];
+    const replies = [encode(call('add', { a: 2, b: 3 })), encode('A: 5')];
+    const engine: RolloutEngine = {
+      kind: 'fake',
+      endpoint: 'fake://',
+      async complete(request) {
+        requests.push(request);
+        const tokens = [...replies[requests.length - 1]!, endOfTurn];
+        return { tokens, logprobs: tokens.map(() => -0.25), finishReason: 'stop' };
+      },
+      async isReady() {
+        return true;
+      },
+    };
+    const policy = engineTurnGenerator({
+      engine,
+      temperature: 0.7,
+      topP: 0.9,
+      seed: 1234,
+      stopTokenIds: [endOfTurn],
+      decode,
+    });
+    const episode = await runEpisode(prompt, {
+      policy,
+      parser,
+      tools: runner,
+      renderEnvironmentTurn: render,
+      limits,
+    });
+    assert.equal(episode.record.end_reason, 'answered');
+    const env = render([{ role: 'tool', name: 'add', content: '5' }]);
+    assert.deepEqual(requests[0]!.promptTokens, prompt);
+    assert.deepEqual(requests[1]!.promptTokens, [...prompt, ...replies[0]!, endOfTurn, ...env]);
+    assert.deepEqual(
+      requests.map((r) => [r.seed, r.temperature, r.topP, r.stopTokenIds]),
+      [
+        [1234, 0.7, 0.9, [endOfTurn]],
+        [turnSeed(1234, 1), 0.7, 0.9, [endOfTurn]],
+      ],
+    );
+    assert.notEqual(turnSeed(1234, 1), 1234);
+    assert.equal(turnSeed(1234, 1), turnSeed(1234, 1));
+    assert.notEqual(turnSeed(1234, 1), turnSeed(1234, 2));
+    assert.deepEqual(
+      [...prompt, ...episode.tokens],
+      [...requests[1]!.promptTokens, ...replies[1]!, endOfTurn],
+    );
   });
 });
