@@ -25,10 +25,25 @@ class Sequence:
     # [completion] this trainer's log-probs at the sequence's first forward of the update (GRPO):
     # the old policy of truncated importance sampling and of mismatch_kl; filled by that forward
     train_logprobs: list[float] | None = None
+    # [completion] 1 where the token is the policy's own and trained, 0 where an environment wrote
+    # it (a tool result, an observation of a multi-turn episode: no loss); None = all trained.
+    # Masked positions hold 0 in train_logprobs and ref_logprobs.
+    loss_mask: list[int] | None = None
 
     @property
     def completion_len(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+    def trained(self, j: int) -> bool:
+        """Whether completion token j (the target of position prompt_len - 1 + j) is trained."""
+        return self.loss_mask is None or self.loss_mask[j] != 0
+
+    @property
+    def trained_tokens(self) -> int:
+        """The completion less its masked positions: what the token losses are means over."""
+        if self.loss_mask is None:
+            return self.completion_len
+        return sum(1 for m in self.loss_mask if m != 0)
 
 
 def read_text(path: str, what: str) -> str:
@@ -132,6 +147,26 @@ def numbers_field(obj, key: str, what: str) -> list[float]:
     return [_number(x, f"{what} {key}") for x in v]
 
 
+def loss_mask_field(obj, completion: int, what: str) -> list[int] | None:
+    """The optional "loss_mask" of a rollout or SFT line (moe_cli.cc loss_mask_field): 0 or 1
+    per completion token, `completion` of them; None when the line has none (all trained)."""
+    if "loss_mask" not in obj:
+        return None
+    v = obj["loss_mask"]
+    if not isinstance(v, list):
+        raise BadInput(f'{what} field "loss_mask": expected an array, got {json.dumps(v)}')
+    mask = []
+    for m in v:
+        m = _integer(m, f"{what} loss_mask")
+        if m not in (0, 1):
+            raise BadInput(f"{what} loss_mask: entry {len(mask)} is {m}; each entry is 0 (an environment's "
+                           f"token) or 1 (the policy's)")
+        mask.append(m)
+    if len(mask) != completion:
+        raise BadInput(f"{what} loss_mask: {len(mask)} entries for {completion} completion tokens")
+    return mask
+
+
 @dataclass
 class Rollout:
     prompt_id: int
@@ -139,11 +174,14 @@ class Rollout:
     prompt_tokens: list[int]
     tokens: list[int]
     logprobs: list[float]  # float32 values, as the native reader keeps them
+    # [tokens] 1 = the policy's token (trained), 0 = an environment's (an episode's tool result);
+    # None (no "loss_mask" key) = all the policy's: a one-shot completion
+    loss_mask: list[int] | None = None
 
 
 def read_rollouts(path: str) -> list[Rollout]:
     """The records moe_generate writes (docs/native-model.md, "Rollout JSONL"), with the fields
-    the native reader requires."""
+    the native reader requires, and the optional "loss_mask" of a multi-turn episode."""
     out = []
     for what, j in json_lines(path):
         r = Rollout(
@@ -157,6 +195,7 @@ def read_rollouts(path: str) -> list[Rollout]:
             string_field(j, key, what)
         if len(r.logprobs) != len(r.tokens):
             raise BadInput(f"{what}: {len(r.logprobs)} logprobs for {len(r.tokens)} tokens")
+        r.loss_mask = loss_mask_field(j, len(r.tokens), what)
         if not r.prompt_tokens:
             raise BadInput(f'{what} field "prompt_tokens": the prompt is empty')
         out.append(r)
@@ -222,6 +261,7 @@ def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float]) -
                         prompt_len=len(ro.prompt_tokens),
                         old_logprobs=ro.logprobs,
                         advantage=float(np.float32((r[k] - mean) / (sd + 1e-6))),
+                        loss_mask=ro.loss_mask,
                     )
                 )
         i = j
@@ -231,7 +271,8 @@ def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float]) -
 
 def read_sft_examples(path: str) -> list[Sequence]:
     """JSONL lines {"prompt_tokens":[ids],"tokens":[ids]}: the completion is learned as given
-    (end it with the model's eos id if the model should learn to stop)."""
+    (end it with the model's eos id if the model should learn to stop), but for the 0s of an
+    optional "loss_mask" (0/1 per completion token: an episode's environment tokens)."""
     out = []
     for what, j in json_lines(path):
         prompt = token_field(j, "prompt_tokens", what)
@@ -240,7 +281,8 @@ def read_sft_examples(path: str) -> list[Sequence]:
             raise BadInput(f'{what} field "prompt_tokens": the prompt is empty')
         if not completion:
             raise BadInput(f'{what} field "tokens": the completion is empty')
-        out.append(Sequence(tokens=prompt + completion, prompt_len=len(prompt)))
+        out.append(Sequence(tokens=prompt + completion, prompt_len=len(prompt),
+                            loss_mask=loss_mask_field(j, len(completion), what)))
     if not out:
         raise BadInput(f"{path} holds no examples")
     return out

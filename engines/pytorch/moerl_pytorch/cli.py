@@ -99,7 +99,8 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sft", help="supervised fine-tuning on token ids", formatter_class=defaults)
     add_common(s, 3e-3)
     s.add_argument("--data", required=True,
-                   help='JSONL of {"prompt_tokens":[ids],"tokens":[ids]} (the completion learned)')
+                   help='JSONL of {"prompt_tokens":[ids],"tokens":[ids]} (the completion learned), with an '
+                        'optional "loss_mask": 0/1 per token, 0 = not learned')
     s.add_argument("--steps", type=positive_int, default=200, help="optimizer steps")
     s.add_argument("--batch-size", type=positive_int, default=64, help="sequences per step")
     s.add_argument("--first-prompt", type=nonneg_int, default=0, help="first --data line")

@@ -1,10 +1,11 @@
 """One optimizer step over a global minibatch, data parallel (native/rl/trainer.cc:
 compute_gradients, train_step, fill_ref_logprobs): every rank holds the same minibatch and takes
 sequences i with i % R == rank in micro-batches; token losses are normalised by the step's
-global completion tokens, the router z-loss by its global tokens, the balance loss is one per
-micro-batch of all ranks (its sums allreduced) averaged over micro-batches; gradients are summed
-over ranks; then AdamW. Every rank runs the same number of forwards, an empty share a one-token
-dummy that adds nothing, since FSDP2's gathers and the balance sums are collectives."""
+global trained tokens (its completion tokens less the loss masks' 0s), the router z-loss by its
+global tokens, the balance loss is one per micro-batch of all ranks (its sums allreduced)
+averaged over micro-batches; gradients are summed over ranks; then AdamW. Every rank runs the
+same number of forwards, an empty share a one-token dummy that adds nothing, since FSDP2's
+gathers and the balance sums are collectives."""
 
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .batch import Sequence, micro_batches
+from .errors import BadInput
 from .hf import num_experts
 from .losses import LossConfig, balance_loss, grpo_token_terms, router_stats, sft_token_terms
 from .optim import AdamW
@@ -20,11 +22,12 @@ from .ranks import Group
 
 @dataclass
 class Packed:
-    """A micro-batch right-padded to its longest sequence, and its completion positions."""
+    """A micro-batch right-padded to its longest sequence, and its trained completion positions
+    (a loss mask's 0s, an environment's tokens, have no row: no loss reads them)."""
 
     input_ids: torch.Tensor  # [B,T]
     mask: torch.Tensor  # [B,T] 1 on real tokens
-    rows_b: torch.Tensor  # [N] sequence of each completion position
+    rows_b: torch.Tensor  # [N] sequence of each trained completion position
     rows_t: torch.Tensor  # [N] position whose logits predict ...
     targets: torch.Tensor  # [N] ... this token
     old_logprobs: torch.Tensor  # [N] float64 (GRPO): the rollout's
@@ -47,15 +50,18 @@ def pack(seqs: list[Sequence], device: torch.device, with_ref: bool) -> Packed:
     for b, s in enumerate(seqs):
         ids[b, : len(s.tokens)] = torch.tensor(s.tokens)
         mask[b, : len(s.tokens)] = 1
-        n = s.completion_len
-        rows_b += [b] * n
-        rows_t += range(s.prompt_len - 1, len(s.tokens) - 1)
-        targets += s.tokens[s.prompt_len:]
-        old += s.old_logprobs
-        train += [] if first else s.train_logprobs
-        adv += [s.advantage] * n
+        # completion token j is the target of position prompt_len - 1 + j
+        trained = [j for j in range(s.completion_len) if s.trained(j)]
+        rows_b += [b] * len(trained)
+        rows_t += [s.prompt_len - 1 + j for j in trained]
+        targets += [s.tokens[s.prompt_len + j] for j in trained]
+        adv += [s.advantage] * len(trained)
+        if s.old_logprobs:  # SFT has no behaviour log-probs to pick from
+            old += [s.old_logprobs[j] for j in trained]
+        if not first:
+            train += [s.train_logprobs[j] for j in trained]
         if with_ref:
-            ref += s.ref_logprobs
+            ref += [s.ref_logprobs[j] for j in trained]
     f64 = dict(dtype=torch.float64, device=device)
     return Packed(
         input_ids=ids.to(device), mask=mask.to(device),
@@ -100,10 +106,16 @@ LOSS, POLICY, KL, ENTROPY, CLIP, MISMATCH, TIS_CLIP, AUX, Z, NUM = range(10)
 def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: list[Sequence],
                       lc: LossConfig, group: Group, progress=None) -> StepMetrics:
     """Gradients of the step's loss in p.grad (summed over ranks) and the step's metrics but
-    grad_norm and lr. GRPO: fills train_logprobs of this rank's sequences that have none."""
+    grad_norm and lr. GRPO: fills train_logprobs of this rank's sequences that have none. Every
+    rank checks the whole batch before its first collective, so bad input fails all alike."""
     t0 = time.perf_counter()
     device = group.device
-    n_tok = float(sum(s.completion_len for s in batch))
+    for i, s in enumerate(batch):
+        check_loss_mask(s, i)
+    n_tok = float(sum(s.trained_tokens for s in batch))
+    if n_tok == 0:
+        raise BadInput(f"training batch of {len(batch)} sequences has no trained token "
+                       f"(every completion token is masked)")
     n_valid = float(sum(len(s.tokens) for s in batch))
     L_moe = len(moe_layer_ids)
     top_k = model.config.num_experts_per_tok
@@ -182,19 +194,35 @@ def train_step(model, moe_layer_ids, num_layers, optimizer: AdamW, batch, lc, gr
     return m
 
 
+def check_loss_mask(s: Sequence, i: int) -> None:
+    if s.loss_mask is not None and len(s.loss_mask) != s.completion_len:
+        raise BadInput(f"sequence {i}: loss mask of {len(s.loss_mask)} entries for {s.completion_len} "
+                       f"completion tokens")
+
+
 def split_completions(seqs: list[Sequence], values: list[float], name: str) -> None:
-    """Per-token values of a packed micro-batch's completions, in order, onto each sequence."""
+    """Per-token values of a packed micro-batch's trained positions, in order, onto each
+    sequence's completion, 0.0 at its masked positions (which had no row), so that the list
+    lines up with the completion as the native train_logprobs and ref_logprobs do."""
     start = 0
     for s in seqs:
-        setattr(s, name, values[start: start + s.completion_len])
-        start += s.completion_len
+        per_token = []
+        for j in range(s.completion_len):
+            if s.trained(j):
+                per_token.append(values[start])
+                start += 1
+            else:
+                per_token.append(0.0)
+        setattr(s, name, per_token)
 
 
 @torch.no_grad()
 def fill_ref_logprobs(model, batch: list[Sequence], lc: LossConfig, group: Group, progress=None) -> None:
     """Per-token log-probs of each completion under `model` (the reference policy) at the
-    sampling temperature, float32 values, for this rank's share of the minibatch: exactly the
-    share train_step gives it."""
+    sampling temperature, float32 values (0.0 at a loss mask's 0s, which no loss reads), for
+    this rank's share of the minibatch: exactly the share train_step gives it."""
+    for i, s in enumerate(batch):
+        check_loss_mask(s, i)
     mbs = micro_batches(len(batch), group.rank, group.world_size, lc.micro_batch)
     for k, ids in enumerate(mbs):
         seqs = [batch[i] for i in ids]

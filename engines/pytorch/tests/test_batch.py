@@ -74,6 +74,43 @@ class Records(Files):
             path = self.write("c.jsonl", good + "\n" + line + "\n")
             self.bad(lambda: read_rollouts(path), pattern)
 
+    def test_a_rollouts_loss_mask_is_read_and_absent_means_all_trained(self):
+        path = self.write("c.jsonl", json.dumps(record(0, 0, tokens=[5, 6, 7], loss_mask=[1, 0, 1])) + "\n"
+                          + json.dumps(record(0, 1, tokens=[5, 6, 7])) + "\n")
+        masked, plain = read_rollouts(path)
+        self.assertEqual(masked.loss_mask, [1, 0, 1])
+        self.assertIsNone(plain.loss_mask)
+
+    def test_bad_loss_masks_name_file_line_and_entry(self):
+        good = json.dumps(record(0, 0))
+        cases = [
+            (record(0, 1, loss_mask=[1, 2]),
+             r"c\.jsonl line 2 loss_mask: entry 1 is 2; each entry is 0 \(an environment's token\) or 1 "
+             r"\(the policy's\)$"),
+            (record(0, 1, loss_mask=[-1, 1]), r"line 2 loss_mask: entry 0 is -1; each entry is 0"),
+            (record(0, 1, loss_mask=[1]), r"c\.jsonl line 2 loss_mask: 1 entries for 2 completion tokens$"),
+            (record(0, 1, loss_mask=[1, 1, 0]), r"line 2 loss_mask: 3 entries for 2 completion tokens$"),
+            (record(0, 1, loss_mask=[1, 0.5]), r"line 2 loss_mask: expected an integer, got 0\.5"),
+            (record(0, 1, loss_mask=[1, True]), r"line 2 loss_mask: expected an integer, got true"),
+            (record(0, 1, loss_mask=1), r'line 2 field "loss_mask": expected an array, got 1'),
+        ]
+        for r, pattern in cases:
+            path = self.write("c.jsonl", good + "\n" + json.dumps(r) + "\n")
+            self.bad(lambda: read_rollouts(path), pattern)
+
+    def test_sft_examples_take_a_loss_mask(self):
+        path = self.write("s.jsonl", '{"prompt_tokens":[4,5],"tokens":[6,7,1],"loss_mask":[1,0,1]}\n'
+                                     '{"prompt_tokens":[7],"tokens":[1]}\n')
+        masked, plain = read_sft_examples(path)
+        self.assertEqual((masked.loss_mask, masked.trained_tokens), ([1, 0, 1], 2))
+        self.assertEqual((plain.loss_mask, plain.trained_tokens), (None, 1))
+        self.bad(lambda: read_sft_examples(self.write("e.jsonl", '{"prompt_tokens":[4],"tokens":[6,1],'
+                                                                 '"loss_mask":[0,3]}\n')),
+                 r"e\.jsonl line 1 loss_mask: entry 1 is 3; each entry is 0")
+        self.bad(lambda: read_sft_examples(self.write("e.jsonl", '{"prompt_tokens":[4],"tokens":[6],'
+                                                                 '"loss_mask":[1,1]}\n')),
+                 r"e\.jsonl line 1 loss_mask: 2 entries for 1 completion tokens")
+
     def test_rewards_later_line_wins_and_bad_reward_is_named(self):
         path = self.write("r.jsonl", '{"prompt_id":1,"sample_index":0,"reward":1}\n'
                                      '{"prompt_id":1,"sample_index":0,"reward":0.5}\n')
@@ -106,6 +143,12 @@ class Advantages(unittest.TestCase):
         self.assertAlmostEqual(b.sequences[0].advantage, 0.5 / (sd + 1e-6), places=6)
         self.assertAlmostEqual(b.sequences[1].advantage, -0.5 / (sd + 1e-6), places=6)
         self.assertEqual(b.sequences[0].old_logprobs, [-1.0, -2.0])
+
+    def test_the_rollouts_loss_mask_reaches_its_sequence(self):
+        rollouts = [Rollout(1, 0, [9], [4, 5], [-1.0, -1.0], [0, 1]), Rollout(1, 1, [9], [4], [-1.0])]
+        b = grpo_batch(rollouts, {(1, 0): 1.0, (1, 1): 0.0})
+        self.assertEqual([s.loss_mask for s in b.sequences], [[0, 1], None])
+        self.assertEqual([s.trained_tokens for s in b.sequences], [1, 1])
 
     def test_a_missing_reward_is_named(self):
         with self.assertRaisesRegex(BadInput, "no reward for prompt 7 sample 3"):
