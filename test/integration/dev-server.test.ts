@@ -132,13 +132,20 @@ describe('startDevServer', () => {
         `i=0; while [ $i -lt 200 ]; do echo "\tgo.uber.org/dig.paramList.BuildList frame $i"; i=$((i+1)); done\nexit 2\n`,
       { mode: 0o755 },
     );
-    await assert.rejects(startDevServer({ temporalPath: fake, logFile: join(dir, 'panic.log') }), (err: Error) => {
-      assert.ok(err instanceof DevServerError && err.addressInUse, String(err));
-      assert.match(err.message, /exited with code 2/);
-      assert.match(err.message, /\npanic: listen tcp 127\.0\.0\.1:40001: bind: address already in use\n/);
-      return true;
-    });
-    assert.equal(readFileSync(starts, 'utf8').split('\n').filter(Boolean).length, 3, 'three starts, each on new ports');
+    await assert.rejects(
+      startDevServer({ temporalPath: fake, logFile: join(dir, 'panic.log') }),
+      (err: Error) => {
+        assert.ok(err instanceof DevServerError && err.addressInUse, String(err));
+        assert.match(err.message, /exited with code 2/);
+        assert.match(err.message, /\npanic: listen tcp 127\.0\.0\.1:40001: bind: address already in use\n/);
+        return true;
+      },
+    );
+    assert.equal(
+      readFileSync(starts, 'utf8').split('\n').filter(Boolean).length,
+      3,
+      'three starts, each on new ports',
+    );
   });
 
   it('a port it picks, held back from port-0 binds by TIME_WAIT, can still be listened on', async () => {
