@@ -6,7 +6,12 @@
 // (a fake one) each turn's prompt is the whole episode so far, as ids, with a seed of its own.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { runEpisode, type EpisodeLimits, type TurnGenerator } from '../../activities/agents/episode.js';
+import {
+  runEpisode,
+  type EpisodeLimits,
+  type EpisodeOptions,
+  type TurnGenerator,
+} from '../../activities/agents/episode.js';
 import { engineTurnGenerator, turnSeed } from '../../activities/agents/engine-turns.js';
 import { ToolCallParser, type ToolSchema } from '../../activities/agents/tool-calls.js';
 import type { CompletionRequest, RolloutEngine } from '../../activities/engines/types.js';
@@ -72,18 +77,14 @@ const limits: EpisodeLimits = {
 const call = (name: string, args: object) =>
   `<tool_call>${JSON.stringify({ name, arguments: args })}</tool_call>`;
 const prompt = encode('Q: 2+3?');
+const episodeOf = (policy: TurnGenerator, more: Partial<EpisodeOptions> = {}) =>
+  runEpisode(prompt, { policy, parser, tools: runner, renderEnvironmentTurn: render, limits, ...more });
 
 describe('runEpisode (scripted policy and tools: fakes)', () => {
   it('appends the rendered tool turn after the policy turn, masks it, and ends when the policy answers', async () => {
     const turn1 = `thinking ${call('add', { a: 2, b: 3 })}`;
     const { policy, appended } = scriptedPolicy([turn1, 'A: 5']);
-    const episode = await runEpisode(prompt, {
-      policy,
-      parser,
-      tools: runner,
-      renderEnvironmentTurn: render,
-      limits,
-    });
+    const episode = await episodeOf(policy);
 
     const env = render([{ role: 'tool', name: 'add', content: '5' }]);
     const want = [...encode(turn1), endOfTurn, ...env, ...encode('A: 5'), endOfTurn];
@@ -115,13 +116,7 @@ describe('runEpisode (scripted policy and tools: fakes)', () => {
     const turn = call('nope', {}) + call('broken', {}) + call('slow', {}) + call('add', { a: 1, b: 'x' });
     const { policy } = scriptedPolicy([turn, 'A']);
     const started = Date.now();
-    const episode = await runEpisode(prompt, {
-      policy,
-      parser,
-      tools: runner,
-      renderEnvironmentTurn: render,
-      limits,
-    });
+    const episode = await episodeOf(policy);
     const env = episode.record.turns[1];
     assert.ok(env?.role === 'environment');
     assert.deepEqual(
@@ -144,21 +139,11 @@ describe('runEpisode (scripted policy and tools: fakes)', () => {
 
   it('ends at max-turns, max-tokens and context-length with the reason recorded', async () => {
     const always = Array(20).fill(call('add', { a: 1, b: 1 }));
-    const turns = await runEpisode(prompt, {
-      policy: scriptedPolicy(always).policy,
-      parser,
-      tools: runner,
-      renderEnvironmentTurn: render,
-      limits: { ...limits, maxTurns: 3 },
-    });
+    const turns = await episodeOf(scriptedPolicy(always).policy, { limits: { ...limits, maxTurns: 3 } });
     assert.equal(turns.record.end_reason, 'max-turns');
     assert.equal(turns.record.turns.filter((t) => t.role === 'policy').length, 3);
 
-    const cut = await runEpisode(prompt, {
-      policy: scriptedPolicy(['a long answer'], { cut: true }).policy,
-      parser,
-      tools: runner,
-      renderEnvironmentTurn: render,
+    const cut = await episodeOf(scriptedPolicy(['a long answer'], { cut: true }).policy, {
       limits: { ...limits, maxTokens: 6 },
     });
     assert.equal(cut.record.end_reason, 'max-tokens');
@@ -166,49 +151,27 @@ describe('runEpisode (scripted policy and tools: fakes)', () => {
 
     const turn = call('add', { a: 1, b: 1 });
     const context = prompt.length + encode(turn).length + 1 + 3; // the tool turn does not fit
-    const full = await runEpisode(prompt, {
-      policy: scriptedPolicy([turn, 'A']).policy,
-      parser,
-      tools: runner,
-      renderEnvironmentTurn: render,
+    const full = await episodeOf(scriptedPolicy([turn, 'A']).policy, {
       limits: { ...limits, contextLength: context },
     });
     assert.equal(full.record.end_reason, 'context-length');
     assert.equal(full.record.turns.length, 1, 'no environment turn was appended past the context');
-    assert.equal(
-      full.lossMask.every((m) => m === 1),
-      true,
-    );
+    assert.ok(full.lossMask.every((m) => m === 1));
   });
 
   it('ends at episode-time when a slow policy or tool runs past the episode limit; a cancellation rejects', async () => {
-    const slowTools = await runEpisode(prompt, {
-      policy: scriptedPolicy([call('slow', {})]).policy,
-      parser,
-      tools: runner,
-      renderEnvironmentTurn: render,
+    const slowTools = await episodeOf(scriptedPolicy([call('slow', {})]).policy, {
       limits: { ...limits, toolCallMs: 5_000, episodeMs: 150 },
     });
     assert.equal(slowTools.record.end_reason, 'episode-time');
 
-    const slowPolicy = await runEpisode(prompt, {
-      policy: scriptedPolicy(['A'], { delayMs: 300 }).policy,
-      parser,
-      tools: runner,
-      renderEnvironmentTurn: render,
+    const slowPolicy = await episodeOf(scriptedPolicy(['A'], { delayMs: 300 }).policy, {
       limits: { ...limits, episodeMs: 100 },
     });
     assert.equal(slowPolicy.record.end_reason, 'episode-time');
 
     const cancel = new AbortController();
-    const run = runEpisode(prompt, {
-      policy: scriptedPolicy(['A'], { delayMs: 300 }).policy,
-      parser,
-      tools: runner,
-      renderEnvironmentTurn: render,
-      limits,
-      signal: cancel.signal,
-    });
+    const run = episodeOf(scriptedPolicy(['A'], { delayMs: 300 }).policy, { signal: cancel.signal });
     cancel.abort(new Error('cancelled'));
     await assert.rejects(run, /cancelled/);
   });
@@ -238,13 +201,7 @@ describe('engineTurnGenerator (fake engine recording its requests)', () => {
       stopTokenIds: [endOfTurn],
       decode,
     });
-    const episode = await runEpisode(prompt, {
-      policy,
-      parser,
-      tools: runner,
-      renderEnvironmentTurn: render,
-      limits,
-    });
+    const episode = await episodeOf(policy);
     assert.equal(episode.record.end_reason, 'answered');
     const env = render([{ role: 'tool', name: 'add', content: '5' }]);
     assert.deepEqual(requests[0]!.promptTokens, prompt);
