@@ -70,6 +70,9 @@ COPY --from=ts /app/package.json ./
 COPY --from=ts /app/node_modules/ node_modules/
 COPY --from=ts /app/bin/ bin/
 COPY --from=ts /app/dist/ dist/
+# The sandboxed workers' Python (reward functions, tools), found beside dist/ by its sources' path.
+COPY --from=ts /app/activities/rewards/python/ activities/rewards/python/
+COPY --from=ts /app/activities/agents/python/ activities/agents/python/
 COPY --from=native /src/native/build/bin/moe_train /src/native/build/bin/moe_generate /src/native/build/bin/moe_reward \
                    /src/native/build/bin/moe_hf /src/native/build/bin/ep_bench native/build/bin/
 # The cache is an emptyDir in the k8s manifests; in the image it is writable for a plain run.
@@ -102,6 +105,9 @@ COPY --from=ts /app/package.json ./
 COPY --from=ts /app/node_modules/ node_modules/
 COPY --from=ts /app/bin/ bin/
 COPY --from=ts /app/dist/ dist/
+# The sandboxed workers' Python (reward functions, tools), found beside dist/ by its sources' path.
+COPY --from=ts /app/activities/rewards/python/ activities/rewards/python/
+COPY --from=ts /app/activities/agents/python/ activities/agents/python/
 COPY --from=native /src/native/build/bin/moe_train /src/native/build/bin/moe_generate /src/native/build/bin/moe_reward \
                    /src/native/build/bin/moe_hf /src/native/build/bin/ep_bench native/build/bin/
 ENV NODE_ENV=production \
