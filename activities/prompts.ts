@@ -17,6 +17,8 @@ import {
   type DatasetRow,
 } from './datasets/index.js';
 import type { HfTokenizer } from './models/tokenizer.js';
+import { promptTools } from './agents/shard-episodes.js';
+import type { AgentSpec } from '../workflows/spec-agent.js';
 import { BadInputError } from './rewards/errors.js';
 import type { ObjectStore } from './store/types.js';
 import type { IterationDataset, StoreLocation } from './types.js';
@@ -91,11 +93,26 @@ export async function validationRows(
   );
 }
 
-/** One line of moe_generate's --prompts file: the rendered prompt and its token ids. */
-export function promptLine(promptId: number, row: DatasetRow, tokenizer: HfTokenizer): string {
+/**
+ * One line of moe_generate's --prompts file: the rendered prompt and its token ids, and the row's
+ * data_source (an agentic campaign's episodes are chosen by it). A row of an episode's data
+ * source is rendered with its environment's tools, as the chat template offers them.
+ */
+export function promptLine(
+  promptId: number,
+  row: DatasetRow,
+  tokenizer: HfTokenizer,
+  agent?: AgentSpec,
+): string {
+  const tools = promptTools(agent, row.dataSource);
   const { text, ids } = tokenizer.renderChat(
     row.prompt.map((m) => ({ ...m })),
-    { addGenerationPrompt: true },
+    { addGenerationPrompt: true, ...(tools ? { tools } : {}) },
   );
-  return JSON.stringify({ prompt_id: promptId, prompt: text, prompt_tokens: ids });
+  return JSON.stringify({
+    prompt_id: promptId,
+    prompt: text,
+    prompt_tokens: ids,
+    data_source: row.dataSource,
+  });
 }

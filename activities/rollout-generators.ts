@@ -16,11 +16,18 @@ import type { Completion, RolloutEngine } from './engines/types.js';
 import { nativeToolPath } from './native.js';
 import { runGenerateRanks } from './rollout-ranks.js';
 import type { ShardPlan } from './rollout.js';
+import { ShardEpisodes, type EpisodeSample } from './agents/shard-episodes.js';
+import type { HfTokenizer } from './models/tokenizer.js';
+import { BadInputError } from './rewards/errors.js';
+import type { ObjectStore } from './store/types.js';
+import type { CheckpointRef } from './types.js';
 import type { ActivityDeps } from './deps.js';
 
 export interface ChunkRun {
   /** moe_generate's prompt flags from the plan (a dataset shard's: its --prompts file). */
   prompts: string[];
+  /** A dataset task's model tokenizer (null for a built-in task). */
+  tokenizer: HfTokenizer | null;
   outDir: string;
   startChunk: number;
   /** Rank slots the shard holds on this worker while it generates. */
@@ -106,11 +113,29 @@ export function completionSeed(seed: number, iteration: number, promptId: number
   return digest.readUInt32BE(0) & 0x7fffffff;
 }
 
-/** A dataset prompt line (prompts.ts promptLine): the id and the rendered token ids. */
+/** A dataset prompt line (prompts.ts promptLine): the id, the rendered token ids, the row's source. */
 interface PromptLine {
   prompt_id: number;
   prompt: string;
   prompt_tokens: number[];
+  data_source: string;
+}
+
+/** A sample as the server gave it: one completion, or an episode (agents/shard-episodes.ts). */
+type Sampled = Completion & { loss_mask?: number[]; episode?: EpisodeSample['episode'] };
+
+/** The policy's context: its checkpoint's max_seq_len (an episode's prompt and completion fit it). */
+async function policyContextLength(store: ObjectStore, policy: CheckpointRef): Promise<number> {
+  const key = `${policy.key}/manifest.json`;
+  const manifest = JSON.parse((await store.get(key)).toString('utf8')) as {
+    config?: { max_seq_len?: unknown };
+  };
+  const length = manifest.config?.max_seq_len;
+  if (!Number.isSafeInteger(length) || (length as number) < 2)
+    throw new BadInputError(
+      `${key}: config.max_seq_len must be an integer of at least 2, got ${String(length)}`,
+    );
+  return length as number;
 }
 
 /**
@@ -159,12 +184,25 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
       )
     : null;
   if (rescore && policy === null) return;
+  // An agentic campaign samples the rows of its environments' data sources as episodes.
+  const agent = plan.spec.agent;
+  const contextLength = agent ? await policyContextLength(store, plan.policy) : 0;
   let releaseRanks: (() => void) | null = null;
   let scorer = null as Rescorer | null;
+  let episodes = null as ShardEpisodes | null;
   try {
     releaseRanks = await deps.rolloutRanks.acquire(run.worldSize, run.signal);
     if (releaseRanks === null) return;
     await host.withPolicy({ store, policy: plan.policy }, run.signal, async (engine) => {
+      if (agent && run.tokenizer)
+        episodes = new ShardEpisodes({
+          agent,
+          engine,
+          tokenizer: run.tokenizer,
+          sampling: { temperature, topP: plan.sampling.topP },
+          contextLength,
+          maxNewTokens: plan.sampling.maxNewTokens,
+        });
       // One scorer for the shard's chunks: the policy loaded once, one forward pass per chunk.
       if (policy)
         scorer = startRescorer({
@@ -182,8 +220,11 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
         let done = 0;
         let newTokens = 0;
         const answers = await Promise.all(
-          samples.map(async ({ p, s }) => {
-            const c = await complete(engine, plan, p, s, run.signal);
+          samples.map(async ({ p, s }): Promise<Sampled> => {
+            const seed = completionSeed(plan.spec.seed, plan.iteration, p.prompt_id, s);
+            const c = episodes?.isEpisode(p.data_source)
+              ? await episodes.sample(p.prompt_tokens, p.data_source, seed, run.signal)
+              : await complete(engine, plan, p, seed, run.signal);
             done++;
             newTokens += c.tokens.length;
             run.onProgress({ chunk: k, step: done, steps: samples.length, tokens: newTokens });
@@ -203,7 +244,11 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
             what,
           );
           if (rescored === null) return;
-          logprobs = rescored;
+          // An environment's ids keep log-prob 0: the policy did not sample them.
+          logprobs = rescored.map((lps, j) => {
+            const mask = answers[j]!.loss_mask;
+            return mask ? lps.map((lp, i) => (mask[i] ? lp : 0)) : lps;
+          });
           console.log(
             `rollout: ${what}: ${samples.length} completions, ${newTokens} tokens generated in ${(generated - started) / 1000} s, rescored at temperature ${temperature} in ${(Date.now() - generated) / 1000} s`,
           );
@@ -220,6 +265,7 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
           logprobs: logprobs[j]!,
           ...(scorer ? { engine_logprobs: answers[j]!.logprobs } : {}),
           finish_reason: answers[j]!.finishReason,
+          ...(answers[j]!.episode ? { loss_mask: answers[j]!.loss_mask, episode: answers[j]!.episode } : {}),
         }));
         await writeFile(
           join(run.outDir, `chunk-${k}.jsonl`),
@@ -237,6 +283,7 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
       });
     throw err;
   } finally {
+    episodes?.close();
     await scorer?.close();
     releaseRanks?.();
     policy?.release();
@@ -247,7 +294,7 @@ async function complete(
   engine: RolloutEngine,
   plan: ShardPlan,
   p: PromptLine,
-  sample: number,
+  seed: number,
   signal: AbortSignal,
 ): Promise<Completion> {
   return engine.complete(
@@ -256,7 +303,7 @@ async function complete(
       maxTokens: plan.sampling.maxNewTokens,
       temperature: plan.sampling.temperature,
       topP: plan.sampling.topP,
-      seed: completionSeed(plan.spec.seed, plan.iteration, p.prompt_id, sample),
+      seed,
     },
     signal,
   );

@@ -11,6 +11,7 @@ import { heartbeatUntilStopped } from './heartbeat.js';
 import * as keys from './layout.js';
 import { campaignTokenizer } from './models/source.js';
 import type { HfTokenizer } from './models/tokenizer.js';
+import { answerTokens, type EpisodeRecord } from './agents/episode.js';
 import { datasetInput, iterationRows, promptLine, validationRows } from './prompts.js';
 import { BadInputError } from './rewards/errors.js';
 import { parseRolloutLine, type ParseOptions } from './rewards/rollout-record.js';
@@ -126,19 +127,23 @@ async function writeDatasetPrompts(
     deps.cacheDir,
   );
   const first = firstPromptId(input);
-  await writeFile(path, rows.map((row, i) => promptLine(first + i, row, tokenizer) + '\n').join(''));
+  await writeFile(
+    path,
+    rows.map((row, i) => promptLine(first + i, row, tokenizer, input.spec.agent) + '\n').join(''),
+  );
   return promptsFileFlags(path, tokenizer);
 }
 
 /**
  * Fills each record's text: moe_generate leaves it empty for a model's own tokenizer, whose
  * decoding lives on this side. Special tokens (the stop id) are left out, as verl's reward input.
+ * An episode's text is its last policy turn's: the answer a reward function reads.
  */
 async function decodeCompletions(file: string, tokenizer: HfTokenizer): Promise<void> {
   const lines = (await readFile(file, 'utf8')).split('\n').filter(Boolean);
   const out = lines.map((line) => {
-    const record = JSON.parse(line) as { tokens: number[]; text: string };
-    record.text = tokenizer.decode(record.tokens, { skipSpecialTokens: true });
+    const record = JSON.parse(line) as { tokens: number[]; text: string; episode?: EpisodeRecord };
+    record.text = tokenizer.decode(answerTokens(record), { skipSpecialTokens: true });
     return JSON.stringify(record);
   });
   await writeFile(file, out.map((l) => l + '\n').join(''));
@@ -204,7 +209,9 @@ export async function validationShard(
       const path = join(dir, 'prompts.jsonl');
       await writeFile(
         path,
-        rows.map((row, i) => promptLine(input.promptStart + i, row, tokenizer) + '\n').join(''),
+        rows
+          .map((row, i) => promptLine(input.promptStart + i, row, tokenizer, input.spec.agent) + '\n')
+          .join(''),
       );
       return promptsFileFlags(path, tokenizer);
     },
@@ -290,6 +297,7 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
         const generate = rolloutEngine(spec) === 'openai' ? openAiChunks : nativeChunks;
         await generate(deps, plan, {
           prompts: await plan.prompts(outDir, tokenizer),
+          tokenizer,
           outDir,
           startChunk: stored,
           worldSize,

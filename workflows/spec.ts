@@ -2,6 +2,7 @@
 // workflow. Shared by CLI, workflow and activities, so it holds no I/O (the YAML parsing lives in
 // cli/spec-file.ts). Unknown fields are errors: a typo must never pass silently.
 import { z } from 'zod';
+import { agentSchema } from './spec-agent.js';
 import { datasetSchema } from './spec-dataset.js';
 import { engineSchema } from './spec-engine.js';
 import { kubernetesLauncherSchema, kubernetesStoreProblems } from './spec-kubernetes.js';
@@ -176,6 +177,11 @@ export const campaignSpecSchema = z
     rewards: rewardsSchema
       .optional()
       .describe("a dataset task's reward per data_source: built-in verifiers or your own functions"),
+    agent: agentSchema
+      .optional()
+      .describe(
+        "a dataset task's multi-turn episodes per data_source: the tools they call, their limits (docs/agents.md)",
+      ),
     sftWarmStartSteps: z.number().int().min(0).max(1_000_000).default(0),
     sftWarmStartLr: z
       .number()
@@ -266,6 +272,13 @@ export const campaignSpecSchema = z
       );
     if (s.validation !== undefined && !('dataset' in s.task && s.task.dataset.validation !== undefined))
       problem(['validation'], 'schedules the validation of task.dataset.validation: name that file too');
+    if (s.agent !== undefined && !('dataset' in s.task))
+      problem(['agent'], "is for dataset tasks: an episode's prompt is chat messages");
+    if (s.agent !== undefined && s.engine.rollout !== 'openai')
+      problem(
+        ['agent'],
+        'needs engine.rollout openai: moe_generate has no multi-turn mode yet (docs/agents.md)',
+      );
     if ('builtin' in s.task && s.rewards !== undefined)
       problem(['rewards'], 'is for dataset tasks; a built-in task is scored by its own verifier');
     if (s.reward.kind === 'http' && s.rewards !== undefined)

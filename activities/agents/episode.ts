@@ -257,3 +257,11 @@ function timeLimit(ms: number, parent?: AbortSignal): { signal: AbortSignal; cle
     },
   };
 }
+
+/** The ids of a sample's answer: an episode's last policy turn, or a one-shot completion whole. */
+export function answerTokens(sample: { tokens: number[]; episode?: EpisodeRecord }): number[] {
+  const turns = sample.episode?.turns;
+  if (!turns) return sample.tokens;
+  const last = [...turns].reverse().find((t) => t.role === 'policy');
+  return last ? sample.tokens.slice(last.start, last.end) : [];
+}

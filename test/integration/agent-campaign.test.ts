@@ -1,0 +1,191 @@
+// An agentic campaign end to end, its OpenAI-compatible server a scripted fake: the rows of data
+// source `arith` are episodes with the sandboxed calculator (a real sandboxed process), those of
+// `arith/hard` stay one-shot completions. The fake answers an episode's first turn with a Hermes
+// tool call for the prompt's sum and its second with the calculator's result from the tool turn
+// it was sent (or a wrong sum on odd seeds, so the groups have a signal); the records carry the
+// episode and its loss mask, the rewards score the last turn's answer, and moe_train's update on
+// the masked episodes commits. Everything but the server is real: Temporal, the workers'
+// activities, the store, the sandbox, the chat template's render, moe_train.
+import assert from 'node:assert/strict';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { environmentTurnIds } from '../../activities/agents/turn-render.js';
+import { workerActivityDeps } from '../../activities/deps.js';
+import { createActivities } from '../../activities/index.js';
+import * as keys from '../../activities/layout.js';
+import { loadTokenizer, type HfTokenizer } from '../../activities/models/tokenizer.js';
+import { parseRolloutLine } from '../../activities/rewards/rollout-record.js';
+import { availableIsolation } from '../../activities/rewards/sandbox.js';
+import { openStore } from '../../activities/store/index.js';
+import type { EpisodeRecord } from '../../activities/agents/episode.js';
+import type { CampaignState } from '../../workflows/types.js';
+import { artifacts, resultWithin, startCampaign, withWorkers } from '../support/campaign-harness.js';
+import { chatmlToolsTemplate } from '../fixtures/agent-chat-cases.js';
+import { hfCampaignSpec, writeHfCampaignFixture } from '../support/hf-campaign-fixtures.js';
+import { nativeTools } from '../support/native-tools.js';
+import { pythonReference } from '../support/python-reference.js';
+import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
+
+const pyref = pythonReference();
+const native = nativeTools(['moe_train', 'moe_hf']);
+
+describe(
+  'an agentic campaign with sandboxed tools (scripted OpenAI-compatible server)',
+  { skip: pyref.skip || native.skip },
+  () => {
+    let t: TestEnvironment;
+    let dir: string;
+    let server: Server;
+    let url: string;
+    let tokenizer: HfTokenizer;
+    /** The prompt ids of every completion request the fake was sent, as text (ids joined). */
+    const prompts = new Set<string>();
+
+    // The fake's answer to one request: the sum's tool call, the tool's result, or a one-shot reply.
+    function reply(prompt: number[], seed: number, maxTokens: number): string {
+      const text = tokenizer.decode(prompt);
+      const toolTurn = /<tool_response>\n([\s\S]*?)\n<\/tool_response>/.exec(text);
+      let answer: string;
+      if (toolTurn) answer = seed % 2 === 0 ? toolTurn[1]! : '0';
+      else if (text.includes('calculator')) {
+        const [, a, b] = /holds (\d+) apples and another (\d+)/.exec(text)!;
+        answer = `<tool_call>\n${JSON.stringify({ name: 'calculator', arguments: { expression: `${a}+${b}` } })}\n</tool_call>`;
+      } else answer = '42';
+      const whole = [...tokenizer.encode(answer), tokenizer.eosTokenId];
+      const ids = whole.slice(0, maxTokens);
+      return JSON.stringify({
+        choices: [
+          {
+            finish_reason: ids.length < whole.length ? 'length' : 'stop',
+            logprobs: { tokens: ids.map((id) => `token_id:${id}`), token_logprobs: ids.map(() => -0.5) },
+          },
+        ],
+      });
+    }
+
+    before(async () => {
+      t = await startTestEnvironment();
+      dir = mkdtempSync(join(tmpdir(), 'moerl-agent-campaign-'));
+      await writeHfCampaignFixture(dir, pyref);
+      // The test model's own template ignores `tools`: one that lists them in the system turn,
+      // by name alone (their schemas would take most of the tiny model's 512 positions).
+      const model = join(dir, 'store', 'models', 'tiny-qwen3');
+      const template = chatmlToolsTemplate.replace('{{- tool | tojson }}', '{{- tool.function.name }}');
+      assert.notEqual(template, chatmlToolsTemplate);
+      writeFileSync(join(model, 'chat_template.jinja'), template);
+      tokenizer = await loadTokenizer(model);
+      server = createServer((req, res) => {
+        let body = '';
+        req.on('data', (d: Buffer) => (body += d.toString()));
+        req.on('end', () => {
+          res.setHeader('content-type', 'application/json');
+          if (req.url === '/health') return res.end('{"status":"ok"}');
+          if (req.url === '/update_weights_from_disk') return res.end('{"success":true}');
+          const request = JSON.parse(body) as { prompt: number[]; seed: number; max_tokens: number };
+          prompts.add(request.prompt.join(','));
+          res.end(reply(request.prompt, request.seed, request.max_tokens));
+        });
+      });
+      await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+      url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    });
+    after(async () => {
+      await new Promise<void>((resolve) => server?.close(() => resolve()));
+      await t?.teardown();
+      rmSync(dir, { recursive: true, force: true });
+    });
+
+    test('episodes call the calculator turn by turn; records, rewards and the masked update follow', async () => {
+      const spec = hfCampaignSpec(dir, 'agent', {
+        iterations: 1,
+        engine: { trainer: 'native', rollout: 'openai' },
+        agent: { bySource: { arith: { kind: 'tools', builtin: ['calculator'] } } },
+        rewards: { default: { kind: 'match' } },
+      });
+      const deps = workerActivityDeps(new AbortController().signal, {
+        ...process.env,
+        MOERL_CACHE_DIR: join(dir, 'cache'),
+        MOERL_ROLLOUT_ENGINE_URL: url,
+        MOERL_ROLLOUT_ENGINE_WEIGHTS_DIR: join(dir, 'weights'),
+        MOERL_REWARD_ISOLATION: availableIsolation(),
+      });
+      const { id, state } = await withWorkers(
+        t.nativeConnection,
+        t.namespace,
+        createActivities(deps),
+        async (queues) => {
+          const handle = await startCampaign(t.client, spec, queues);
+          await resultWithin(handle, 180_000);
+          return { id: handle.workflowId, state: await handle.query<CampaignState>('status') };
+        },
+      );
+      await deps.rolloutServer?.close();
+      assert.equal(state.committedIteration, 1, 'the update on the episodes committed');
+
+      const store = openStore(spec.store);
+      const records = [...(await artifacts(store, id))]
+        .filter(([key]) => key.startsWith('rollouts/'))
+        .flatMap(([key, text]) =>
+          text
+            .split('\n')
+            .filter(Boolean)
+            .map((line, i) => ({
+              parsed: parseRolloutLine(line, { source: key, line: i + 1 }, { eosIds: tokenizer.eosTokenIds }),
+              episode: (JSON.parse(line) as { episode?: EpisodeRecord }).episode,
+            })),
+        );
+      const episodes = records.filter((r) => r.episode);
+      const oneShot = records.filter((r) => !r.episode);
+      assert.ok(
+        episodes.length > 0 && oneShot.length > 0,
+        `${episodes.length} episodes, ${oneShot.length} one-shot`,
+      );
+      for (const r of oneShot) assert.equal(r.parsed.loss_mask, undefined);
+
+      for (const { parsed, episode } of episodes) {
+        const [p1, env, p2] = episode!.turns;
+        assert.equal(episode!.end_reason, 'answered');
+        assert.deepEqual([p1?.role, env?.role, p2?.role], ['policy', 'environment', 'policy']);
+        assert.ok(env?.role === 'environment');
+        const [callRecord] = env.calls;
+        const [a, b] = (callRecord!.arguments as { expression: string }).expression.split('+').map(Number);
+        assert.equal(callRecord!.result, String(a! + b!), 'the sandboxed calculator answered');
+        // The environment's ids are the chat template's tool turn, masked; the policy's are trained.
+        const envIds = environmentTurnIds(tokenizer, [
+          { role: 'tool', name: 'calculator', content: callRecord!.result },
+        ]);
+        assert.deepEqual(parsed.tokens.slice(env.start, env.end), envIds);
+        assert.deepEqual(
+          parsed.loss_mask,
+          parsed.tokens.map((_, i) => (i >= env.start && i < env.end ? 0 : 1)),
+        );
+        assert.ok(parsed.logprobs.every((lp, i) => (parsed.loss_mask![i] ? lp === -0.5 : lp === 0)));
+        assert.match(parsed.text, /^\d+$/, 'the text is the last turn, the answer');
+        // The second turn was asked with every id of the episode so far.
+        const secondTurn = [...parsed.prompt_tokens, ...parsed.tokens.slice(0, env.end)];
+        assert.ok(
+          prompts.has(secondTurn.join(',')),
+          'a second turn sent with the prompt, the first turn and the tool turn',
+        );
+      }
+
+      const rewardText = [...(await artifacts(store, id))]
+        .filter(([key]) => key.startsWith('rewards/'))
+        .map(([, text]) => text)
+        .join('');
+      const scores = rewardText
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => (JSON.parse(l) as { reward: number }).reward);
+      assert.ok(
+        scores.includes(1) && scores.includes(0),
+        'right answers (through the tool) and wrong ones scored',
+      );
+      assert.ok(await store.head(`${keys.checkpointKey(id, 1)}/manifest.json`));
+    });
+  },
+);
