@@ -16,7 +16,7 @@ import type { Completion, RolloutEngine } from './engines/types.js';
 import { nativeToolPath } from './native.js';
 import { runGenerateRanks } from './rollout-ranks.js';
 import type { ShardPlan } from './rollout.js';
-import { ShardEpisodes, type EpisodeSample } from './agents/shard-episodes.js';
+import { describeEpisodes, ShardEpisodes, type EpisodeSample } from './agents/shard-episodes.js';
 import type { HfTokenizer } from './models/tokenizer.js';
 import { BadInputError } from './rewards/errors.js';
 import type { ObjectStore } from './store/types.js';
@@ -236,6 +236,9 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
         });
         if (answers === null) return;
         const generated = Date.now();
+        const episodeRecords = answers.flatMap((a) => (a.episode ? [a.episode] : []));
+        if (episodeRecords.length > 0)
+          console.log(`rollout: ${plan.what} chunk ${k}: ${describeEpisodes(episodeRecords)}`);
         let logprobs = answers.map((a) => a.logprobs);
         if (scorer) {
           const what = `${plan.what} chunk ${k}`;

@@ -97,3 +97,30 @@ export class ShardEpisodes {
     this.tools?.close();
   }
 }
+
+/** One line on a chunk's episodes for the worker's log: turns, end reasons, calls, errors, tool time. */
+export function describeEpisodes(records: readonly EpisodeRecord[]): string {
+  const count = (into: Record<string, number>, key: string) => (into[key] = (into[key] ?? 0) + 1);
+  const ends: Record<string, number> = {};
+  const calls: Record<string, number> = {};
+  const errors: Record<string, number> = {};
+  let turns = 0;
+  let toolMs = 0;
+  for (const r of records) {
+    count(ends, r.end_reason);
+    for (const turn of r.turns) {
+      if (turn.role === 'policy') turns++;
+      else
+        for (const c of turn.calls) {
+          count(calls, c.name || '(unnamed)');
+          if (c.error) count(errors, c.error);
+          toolMs += c.latencyMs;
+        }
+    }
+  }
+  const perEpisode = records.length ? (turns / records.length).toFixed(2) : '0';
+  return (
+    `${records.length} episodes, ${perEpisode} policy turns each, ended ${JSON.stringify(ends)}, ` +
+    `calls ${JSON.stringify(calls)}, errors ${JSON.stringify(errors)}, tool time ${(toolMs / 1000).toFixed(2)} s`
+  );
+}

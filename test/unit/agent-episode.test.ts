@@ -13,6 +13,7 @@ import {
   type TurnGenerator,
 } from '../../activities/agents/episode.js';
 import { engineTurnGenerator, turnSeed } from '../../activities/agents/engine-turns.js';
+import { describeEpisodes } from '../../activities/agents/shard-episodes.js';
 import { ToolCallParser, type ToolSchema } from '../../activities/agents/tool-calls.js';
 import type { CompletionRequest, RolloutEngine } from '../../activities/engines/types.js';
 import type { ChatMessage } from '../../activities/models/chat-template.js';
@@ -219,6 +220,35 @@ describe('engineTurnGenerator (fake engine recording its requests)', () => {
     assert.deepEqual(
       [...prompt, ...episode.tokens],
       [...requests[1]!.promptTokens, ...replies[1]!, endOfTurn],
+    );
+  });
+});
+
+describe('describeEpisodes', () => {
+  it("counts a chunk's turns, end reasons, calls, errors and tool time", () => {
+    const line = describeEpisodes([
+      {
+        version: 1,
+        end_reason: 'answered',
+        turns: [
+          { role: 'policy', start: 0, end: 3 },
+          {
+            role: 'environment',
+            start: 3,
+            end: 5,
+            calls: [
+              { name: 'add', arguments: {}, result: '5', latencyMs: 250 },
+              { name: '', arguments: null, result: 'bad', error: 'bad-json', latencyMs: 0 },
+            ],
+          },
+          { role: 'policy', start: 5, end: 6 },
+        ],
+      },
+      { version: 1, end_reason: 'max-turns', turns: [{ role: 'policy', start: 0, end: 2 }] },
+    ]);
+    assert.equal(
+      line,
+      '2 episodes, 1.50 policy turns each, ended {"answered":1,"max-turns":1}, calls {"add":1,"(unnamed)":1}, errors {"bad-json":1}, tool time 0.25 s',
     );
   });
 });
