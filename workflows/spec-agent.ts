@@ -6,14 +6,49 @@ import { z } from 'zod';
 /** The sandboxed tools moerl ships (activities/agents/python/builtin_tools.py). */
 export const builtinTools = ['calculator', 'python'] as const;
 
-const environmentSchema = z.strictObject({
-  kind: z.literal('tools').describe('Python functions run in the reward sandbox (no network)'),
-  builtin: z
-    .array(z.enum(builtinTools))
-    .min(1)
-    .refine((t) => new Set(t).size === t.length, 'names a tool twice')
-    .describe('the shipped tools the episode may call'),
+// A tool as the chat template and the parser take it (OpenAI's function-calling form); its
+// parameters' JSON Schema is compiled where it is used (activities/agents/tool-calls.ts).
+const toolFunctionSchema = z.strictObject({
+  type: z.literal('function'),
+  function: z.strictObject({
+    name: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a Python function name'),
+    description: z.string().optional(),
+    parameters: z.record(z.string(), z.unknown()).optional().describe('JSON Schema of the arguments object'),
+  }),
 });
+
+const environmentSchema = z
+  .strictObject({
+    kind: z.literal('tools').describe('Python functions run in the reward sandbox (no network)'),
+    builtin: z
+      .array(z.enum(builtinTools))
+      .min(1)
+      .optional()
+      .describe('the shipped tools the episode may call'),
+    file: z
+      .string()
+      .min(1)
+      .optional()
+      .describe('a Python file of your tool functions, on the rollout workers'),
+    functions: z
+      .array(toolFunctionSchema)
+      .min(1)
+      .optional()
+      .describe("the file's functions the model is given, with their schemas"),
+  })
+  .superRefine((e, ctx) => {
+    if ((e.builtin === undefined) === (e.file === undefined))
+      ctx.addIssue({ code: 'custom', message: 'needs exactly one of builtin (the shipped tools) and file' });
+    if ((e.file === undefined) !== (e.functions === undefined))
+      ctx.addIssue({
+        code: 'custom',
+        path: [e.file === undefined ? 'functions' : 'file'],
+        message: 'file and functions go together: the file holds the functions the schemas declare',
+      });
+    const names = e.builtin ?? e.functions?.map((f) => f.function.name) ?? [];
+    const twice = names.find((n, i) => names.indexOf(n) !== i);
+    if (twice !== undefined) ctx.addIssue({ code: 'custom', message: `names the tool ${twice} twice` });
+  });
 export type AgentEnvironmentSpec = z.output<typeof environmentSchema>;
 
 export const agentSchema = z

@@ -7,13 +7,19 @@ import type { HfTokenizer } from '../models/tokenizer.js';
 import { agentEnvironment, type AgentEnvironmentSpec, type AgentSpec } from '../../workflows/spec-agent.js';
 import { engineTurnGenerator } from './engine-turns.js';
 import { runEpisode, type EpisodeRecord } from './episode.js';
-import { builtinToolSchemas, sandboxToolRunner, type SandboxToolRunner } from './sandbox-tools.js';
+import {
+  builtinToolSchemas,
+  builtinToolsFile,
+  sandboxToolRunner,
+  type SandboxToolRunner,
+} from './sandbox-tools.js';
 import { ToolCallParser, type ToolSchema } from './tool-calls.js';
 import { environmentTurnIds } from './turn-render.js';
 
 /** The schemas of an environment's tools, in the order it names them: the prompt's `tools`. */
 export function environmentTools(env: AgentEnvironmentSpec): ToolSchema[] {
-  return env.builtin.map((name) => builtinToolSchemas.find((t) => t.function.name === name)!);
+  if (env.functions) return env.functions as ToolSchema[];
+  return (env.builtin ?? []).map((name) => builtinToolSchemas.find((t) => t.function.name === name)!);
 }
 
 /** The tools a row of `dataSource` is rendered with, or undefined (a one-shot completion). */
@@ -42,7 +48,8 @@ export interface ShardEpisodesOptions {
 }
 
 export class ShardEpisodes {
-  private tools: SandboxToolRunner | undefined;
+  /** One sandboxed pool per tools file (the shipped tools' or a user's) and tool list. */
+  private readonly pools = new Map<string, SandboxToolRunner>();
   private readonly parsers = new Map<string, ToolCallParser>();
 
   constructor(private readonly opts: ShardEpisodesOptions) {}
@@ -57,11 +64,18 @@ export class ShardEpisodes {
     const env = agentEnvironment(agent, dataSource);
     if (!env) throw new Error(`data source ${dataSource} has no environment`);
     const tools = environmentTools(env);
-    const key = JSON.stringify(env.builtin);
+    const key = JSON.stringify(tools);
     let parser = this.parsers.get(key);
     if (!parser) this.parsers.set(key, (parser = new ToolCallParser(tools, agent.toolCallFormat)));
-    // One pool for the shard, as long as the longest call may take.
-    this.tools ??= sandboxToolRunner({ timeoutMs: agent.toolCallSeconds * 1000 });
+    const file = env.file ?? builtinToolsFile;
+    const poolKey = `${file}\n${key}`;
+    let pool = this.pools.get(poolKey);
+    if (!pool) {
+      // A call is stopped where the episode stops waiting for it.
+      const timeoutMs = agent.toolCallSeconds * 1000;
+      pool = sandboxToolRunner(env.file ? { timeoutMs, tools: { file, tools } } : { timeoutMs });
+      this.pools.set(poolKey, pool);
+    }
     const policy = engineTurnGenerator({
       engine: this.opts.engine,
       ...this.opts.sampling,
@@ -72,7 +86,7 @@ export class ShardEpisodes {
     const episode = await runEpisode(promptTokens, {
       policy,
       parser,
-      tools: this.tools,
+      tools: pool,
       renderEnvironmentTurn: (messages) => environmentTurnIds(tokenizer, messages, { tools }),
       limits: {
         maxTurns: agent.maxTurns,
@@ -94,7 +108,7 @@ export class ShardEpisodes {
   }
 
   close(): void {
-    this.tools?.close();
+    for (const pool of this.pools.values()) pool.close();
   }
 }
 
