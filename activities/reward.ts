@@ -125,7 +125,13 @@ export async function datasetScoring(
     sandbox: rewardSandboxFromEnv(),
   });
   const tally = new RewardTally();
-  return { reward: datasetReward(functions, rowOf, tally), parse, tally, close: () => functions.close() };
+  const decode = (ids: number[]) => tokenizer.decode(ids, { skipSpecialTokens: true });
+  return {
+    reward: datasetReward(functions, rowOf, tally, decode),
+    parse,
+    tally,
+    close: () => functions.close(),
+  };
 }
 
 /** The iteration's rows, each by its prompt id. */

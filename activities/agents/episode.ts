@@ -265,3 +265,68 @@ export function answerTokens(sample: { tokens: number[]; episode?: EpisodeRecord
   const last = [...turns].reverse().find((t) => t.role === 'policy');
   return last ? sample.tokens.slice(last.start, last.end) : [];
 }
+
+/**
+ * What is wrong with `value` as the episode record of a rollout line whose completion has
+ * `tokens` ids and loss mask `lossMask`, or null. The turns must tile the completion in order,
+ * and the mask must be 1 on the policy's turns and 0 on the environment's.
+ */
+export function episodeRecordProblem(
+  value: unknown,
+  tokens: number,
+  lossMask: readonly number[] | undefined,
+): string | null {
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) return 'must be an object';
+  const r = value as Record<string, unknown>;
+  if (r.version !== episodeFormatVersion)
+    return `version ${JSON.stringify(r.version)} is not one this moerl reads (${episodeFormatVersion})`;
+  if (!(episodeEndReasons as readonly unknown[]).includes(r.end_reason))
+    return `end_reason ${JSON.stringify(r.end_reason)} is not one of ${episodeEndReasons.join(', ')}`;
+  if (!Array.isArray(r.turns) || r.turns.length === 0) return 'turns must be a non-empty array';
+  if (lossMask === undefined) return 'an episode needs its loss_mask';
+  let at = 0;
+  for (const [i, turn] of (r.turns as unknown[]).entries()) {
+    const t = (turn ?? {}) as Record<string, unknown>;
+    if (t.role !== 'policy' && t.role !== 'environment')
+      return `turn ${i}: role must be policy or environment`;
+    if (
+      t.start !== at ||
+      !Number.isSafeInteger(t.end) ||
+      (t.end as number) < at ||
+      (t.end as number) > tokens
+    )
+      return `turn ${i}: [start, end) must follow the previous turn within the ${tokens} ids (from ${at})`;
+    const bit = t.role === 'policy' ? 1 : 0;
+    for (let k = at; k < (t.end as number); k++)
+      if (lossMask[k] !== bit) return `turn ${i} (${t.role}): loss_mask[${k}] must be ${bit}`;
+    if (t.role === 'environment') {
+      if (!Array.isArray(t.calls)) return `turn ${i}: calls must be an array`;
+      for (const [j, c] of (t.calls as unknown[]).entries()) {
+        const call = (c ?? {}) as Record<string, unknown>;
+        const latency = call.latencyMs;
+        if (typeof call.name !== 'string' || typeof call.result !== 'string')
+          return `turn ${i} call ${j}: name and result must be strings`;
+        if (typeof latency !== 'number' || !Number.isFinite(latency) || latency < 0)
+          return `turn ${i} call ${j}: latencyMs must be a non-negative number`;
+      }
+    }
+    at = t.end as number;
+  }
+  if (at !== tokens) return `the turns end at id ${at} of ${tokens}`;
+  return null;
+}
+
+/**
+ * The messages of an episode after its prompt, for a reward function over the whole trajectory:
+ * each policy turn's text (decoded, special tokens left out) and each call's result.
+ */
+export function episodeMessages(
+  sample: { tokens: number[]; episode: EpisodeRecord },
+  decode: (ids: number[]) => string,
+): { role: string; content: string; name?: string }[] {
+  return sample.episode.turns.flatMap((t) =>
+    t.role === 'policy'
+      ? [{ role: 'assistant', content: decode(sample.tokens.slice(t.start, t.end)) }]
+      : t.calls.map((c) => ({ role: 'tool', name: c.name, content: c.result })),
+  );
+}

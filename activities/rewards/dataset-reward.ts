@@ -3,6 +3,7 @@
 // row's ground truth, with its extra_info. Failed samples score 0; the tally adds up every batch
 // of an iteration, so the reward activity can report the failures by reason and pause the
 // campaign when a function failed on every sample it scored.
+import { episodeMessages } from '../agents/episode.js';
 import type { DatasetRow } from '../datasets/index.js';
 import type { FailureReason } from './process-pool.js';
 import type { FunctionTally, RewardFunctions, SampleFailure } from './functions.js';
@@ -36,11 +37,16 @@ export class RewardTally {
   }
 }
 
-/** Scores records by their rows' reward functions; `rowOf` maps a prompt id to its dataset row. */
+/**
+ * Scores records by their rows' reward functions; `rowOf` maps a prompt id to its dataset row.
+ * An episode's function gets its last turn as the solution and the whole trajectory as
+ * extra_info.messages (`decode` gives a policy turn's text).
+ */
 export function datasetReward(
   functions: RewardFunctions,
   rowOf: (promptId: number) => DatasetRow,
   tally: RewardTally,
+  decode: (ids: number[]) => string,
 ): RewardFunction {
   return {
     name: 'rewards',
@@ -49,11 +55,18 @@ export function datasetReward(
       const scored = await functions.scoreBatch(
         batch.map((record) => {
           const row = rowOf(record.prompt_id);
+          const episode = record.episode;
+          const extraInfo = episode
+            ? {
+                ...asObject(row.extraInfo),
+                messages: episodeMessages({ tokens: record.tokens, episode }, decode),
+              }
+            : row.extraInfo;
           return {
             dataSource: row.dataSource,
             solutionStr: record.text,
             groundTruth: row.groundTruth,
-            ...(row.extraInfo === undefined ? {} : { extraInfo: row.extraInfo }),
+            ...(extraInfo === undefined ? {} : { extraInfo }),
           };
         }),
       );
@@ -62,4 +75,11 @@ export function datasetReward(
       return scored.results.map((r) => r.score);
     },
   };
+}
+
+/** A row's extra_info as an object to add fields to (verl's is a dict; anything else is kept as `value`). */
+function asObject(extraInfo: unknown): Record<string, unknown> {
+  if (extraInfo === undefined || extraInfo === null) return {};
+  if (typeof extraInfo === 'object' && !Array.isArray(extraInfo)) return extraInfo as Record<string, unknown>;
+  return { value: extraInfo };
 }

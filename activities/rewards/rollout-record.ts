@@ -1,6 +1,7 @@
 // One line of a rollout chunk (docs/native-model.md, "Rollout JSONL") parsed and checked into a
 // typed record. Every error is a BadRolloutError naming the source, the line and the field:
 // a malformed rollout is bad input, and regenerating the same chunk would write it again.
+import { episodeRecordProblem, type EpisodeRecord } from '../agents/episode.js';
 import { BadRolloutError } from './errors.js';
 
 export const finishReasons = ['stop', 'length'] as const;
@@ -34,6 +35,8 @@ export interface RolloutRecord {
    * result of a multi-turn episode); absent for a one-shot completion, where all are trained.
    */
   loss_mask?: number[];
+  /** A multi-turn episode's turns and tool calls (docs/agents.md); `loss_mask` goes with it. */
+  episode?: EpisodeRecord;
 }
 
 /** Where a line came from, for error messages. */
@@ -150,6 +153,11 @@ export function parseRolloutLine(text: string, at: LineLocation, opts: ParseOpti
         `field "loss_mask" has ${record.loss_mask.length} entries for ${record.tokens.length} tokens`,
         'loss_mask',
       );
+  }
+  if (obj.episode !== undefined) {
+    const problem = episodeRecordProblem(obj.episode, record.tokens.length, record.loss_mask);
+    if (problem) fail(`field "episode": ${problem}`, 'episode');
+    record.episode = obj.episode as unknown as EpisodeRecord;
   }
   const eosIds = opts.eosIds ?? [eosTokenId];
   if (record.finish_reason === 'stop' && !eosIds.includes(record.tokens[record.tokens.length - 1] ?? -1)) {

@@ -3,7 +3,7 @@
 // `arith/hard` stay one-shot completions. The fake answers an episode's first turn with a Hermes
 // tool call for the prompt's sum and its second with the calculator's result from the tool turn
 // it was sent (or a wrong sum on odd seeds, so the groups have a signal); the records carry the
-// episode and its loss mask, the rewards score the last turn's answer, and moe_train's update on
+// episode and its loss mask, a reward function reads the whole trajectory, and moe_train's update on
 // the masked episodes commits. Everything but the server is real: Temporal, the workers'
 // activities, the store, the sandbox, the chat template's render, moe_train.
 import assert from 'node:assert/strict';
@@ -31,6 +31,14 @@ import { pythonReference } from '../support/python-reference.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
 
 const pyref = pythonReference();
+/** A reward over the whole episode: 1 when the last answer is the last tool result and right. */
+const trajectoryScore = `
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    messages = extra_info["messages"]
+    tools = [m["content"] for m in messages if m["role"] == "tool"]
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    return 1.0 if tools and answers[-1] == solution_str == tools[-1] == ground_truth else 0.0
+`;
 const native = nativeTools(['moe_train', 'moe_hf']);
 
 describe(
@@ -71,6 +79,7 @@ describe(
       t = await startTestEnvironment();
       dir = mkdtempSync(join(tmpdir(), 'moerl-agent-campaign-'));
       await writeHfCampaignFixture(dir, pyref);
+      writeFileSync(join(dir, 'trajectory_score.py'), trajectoryScore);
       // The test model's own template ignores `tools`: one that lists them in the system turn,
       // by name alone (their schemas would take most of the tiny model's 512 positions).
       const model = join(dir, 'store', 'models', 'tiny-qwen3');
@@ -104,7 +113,11 @@ describe(
         iterations: 1,
         engine: { trainer: 'native', rollout: 'openai' },
         agent: { bySource: { arith: { kind: 'tools', builtin: ['calculator'] } } },
-        rewards: { default: { kind: 'match' } },
+        // The episodes' reward reads their trajectory: right only when the answer is the tool's.
+        rewards: {
+          default: { kind: 'match' },
+          bySource: { arith: { kind: 'python', file: join(dir, 'trajectory_score.py') } },
+        },
       });
       const deps = workerActivityDeps(new AbortController().signal, {
         ...process.env,
@@ -177,10 +190,23 @@ describe(
         .filter(([key]) => key.startsWith('rewards/'))
         .map(([, text]) => text)
         .join('');
-      const scores = rewardText
+      const rewardLines = rewardText
         .split('\n')
         .filter(Boolean)
-        .map((l) => (JSON.parse(l) as { reward: number }).reward);
+        .map((l) => JSON.parse(l) as { prompt_id: number; sample_index: number; reward: number });
+      const scores = rewardLines.map((r) => r.reward);
+      for (const { parsed, episode } of episodes) {
+        const env = episode!.turns[1];
+        const result = env?.role === 'environment' ? env.calls[0]!.result : '';
+        const reward = rewardLines.find(
+          (r) => r.prompt_id === parsed.prompt_id && r.sample_index === parsed.sample_index,
+        );
+        assert.equal(
+          reward?.reward,
+          parsed.text === result ? 1 : 0,
+          'the trajectory reward saw the tool turn',
+        );
+      }
       assert.ok(
         scores.includes(1) && scores.includes(0),
         'right answers (through the tool) and wrong ones scored',

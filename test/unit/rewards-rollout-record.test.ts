@@ -61,6 +61,41 @@ describe('parseRolloutLine', () => {
     assertMalformed(withField('loss_mask', null), 'loss_mask', /must be an array/);
   });
 
+  it('keeps an episode whose turns tile the completion under its mask, and names what is wrong with another', () => {
+    const episode = {
+      version: 1,
+      end_reason: 'answered',
+      turns: [
+        { role: 'policy', start: 0, end: 1 },
+        {
+          role: 'environment',
+          start: 1,
+          end: 3,
+          calls: [{ name: 'add', arguments: {}, result: '5', latencyMs: 3 }],
+        },
+        { role: 'policy', start: 3, end: 4 },
+      ],
+    };
+    const line = (e: unknown, mask: number[] | null = [1, 0, 0, 1]) =>
+      JSON.stringify({ ...good, ...(mask ? { loss_mask: mask } : {}), episode: e });
+    assert.deepEqual(parseRolloutLine(line(episode), at).episode, episode);
+    const turns = episode.turns;
+    const cases: [unknown, number[] | null, RegExp][] = [
+      [{ ...episode, version: 2 }, [1, 0, 0, 1], /version 2 is not one this moerl reads \(1\)/],
+      [episode, null, /an episode needs its loss_mask/],
+      [episode, [1, 1, 0, 1], /turn 1 \(environment\): loss_mask\[1\] must be 0/],
+      [{ ...episode, end_reason: 'bored' }, [1, 0, 0, 1], /end_reason "bored" is not one of answered/],
+      [{ ...episode, turns: [turns[0], turns[2]] }, [1, 0, 0, 1], /turn 1: \[start, end\) must follow/],
+      [{ ...episode, turns: turns.slice(0, 2) }, [1, 0, 0, 1], /the turns end at id 3 of 4/],
+      [
+        { ...episode, turns: [turns[0], { ...turns[1], calls: [{ name: 'add' }] }, turns[2]] },
+        [1, 0, 0, 1],
+        /turn 1 call 0: name and result must be strings/,
+      ],
+    ];
+    for (const [e, mask, pattern] of cases) assertMalformed(line(e, mask), 'episode', pattern);
+  });
+
   it('accepts a truncated sample without <eos>, and unknown extra fields', () => {
     const line = JSON.stringify({
       ...good,
