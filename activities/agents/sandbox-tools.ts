@@ -11,6 +11,7 @@ import { BadInputError } from '../rewards/errors.js';
 import { ProcessPool, type FailureReason } from '../rewards/process-pool.js';
 import {
   defaultSandboxLimits,
+  pythonDir,
   interpreterPaths,
   probeSandbox,
   resolveRewardPython,
@@ -143,7 +144,8 @@ export function sandboxToolRunner(options: SandboxToolsOptions = {}): SandboxToo
     String(maxResultChars),
     ...tools.flatMap((t) => ['--tool', t.function.name]),
   ];
-  const readOnly = [dirname(file), toolsPythonDir, ...interpreterPaths(python)];
+  // The runner's folder and the reward runner's, whose pipes module it shares.
+  const readOnly = [dirname(file), toolsPythonDir, pythonDir, ...interpreterPaths(python)];
   const pool = new ProcessPool({
     name,
     size: options.processes ?? 2,

@@ -32,6 +32,12 @@ import signal
 import sys
 import tempfile
 
+# The pool's pipes are the reward runner's (activities/rewards/python), before any tool code.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "rewards", "python"))
+from pool_pipes import open_pipes  # noqa: E402
+
+del sys.path[0]
+
 # Bytes a child may send back; far past a bounded result, so only a tool writing to the result
 # pipe itself meets it.
 MAX_CHILD_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -238,15 +244,7 @@ def main():
     parser.add_argument("--max-result-chars", type=int, default=16000)
     args = parser.parse_args()
 
-    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.set_inheritable(3, False)
-    answers = os.fdopen(3, "w", encoding="utf-8", buffering=1)
-
-    def answer(message):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        answers.write(json.dumps(message) + "\n")
+    requests, answers, answer = open_pipes()
 
     scratch = os.getcwd()
     keep = set(os.listdir(scratch))

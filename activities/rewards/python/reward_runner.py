@@ -22,6 +22,12 @@ import os
 import sys
 import traceback
 
+# The pipes' module beside this file (-I keeps this folder off sys.path), before any user code.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pool_pipes import open_pipes  # noqa: E402
+
+del sys.path[0]
+
 
 def load(args):
     for folder in reversed(args.path):
@@ -75,15 +81,7 @@ def main():
     parser.add_argument("--path", action="append", default=[])
     args = parser.parse_args()
 
-    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    os.set_inheritable(3, False)
-    answers = os.fdopen(3, "w", encoding="utf-8", buffering=1)
-
-    def answer(message):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        answers.write(json.dumps(message) + "\n")
+    requests, _, answer = open_pipes()
 
     try:
         function = load(args)
