@@ -7,8 +7,6 @@
 // the masked episodes commits. Everything but the server is real: Temporal, the workers'
 // activities, the store, the sandbox, the chat template's render, moe_train.
 import assert from 'node:assert/strict';
-import { createServer, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -25,6 +23,7 @@ import type { EpisodeRecord } from '../../activities/agents/episode.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { artifacts, resultWithin, startCampaign, withWorkers } from '../support/campaign-harness.js';
 import { chatmlToolsTemplate } from '../fixtures/agent-chat-cases.js';
+import { startFakeRolloutServer, type FakeRolloutServer } from '../support/fake-rollout-server.js';
 import { hfCampaignSpec, writeHfCampaignFixture } from '../support/hf-campaign-fixtures.js';
 import { nativeTools } from '../support/native-tools.js';
 import { pythonReference } from '../support/python-reference.js';
@@ -47,8 +46,7 @@ describe(
   () => {
     let t: TestEnvironment;
     let dir: string;
-    let server: Server;
-    let url: string;
+    let server: FakeRolloutServer;
     let tokenizer: HfTokenizer;
     /** The prompt ids of every completion request the fake was sent, as text (ids joined). */
     const prompts = new Set<string>();
@@ -87,23 +85,14 @@ describe(
       assert.notEqual(template, chatmlToolsTemplate);
       writeFileSync(join(model, 'chat_template.jinja'), template);
       tokenizer = await loadTokenizer(model);
-      server = createServer((req, res) => {
-        let body = '';
-        req.on('data', (d: Buffer) => (body += d.toString()));
-        req.on('end', () => {
-          res.setHeader('content-type', 'application/json');
-          if (req.url === '/health') return res.end('{"status":"ok"}');
-          if (req.url === '/update_weights_from_disk') return res.end('{"success":true}');
-          const request = JSON.parse(body) as { prompt: number[]; seed: number; max_tokens: number };
-          prompts.add(request.prompt.join(','));
-          res.end(reply(request.prompt, request.seed, request.max_tokens));
-        });
+      server = await startFakeRolloutServer((body) => {
+        const request = body as { prompt: number[]; seed: number; max_tokens: number };
+        prompts.add(request.prompt.join(','));
+        return reply(request.prompt, request.seed, request.max_tokens);
       });
-      await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-      url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
     });
     after(async () => {
-      await new Promise<void>((resolve) => server?.close(() => resolve()));
+      await server?.close();
       await t?.teardown();
       rmSync(dir, { recursive: true, force: true });
     });
@@ -122,7 +111,7 @@ describe(
       const deps = workerActivityDeps(new AbortController().signal, {
         ...process.env,
         MOERL_CACHE_DIR: join(dir, 'cache'),
-        MOERL_ROLLOUT_ENGINE_URL: url,
+        MOERL_ROLLOUT_ENGINE_URL: server.url,
         MOERL_ROLLOUT_ENGINE_WEIGHTS_DIR: join(dir, 'weights'),
         MOERL_REWARD_ISOLATION: availableIsolation(),
       });

@@ -13,9 +13,6 @@
 // completions without log-probs, the campaign pauses naming the server and the problem.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { createServer } from 'node:http';
-import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -41,6 +38,7 @@ import {
   withWorkers,
 } from '../support/campaign-harness.js';
 import { arithmeticRow, writeVerlParquet } from '../support/dataset-fixtures.js';
+import { startFakeRolloutServer, type FakeRolloutServer } from '../support/fake-rollout-server.js';
 import { hfCampaignSpec, writeHfCampaignFixture } from '../support/hf-campaign-fixtures.js';
 import { nativeTools } from '../support/native-tools.js';
 import { pythonReference } from '../support/python-reference.js';
@@ -402,24 +400,14 @@ describe(
     );
 
     describe('a server that breaks the contract pauses the campaign naming it', () => {
-      let server: Server;
+      let server: FakeRolloutServer;
       let url: string;
       let answer: (body: { seed: number }) => string;
       before(async () => {
-        server = createServer((req, res) => {
-          let body = '';
-          req.on('data', (d: Buffer) => (body += d.toString()));
-          req.on('end', () => {
-            res.setHeader('content-type', 'application/json');
-            if (req.url === '/health') return res.end('{"status":"ok"}');
-            if (req.url === '/update_weights_from_disk') return res.end('{"success":true}');
-            res.end(answer(JSON.parse(body) as { seed: number }));
-          });
-        });
-        await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-        url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+        server = await startFakeRolloutServer((body) => answer(body as { seed: number }));
+        url = server.url;
       });
-      after(() => new Promise<void>((resolve) => server.close(() => resolve())));
+      after(() => server.close());
 
       const cases: [string, (body: { seed: number }) => string, RegExp][] = [
         ['malformed JSON', () => '{"choices": [', /answer is not JSON: \{"choices": \[/],
