@@ -9,6 +9,8 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ApplicationFailure } from '@temporalio/activity';
 import { acquireCheckpoint } from './checkpoints.js';
+import { parseManifest } from './checkpoints/manifest.js';
+import { manifestName } from './layout.js';
 import { EngineError } from './engines/errors.js';
 import { needsRescoring, startRescorer } from './engines/rescore.js';
 import type { Rescorer } from './engines/rescore.js';
@@ -126,11 +128,9 @@ type Sampled = Completion & { loss_mask?: number[]; episode?: EpisodeSample['epi
 
 /** The policy's context: its checkpoint's max_seq_len (an episode's prompt and completion fit it). */
 async function policyContextLength(store: ObjectStore, policy: CheckpointRef): Promise<number> {
-  const key = `${policy.key}/manifest.json`;
-  const manifest = JSON.parse((await store.get(key)).toString('utf8')) as {
-    config?: { max_seq_len?: unknown };
-  };
-  const length = manifest.config?.max_seq_len;
+  const key = `${policy.key}/${manifestName}`;
+  const manifest = parseManifest((await store.get(key)).toString('utf8'), key);
+  const length = (manifest.config as { max_seq_len?: unknown } | undefined)?.max_seq_len;
   if (!Number.isSafeInteger(length) || (length as number) < 2)
     throw new BadInputError(
       `${key}: config.max_seq_len must be an integer of at least 2, got ${String(length)}`,

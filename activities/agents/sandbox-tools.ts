@@ -7,15 +7,14 @@
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { rewardSandboxFromEnv } from '../reward.js';
-import { BadInputError } from '../rewards/errors.js';
 import { ProcessPool, type FailureReason } from '../rewards/process-pool.js';
 import {
-  defaultSandboxLimits,
   pythonDir,
   interpreterPaths,
-  probeSandbox,
+  requireSandbox,
   resolveRewardPython,
   sandboxCommand,
+  sandboxLimits,
   type Isolation,
   type SandboxLimits,
 } from '../rewards/sandbox.js';
@@ -117,19 +116,8 @@ export function sandboxToolRunner(options: SandboxToolsOptions = {}): SandboxToo
   const tools = options.tools?.tools ?? builtinToolSchemas;
   const name = `tools:${file}`;
   const isolation = options.isolation ?? rewardSandboxFromEnv(options.env).isolation ?? 'namespaces';
-  if (isolation === 'namespaces') {
-    const probe = probeSandbox();
-    if (!probe.ok)
-      throw new BadInputError(
-        `${name}: the reward sandbox cannot start on this worker (${probe.why}), so the worker ` +
-          'refuses to run tool code; run the worker where bubblewrap can make user namespaces, or, ' +
-          "on purpose, set the sandbox's isolation to none (MOERL_REWARD_ISOLATION=none; " +
-          'docs/tasks.md, "Bring a reward function")',
-      );
-  }
-  const limits: SandboxLimits = { ...defaultSandboxLimits };
-  for (const key of Object.keys(defaultSandboxLimits) as (keyof SandboxLimits)[])
-    if (options[key] !== undefined) limits[key] = options[key];
+  if (isolation === 'namespaces') requireSandbox(name, 'tool');
+  const limits = sandboxLimits(options);
   const maxResultChars = options.maxResultChars ?? 16_000;
   const python = options.python ?? resolveRewardPython();
   // -I: no user site-packages, no PYTHON* variables, no script folder on sys.path; -B: no .pyc

@@ -7,12 +7,7 @@ import type { HfTokenizer } from '../models/tokenizer.js';
 import { agentEnvironment, type AgentEnvironmentSpec, type AgentSpec } from '../../workflows/spec-agent.js';
 import { engineTurnGenerator } from './engine-turns.js';
 import { runEpisode, type EpisodeRecord } from './episode.js';
-import {
-  builtinToolSchemas,
-  builtinToolsFile,
-  sandboxToolRunner,
-  type SandboxToolRunner,
-} from './sandbox-tools.js';
+import { builtinToolSchemas, sandboxToolRunner, type SandboxToolRunner } from './sandbox-tools.js';
 import { ToolCallParser, type ToolSchema } from './tool-calls.js';
 import { environmentTurnIds } from './turn-render.js';
 
@@ -48,9 +43,11 @@ export interface ShardEpisodesOptions {
 }
 
 export class ShardEpisodes {
-  /** One sandboxed pool per tools file (the shipped tools' or a user's) and tool list. */
-  private readonly pools = new Map<string, SandboxToolRunner>();
-  private readonly parsers = new Map<string, ToolCallParser>();
+  /** Per environment of the spec: its tools' schemas, their parser and their sandboxed pool. */
+  private readonly environments = new Map<
+    AgentEnvironmentSpec,
+    { tools: ToolSchema[]; parser: ToolCallParser; pool: SandboxToolRunner }
+  >();
 
   constructor(private readonly opts: ShardEpisodesOptions) {}
 
@@ -59,23 +56,27 @@ export class ShardEpisodes {
     return agentEnvironment(this.opts.agent, dataSource) !== undefined;
   }
 
+  private environment(env: AgentEnvironmentSpec) {
+    let made = this.environments.get(env);
+    if (!made) {
+      const tools = environmentTools(env);
+      // A call is stopped where the episode stops waiting for it.
+      const timeoutMs = this.opts.agent.toolCallSeconds * 1000;
+      made = {
+        tools,
+        parser: new ToolCallParser(tools, this.opts.agent.toolCallFormat),
+        pool: sandboxToolRunner(env.file ? { timeoutMs, tools: { file: env.file, tools } } : { timeoutMs }),
+      };
+      this.environments.set(env, made);
+    }
+    return made;
+  }
+
   async sample(promptTokens: readonly number[], dataSource: string, seed: number, signal: AbortSignal) {
     const { agent, tokenizer } = this.opts;
     const env = agentEnvironment(agent, dataSource);
     if (!env) throw new Error(`data source ${dataSource} has no environment`);
-    const tools = environmentTools(env);
-    const key = JSON.stringify(tools);
-    let parser = this.parsers.get(key);
-    if (!parser) this.parsers.set(key, (parser = new ToolCallParser(tools, agent.toolCallFormat)));
-    const file = env.file ?? builtinToolsFile;
-    const poolKey = `${file}\n${key}`;
-    let pool = this.pools.get(poolKey);
-    if (!pool) {
-      // A call is stopped where the episode stops waiting for it.
-      const timeoutMs = agent.toolCallSeconds * 1000;
-      pool = sandboxToolRunner(env.file ? { timeoutMs, tools: { file, tools } } : { timeoutMs });
-      this.pools.set(poolKey, pool);
-    }
+    const { tools, parser, pool } = this.environment(env);
     const policy = engineTurnGenerator({
       engine: this.opts.engine,
       ...this.opts.sampling,
@@ -108,7 +109,7 @@ export class ShardEpisodes {
   }
 
   close(): void {
-    for (const pool of this.pools.values()) pool.close();
+    for (const { pool } of this.environments.values()) pool.close();
   }
 }
 

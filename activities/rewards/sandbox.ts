@@ -27,6 +27,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { cgroupSupport, processCgroup } from './cgroups.js';
+import { BadInputError } from './errors.js';
 import type { WorkerCommand } from './process-pool.js';
 
 export type Isolation = 'namespaces' | 'none';
@@ -92,6 +93,29 @@ export function probeSandbox(): { ok: true } | { ok: false; why: string } {
     probed = cgroups.kind === 'broken' ? { ok: false, why: cgroups.why } : { ok: true };
   }
   return probed;
+}
+
+/** The sandbox limits of `options`: each one it sets, the defaults for the rest. */
+export function sandboxLimits(options: Partial<SandboxLimits>): SandboxLimits {
+  const limits: SandboxLimits = { ...defaultSandboxLimits };
+  for (const key of Object.keys(defaultSandboxLimits) as (keyof SandboxLimits)[])
+    if (options[key] !== undefined) limits[key] = options[key];
+  return limits;
+}
+
+/**
+ * Refuses to run `what`'s code (e.g. "reward function python:x", of kind "reward") where the
+ * jail cannot be made, saying how to run it anyway, on purpose.
+ */
+export function requireSandbox(what: string, kind: string): void {
+  const probe = probeSandbox();
+  if (!probe.ok)
+    throw new BadInputError(
+      `${what}: the reward sandbox cannot start on this worker (${probe.why}), so the worker ` +
+        `refuses to run ${kind} code; run the worker where bubblewrap can make user namespaces, or, ` +
+        "on purpose, set the sandbox's isolation to none (MOERL_REWARD_ISOLATION=none; " +
+        'docs/tasks.md, "Bring a reward function")',
+    );
 }
 
 /** The isolation this machine gives sandboxed processes. */

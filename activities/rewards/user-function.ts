@@ -3,15 +3,14 @@
 // sandboxed processes (sandbox.ts for what the sandbox holds, process-pool.ts for the limits).
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { BadInputError } from './errors.js';
 import { ProcessPool } from './process-pool.js';
 import {
   interpreterPaths,
-  defaultSandboxLimits,
-  probeSandbox,
+  requireSandbox,
   pythonDir,
   resolveRewardPython,
   sandboxCommand,
+  sandboxLimits,
   type Isolation,
   type SandboxLimits,
 } from './sandbox.js';
@@ -53,18 +52,9 @@ export function userFunctionPool(spec: UserFunctionSpec, options: SandboxOptions
   // The process runs in a scratch folder: relative paths are the worker's, made absolute here.
   if ('file' in spec) spec = { ...spec, file: resolve(spec.file) };
   else spec = { ...spec, path: (spec.path ?? []).map((p) => resolve(p)) };
-  const limits = { ...defaultSandboxLimits, ...dropUndefined(options) };
+  const limits = sandboxLimits(options);
   const isolation = options.isolation ?? 'namespaces';
-  if (isolation === 'namespaces') {
-    const probe = probeSandbox();
-    if (!probe.ok)
-      throw new BadInputError(
-        `reward function ${userFunctionName(spec)}: the reward sandbox cannot start on this worker ` +
-          `(${probe.why}), so the worker refuses to run reward code; run the worker where bubblewrap ` +
-          "can make user namespaces, or, on purpose, set the sandbox's isolation to none " +
-          '(MOERL_REWARD_ISOLATION=none; docs/tasks.md, "Bring a reward function")',
-      );
-  }
+  if (isolation === 'namespaces') requireSandbox(`reward function ${userFunctionName(spec)}`, 'reward');
   let program: string;
   let args: string[];
   // What the jail sees: the interpreter, the runner and the function's own folders.
@@ -96,8 +86,4 @@ export function userFunctionPool(spec: UserFunctionSpec, options: SandboxOptions
     maxOutputBytes: limits.maxOutputBytes,
     spawn: () => sandboxCommand({ program, args, limits: { ...limits, memoryBytes }, isolation, readOnly }),
   });
-}
-
-function dropUndefined<T extends object>(options: T): Partial<T> {
-  return Object.fromEntries(Object.entries(options).filter(([, v]) => v !== undefined)) as Partial<T>;
 }
