@@ -12,6 +12,8 @@
 import { join } from 'node:path';
 import { Context } from '@temporalio/activity';
 import { sftWarmStart, type CampaignSpec } from '../workflows/spec.js';
+import { ShardEnvironments } from './agents/environments.js';
+import { demonstrationIds } from './agents/turn-render.js';
 import { isHfModel } from '../workflows/spec-model.js';
 import { campaignValidation } from '../workflows/spec-validation.js';
 import { DatasetError, epochPermutation, readDatasetRows, validateDataset } from './datasets/index.js';
@@ -117,7 +119,8 @@ export async function prepareInputs(
 }
 
 /**
- * The rows an SFT warm start learns, one `{"prompt_tokens","tokens"}` line each: the first
+ * The rows an SFT warm start learns, one `{"prompt_tokens","tokens"}` line each (and
+ * `loss_mask` for a multi-turn demonstration): the first
  * min(rows, steps × batch size) rows of the dataset's epoch-0 order, which moe_train sft cycles
  * through. A row too long for the model's context is named with its field.
  */
@@ -147,18 +150,37 @@ async function writeSftExamples(
     responseKey,
   });
   const problems = new ProblemList();
-  const lines = rows.map((row) => {
-    const prompt = tokenizer.renderChat(
-      row.prompt.map((m) => ({ ...m })),
-      { addGenerationPrompt: true },
-    ).ids;
-    const completion = [...tokenizer.encode(row.response as string), tokenizer.eosTokenId];
-    if (prompt.length + completion.length > positions)
-      problems.add(
-        `row ${row.row}: ${responseKey}: the prompt and this completion are ${prompt.length + completion.length} tokens, over the model's context of ${positions} positions`,
+  // An agentic campaign's rows are rendered with their environment's tools, as its episodes are.
+  const environments = spec.agent ? new ShardEnvironments(spec.agent) : null;
+  const lines: string[] = [];
+  try {
+    for (const row of rows) {
+      const tools = (await environments?.of(row.dataSource))?.tools;
+      const render = tools ? { tools } : {};
+      const prompt = tokenizer.renderChat(
+        row.prompt.map((m) => ({ ...m })),
+        { addGenerationPrompt: true, ...render },
+      ).ids;
+      // A multi-turn demonstration is learned on its assistant turns only (the loss mask).
+      const completion = Array.isArray(row.response)
+        ? demonstrationIds(tokenizer, row.response, render)
+        : { tokens: [...tokenizer.encode(row.response as string), tokenizer.eosTokenId] };
+      const length = prompt.length + completion.tokens.length;
+      if (length > positions)
+        problems.add(
+          `row ${row.row}: ${responseKey}: the prompt and this completion are ${length} tokens, over the model's context of ${positions} positions`,
+        );
+      lines.push(
+        JSON.stringify({
+          prompt_tokens: prompt,
+          tokens: completion.tokens,
+          ...('lossMask' in completion ? { loss_mask: completion.lossMask } : {}),
+        }),
       );
-    return JSON.stringify({ prompt_tokens: prompt, tokens: completion });
-  });
+    }
+  } finally {
+    await environments?.close();
+  }
   if (problems.count > 0) throw new DatasetError(`${d.train} (SFT warm start)`, problems.list());
   await req.store.put(keys.sftExamplesKey(req.campaignId), lines.join('\n') + '\n', {
     contentType: 'application/x-ndjson',

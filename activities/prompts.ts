@@ -17,8 +17,8 @@ import {
   type DatasetRow,
 } from './datasets/index.js';
 import type { HfTokenizer } from './models/tokenizer.js';
-import { promptTools } from './agents/shard-episodes.js';
-import type { AgentSpec } from '../workflows/spec-agent.js';
+import type { ShardEnvironments } from './agents/environments.js';
+import type { ToolSchema } from './agents/tool-calls.js';
 import { BadInputError } from './rewards/errors.js';
 import type { ObjectStore } from './store/types.js';
 import type { IterationDataset, StoreLocation } from './types.js';
@@ -102,9 +102,8 @@ export function promptLine(
   promptId: number,
   row: DatasetRow,
   tokenizer: HfTokenizer,
-  agent?: AgentSpec,
+  tools?: readonly ToolSchema[],
 ): string {
-  const tools = promptTools(agent, row.dataSource);
   const { text, ids } = tokenizer.renderChat(
     row.prompt.map((m) => ({ ...m })),
     { addGenerationPrompt: true, ...(tools ? { tools } : {}) },
@@ -115,4 +114,19 @@ export function promptLine(
     prompt_tokens: ids,
     data_source: row.dataSource,
   });
+}
+
+/** The --prompts file of rows with ids from `firstId`, each with its environment's tools. */
+export async function promptLines(
+  firstId: number,
+  rows: readonly DatasetRow[],
+  tokenizer: HfTokenizer,
+  environments: ShardEnvironments | null,
+): Promise<string> {
+  const lines = [];
+  for (const [i, row] of rows.entries()) {
+    const env = environments ? await environments.of(row.dataSource) : undefined;
+    lines.push(promptLine(firstId + i, row, tokenizer, env?.tools) + '\n');
+  }
+  return lines.join('');
 }

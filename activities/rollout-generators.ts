@@ -18,28 +18,36 @@ import type { Completion, RolloutEngine } from './engines/types.js';
 import { nativeToolPath } from './native.js';
 import { runGenerateRanks } from './rollout-ranks.js';
 import type { ShardPlan } from './rollout.js';
-import { describeEpisodes, ShardEpisodes, type EpisodeSample } from './agents/shard-episodes.js';
+import type { ShardEnvironments } from './agents/environments.js';
+import { ChunkJournal } from './agents/journal.js';
+import { describeEpisodes, episodeStats } from './agents/episode-stats.js';
+import { ShardEpisodes, type EpisodeSample } from './agents/shard-episodes.js';
 import type { HfTokenizer } from './models/tokenizer.js';
 import { BadInputError } from './rewards/errors.js';
 import type { ObjectStore } from './store/types.js';
-import type { CheckpointRef } from './types.js';
+import type { CheckpointRef, EpisodeStats, RolloutHeartbeat } from './types.js';
 import type { ActivityDeps } from './deps.js';
+import { agentEnvironment } from '../workflows/spec-agent.js';
 
 export interface ChunkRun {
   /** moe_generate's prompt flags from the plan (a dataset shard's: its --prompts file). */
   prompts: string[];
   /** A dataset task's model tokenizer (null for a built-in task). */
   tokenizer: HfTokenizer | null;
+  /** An agentic campaign's tools (null without `agent`). */
+  environments: ShardEnvironments | null;
   outDir: string;
   startChunk: number;
+  /** The activity's attempt: names what this attempt journals. */
+  attempt: number;
   /** Rank slots the shard holds on this worker while it generates. */
   worldSize: number;
   /** Aborted by a shutdown or a cancel: the generator returns early, the caller reports it. */
   signal: AbortSignal;
   /** Within the chunk being generated: steps done of all, new tokens so far. */
-  onProgress(inChunk: { chunk: number; step: number; steps: number; tokens: number }): void;
-  /** Chunk `k` is whole in outDir/chunk-<k>.jsonl. */
-  onChunk(k: number, done: { newTokens: number; seconds: number }): Promise<void>;
+  onProgress(inChunk: NonNullable<RolloutHeartbeat['inChunk']>): void;
+  /** Chunk `k` is whole in outDir/chunk-<k>.jsonl; `episodes`: what its episodes did. */
+  onChunk(k: number, done: { newTokens: number; seconds: number; episodes?: EpisodeStats }): Promise<void>;
 }
 
 export type ChunkGenerator = (deps: ActivityDeps, plan: ShardPlan, run: ChunkRun) => Promise<void>;
@@ -194,15 +202,18 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
     releaseRanks = await deps.rolloutRanks.acquire(run.worldSize, run.signal);
     if (releaseRanks === null) return;
     await host.withPolicy({ store, policy: plan.policy }, run.signal, async (engine) => {
-      if (agent && run.tokenizer)
-        episodes = new ShardEpisodes({
-          agent,
-          engine,
-          tokenizer: run.tokenizer,
-          sampling: { temperature, topP: plan.sampling.topP },
-          contextLength,
-          maxNewTokens: plan.sampling.maxNewTokens,
-        });
+      if (agent && run.tokenizer && run.environments)
+        episodes = new ShardEpisodes(
+          {
+            agent,
+            engine,
+            tokenizer: run.tokenizer,
+            sampling: { temperature, topP: plan.sampling.topP },
+            contextLength,
+            maxNewTokens: plan.sampling.maxNewTokens,
+          },
+          run.environments,
+        );
       // One scorer for the shard's chunks: the policy loaded once, one forward pass per chunk.
       if (policy)
         scorer = startRescorer({
@@ -215,19 +226,44 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
         });
       for (let k = run.startChunk; k < chunks && !run.signal.aborted; k++) {
         const started = Date.now();
+        // A chunk of episodes is journaled turn by turn; one redone reads back what was journaled.
+        const journal = episodes ? await ChunkJournal.open(store, plan.chunkKey(k), run.attempt) : null;
+        if (journal && journal.stats.replayed + journal.stats.unreadable.length > 0)
+          console.log(
+            `rollout: ${plan.what} chunk ${k}: ${journal.stats.replayed} journaled entries read back` +
+              journal.stats.unreadable.map((u) => `; not read from ${u}`).join(''),
+          );
         const prompts = lines.slice(k * chunkSize, (k + 1) * chunkSize);
         const samples = prompts.flatMap((p) => Array.from({ length: plan.samples }, (_, s) => ({ p, s })));
         let done = 0;
         let newTokens = 0;
+        // The furthest policy turn any of the chunk's episodes has begun (0: none is an episode).
+        let turn = 0;
+        const onTurn = (t: number) => {
+          if (t + 1 <= turn) return;
+          turn = t + 1;
+          run.onProgress({ chunk: k, step: done, steps: samples.length, tokens: newTokens, turn });
+        };
         const answers = await Promise.all(
           samples.map(async ({ p, s }): Promise<Sampled> => {
             const seed = completionSeed(plan.spec.seed, plan.iteration, p.prompt_id, s);
-            const c = episodes?.isEpisode(p.data_source)
-              ? await episodes.sample(p.prompt_tokens, p.data_source, seed, run.signal)
-              : await complete(engine, plan, p, seed, run.signal);
+            const c =
+              episodes && journal && agentEnvironment(agent, p.data_source)
+                ? await episodes.sample(p.prompt_tokens, p.data_source, seed, run.signal, {
+                    journal: journal.episode(p.prompt_id, s),
+                    id: `${plan.chunkKey(k)}#${p.prompt_id}/${s}`,
+                    onTurn,
+                  })
+                : await complete(engine, plan, p, seed, run.signal);
             done++;
             newTokens += c.tokens.length;
-            run.onProgress({ chunk: k, step: done, steps: samples.length, tokens: newTokens });
+            run.onProgress({
+              chunk: k,
+              step: done,
+              steps: samples.length,
+              tokens: newTokens,
+              ...(turn > 0 ? { turn } : {}),
+            });
             return c;
           }),
         ).catch((err: unknown) => {
@@ -237,8 +273,8 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
         if (answers === null) return;
         const generated = Date.now();
         const episodeRecords = answers.flatMap((a) => (a.episode ? [a.episode] : []));
-        if (episodeRecords.length > 0)
-          console.log(`rollout: ${plan.what} chunk ${k}: ${describeEpisodes(episodeRecords)}`);
+        const stats = episodeRecords.length > 0 ? episodeStats(episodeRecords) : undefined;
+        if (stats) console.log(`rollout: ${plan.what} chunk ${k}: ${describeEpisodes(stats)}`);
         let logprobs = answers.map((a) => a.logprobs);
         if (scorer) {
           const what = `${plan.what} chunk ${k}`;
@@ -274,7 +310,12 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
           join(run.outDir, `chunk-${k}.jsonl`),
           records.map((r) => JSON.stringify(r) + '\n').join(''),
         );
-        await run.onChunk(k, { newTokens, seconds: (Date.now() - started) / 1000 });
+        await run.onChunk(k, {
+          newTokens,
+          seconds: (Date.now() - started) / 1000,
+          ...(stats ? { episodes: stats } : {}),
+        });
+        await journal?.remove();
       }
     });
   } catch (err) {
@@ -286,7 +327,6 @@ export const openAiChunks: ChunkGenerator = async (deps, plan, run) => {
       });
     throw err;
   } finally {
-    episodes?.close();
     await scorer?.close();
     releaseRanks?.();
     policy?.release();

@@ -12,7 +12,9 @@ import * as keys from './layout.js';
 import { campaignTokenizer } from './models/source.js';
 import type { HfTokenizer } from './models/tokenizer.js';
 import { answerTokens, type EpisodeRecord } from './agents/episode.js';
-import { datasetInput, iterationRows, promptLine, validationRows } from './prompts.js';
+import { datasetInput, iterationRows, promptLines, validationRows } from './prompts.js';
+import { ShardEnvironments } from './agents/environments.js';
+import { addEpisodeStats, emptyEpisodeStats } from './agents/episode-stats.js';
 import { BadInputError } from './rewards/errors.js';
 import { parseRolloutLine, type ParseOptions } from './rewards/rollout-record.js';
 import { rolloutRanksEnv } from './rollout-capacity.js';
@@ -20,23 +22,15 @@ import { nativeChunks, openAiChunks } from './rollout-generators.js';
 import type { ActivityDeps } from './deps.js';
 import type { ObjectStore } from './store/types.js';
 import { iterationPromptsOf } from './types.js';
-import type { CheckpointRef, RolloutShardInput, RolloutShardOutput, ValidationShardInput } from './types.js';
+import type {
+  CheckpointRef,
+  RolloutHeartbeat,
+  RolloutShardInput,
+  RolloutShardOutput,
+  ValidationShardInput,
+} from './types.js';
 import type { CampaignSpec } from '../workflows/spec.js';
 import { rolloutEngine } from '../workflows/spec-engine.js';
-
-/** Progress carried in heartbeat details from one attempt to the next. */
-interface RolloutProgress {
-  /** Chunks known to be stored. */
-  chunksStored: number;
-  /** Chunks generated again so far because an earlier attempt did not store them. */
-  chunksRedone: number;
-  /** The worker process of the attempt that sent these details. */
-  worker: string;
-  /** Attempts in a row that ended while their worker lived on (not a lost worker). */
-  failuresOnLiveWorker: number;
-  /** Within the chunk being generated: decode steps done of all, tokens so far. */
-  inChunk?: { chunk: number; step: number; steps: number; tokens: number };
-}
 
 /**
  * What one shard generates and where it keeps it: a training iteration's prompts or a checkpoint's
@@ -59,7 +53,11 @@ export interface ShardPlan {
   sampling: { temperature: number; topP: number; maxNewTokens: number };
   chunkKey(chunk: number): string;
   /** Writes the prompts file of a dataset shard into `dir` and returns moe_generate's prompt flags. */
-  prompts(dir: string, tokenizer: HfTokenizer | null): Promise<string[]>;
+  prompts(
+    dir: string,
+    tokenizer: HfTokenizer | null,
+    environments: ShardEnvironments | null,
+  ): Promise<string[]>;
   /** Labels the shard's temporary folder (unique per campaign and attempt). */
   label: string;
 }
@@ -113,6 +111,7 @@ async function writeDatasetPrompts(
   deps: ActivityDeps,
   input: RolloutShardInput,
   tokenizer: HfTokenizer | null,
+  environments: ShardEnvironments | null,
   path: string,
 ): Promise<string[]> {
   if (!input.dataset || !tokenizer)
@@ -126,11 +125,7 @@ async function writeDatasetPrompts(
     datasetInput(input.spec, 'train', deps.openStore),
     deps.cacheDir,
   );
-  const first = firstPromptId(input);
-  await writeFile(
-    path,
-    rows.map((row, i) => promptLine(first + i, row, tokenizer, input.spec.agent) + '\n').join(''),
-  );
+  await writeFile(path, await promptLines(firstPromptId(input), rows, tokenizer, environments));
   return promptsFileFlags(path, tokenizer);
 }
 
@@ -169,9 +164,9 @@ export async function rolloutShard(
     sampling: { temperature: hp.temperature, topP: hp.topP, maxNewTokens: hp.maxNewTokens },
     chunkKey: (chunk) => keys.rolloutChunkKey(input.campaignId, iteration, shard, chunk),
     // prettier-ignore
-    prompts: (dir, tokenizer) => 'builtin' in task
+    prompts: (dir, tokenizer, environments) => 'builtin' in task
       ? Promise.resolve(['--task', task.builtin, '--split', 'train', '--first-prompt', String(firstPromptId(input))])
-      : writeDatasetPrompts(deps, input, tokenizer, join(dir, 'prompts.jsonl')),
+      : writeDatasetPrompts(deps, input, tokenizer, environments, join(dir, 'prompts.jsonl')),
     label: `${iteration}-${shard}`,
   });
 }
@@ -203,16 +198,11 @@ export async function validationShard(
       maxNewTokens: validation.maxNewTokens ?? spec.hyperparameters.maxNewTokens,
     },
     chunkKey: (chunk) => keys.validationChunkKey(input.campaignId, iteration, shard, chunk),
-    prompts: async (dir, tokenizer) => {
+    prompts: async (dir, tokenizer, environments) => {
       if (!tokenizer) throw new BadInputError(`${what}: validation needs a dataset task`);
       const rows = await validationRows(deps, input, input);
       const path = join(dir, 'prompts.jsonl');
-      await writeFile(
-        path,
-        rows
-          .map((row, i) => promptLine(input.promptStart + i, row, tokenizer, input.spec.agent) + '\n')
-          .join(''),
-      );
+      await writeFile(path, await promptLines(input.promptStart, rows, tokenizer, environments));
       return promptsFileFlags(path, tokenizer);
     },
     label: `v${iteration}-${shard}`,
@@ -224,7 +214,7 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
   const { spec } = plan;
   const store = deps.openStore(spec.store);
   const total = Math.ceil(plan.promptCount / spec.chunkSize);
-  const previous = (ctx.info.heartbeatDetails as Partial<RolloutProgress> | undefined) ?? null;
+  const previous = (ctx.info.heartbeatDetails as Partial<RolloutHeartbeat> | undefined) ?? null;
   // An earlier attempt that ended on this very worker process was not lost with its machine: it
   // failed or timed out while the worker lived. A few of those in a row will not pass by
   // retrying (a chunk too slow for the heartbeat, a tool that keeps crashing): stop and say so.
@@ -252,11 +242,15 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
       message: `${plan.what} needs rolloutEpWorldSize ${worldSize} moe_generate ranks at once, but rollout worker ${deps.workerId} runs at most ${capacity} (${rolloutRanksEnv} or --rollout-ranks; default the CPUs it may use); give rollout workers at least ${worldSize} CPUs and ${rolloutRanksEnv}=${worldSize} (k8s/README.md, "Sizing rollout pods") or lower rolloutEpWorldSize, then resume`,
     });
 
-  const progress: RolloutProgress = {
+  const progress: RolloutHeartbeat = {
+    what: plan.what,
+    chunks: total,
     chunksStored: 0,
     chunksRedone: previous?.chunksRedone ?? 0,
     worker: deps.workerId,
     failuresOnLiveWorker,
+    // Earlier attempts' episodes, as far as their last heartbeat had them.
+    ...(previous?.episodes ? { episodes: previous.episodes } : {}),
   };
   let tokens = 0;
   let seconds = 0;
@@ -291,12 +285,16 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
       ctx.cancellationSignal.addEventListener('abort', onShutdown, { once: true });
       if (deps.shutdown.aborted || ctx.cancellationSignal.aborted) stop.abort();
       const outDir = join(deps.cacheDir, 'rollouts', `${plan.campaignId}-${plan.label}-${ctx.info.attempt}`);
+      // An agentic campaign's tools, opened as its rows need them: its prompts and episodes see one list.
+      const environments = spec.agent ? new ShardEnvironments(spec.agent) : null;
       try {
         await rm(outDir, { recursive: true, force: true });
         await mkdir(outDir, { recursive: true });
         const generate = rolloutEngine(spec) === 'openai' ? openAiChunks : nativeChunks;
         await generate(deps, plan, {
-          prompts: await plan.prompts(outDir, tokenizer),
+          prompts: await plan.prompts(outDir, tokenizer, environments),
+          environments,
+          attempt: ctx.info.attempt,
           tokenizer,
           outDir,
           startChunk: stored,
@@ -310,6 +308,8 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
             if (startedBefore.has(k)) progress.chunksRedone++;
             tokens += chunk.newTokens;
             seconds += chunk.seconds;
+            if (chunk.episodes)
+              progress.episodes = addEpisodeStats(progress.episodes ?? emptyEpisodeStats(), chunk.episodes);
             progress.chunksStored = k + 1;
             delete progress.inChunk;
           },
@@ -324,6 +324,7 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
       } finally {
         deps.shutdown.removeEventListener('abort', onShutdown);
         ctx.cancellationSignal.removeEventListener('abort', onShutdown);
+        await environments?.close();
         await rm(outDir, { recursive: true, force: true });
       }
     }
@@ -345,6 +346,7 @@ async function generateShard(deps: ActivityDeps, plan: ShardPlan): Promise<Rollo
     tokens,
     tokensPerSecond: seconds > 0 ? tokens / seconds : 0,
     chunksRedone: progress.chunksRedone,
+    ...(progress.episodes ? { episodes: progress.episodes } : {}),
     attempt: ctx.info.attempt,
   };
 }

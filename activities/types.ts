@@ -130,6 +130,23 @@ export interface RolloutShardOutput extends ActivityOutcome {
   tokensPerSecond: number;
   /** Chunks regenerated because an earlier attempt died before storing them. */
   chunksRedone: number;
+  /** An agentic campaign's episodes among the samples (absent without any). */
+  episodes?: EpisodeStats;
+}
+
+/** What a shard's (or an iteration's) episodes did: counts, and times summed over episodes. */
+export interface EpisodeStats {
+  episodes: number;
+  policyTurns: number;
+  /** Episodes by end reason (agents/episode.ts episodeEndReasons). */
+  endReasons: Record<string, number>;
+  /** Calls by tool: a name the model made up counts as "(unknown)", a call without one "(unnamed)". */
+  toolCalls: Record<string, number>;
+  /** Calls that did not run or failed, by error kind. */
+  toolErrors: Record<string, number>;
+  /** Time spent waiting on tools, and generating policy turns, summed over episodes. */
+  toolSeconds: number;
+  generationSeconds: number;
 }
 
 /**
@@ -262,6 +279,32 @@ export interface CampaignActivities {
 }
 
 /** The stage each activity runs: how the history and the metrics name an activity. */
+/**
+ * A rollout or validation shard's heartbeat details: its progress, carried from one attempt to
+ * the next and shown by `moerl watch` (cli/progress.ts).
+ */
+export interface RolloutHeartbeat {
+  /** The shard, for people: "rollout of iteration 12 shard 3". */
+  what: string;
+  /** Chunks of the shard. */
+  chunks: number;
+  /** Chunks known to be stored. */
+  chunksStored: number;
+  /** Chunks generated again so far because an earlier attempt did not store them. */
+  chunksRedone: number;
+  /** The worker process of the attempt that sent these details. */
+  worker: string;
+  /** Attempts in a row that ended while their worker lived on (not a lost worker). */
+  failuresOnLiveWorker: number;
+  /**
+   * Within the chunk being generated: samples (or moe_generate's decode steps) done of all, new
+   * tokens so far, and for a chunk of episodes the furthest policy turn begun (1 = the first).
+   */
+  inChunk?: { chunk: number; step: number; steps: number; tokens: number; turn?: number };
+  /** The episodes of the chunks stored so far, by this attempt and those before it. */
+  episodes?: EpisodeStats;
+}
+
 export const stageOfActivity: Record<keyof CampaignActivities, StageName> = {
   prepareInputs: 'prepare',
   preparePolicy: 'prepare',

@@ -121,7 +121,8 @@ export function timestampMs(ts: Timestamp): number {
   return secs * 1000 + (ts.nanos ?? 0) / 1e6;
 }
 
-function decode<T>(payloads: Payloads): T | undefined {
+/** The first payload of `payloads` as JSON, or undefined (none, or not JSON). */
+export function decodePayloads<T>(payloads: Payloads): T | undefined {
   const payload = payloads?.payloads?.[0];
   if (!payload) return undefined;
   try {
@@ -221,14 +222,14 @@ export function readRunEvents(
     for (const [field, how] of closedAs) if (event[field as keyof HistoryEvent]) span.closedAs = how;
     if (event.workflowExecutionStartedEventAttributes) {
       continuedFrom = event.workflowExecutionStartedEventAttributes.continuedExecutionRunId || null;
-      input = decode<CampaignInput>(event.workflowExecutionStartedEventAttributes.input);
+      input = decodePayloads<CampaignInput>(event.workflowExecutionStartedEventAttributes.input);
     } else if (event.workflowExecutionSignaledEventAttributes) {
       const a = event.workflowExecutionSignaledEventAttributes;
       if (a.signalName === 'pause' || a.signalName === 'resume')
         signals.push({
           name: a.signalName,
           at,
-          reason: decode<{ reason?: string }>(a.input)?.reason ?? '',
+          reason: decodePayloads<{ reason?: string }>(a.input)?.reason ?? '',
         });
     } else if (event.activityTaskScheduledEventAttributes) {
       const a = event.activityTaskScheduledEventAttributes;
@@ -238,7 +239,7 @@ export function readRunEvents(
         activityId: a.activityId ?? '',
         activity,
         stage: stageOfActivity[activity],
-        ...iterationOf(activity, decode(a.input)),
+        ...iterationOf(activity, decodePayloads(a.input)),
         runId,
         scheduledAt: at,
         startedAt: null,
@@ -265,7 +266,7 @@ export function readRunEvents(
       const a = event.activityTaskCompletedEventAttributes;
       close(a.scheduledEventId, at, 'completed');
       const record = byEventId.get(String(a.scheduledEventId));
-      if (record) record.result = decode(a.result);
+      if (record) record.result = decodePayloads(a.result);
     } else if (event.activityTaskFailedEventAttributes) {
       const a = event.activityTaskFailedEventAttributes;
       close(a.scheduledEventId, at, 'failed', a.failure);
@@ -275,7 +276,7 @@ export function readRunEvents(
     } else if (event.activityTaskCanceledEventAttributes) {
       close(event.activityTaskCanceledEventAttributes.scheduledEventId, at, 'cancelled');
     } else if (event.workflowExecutionUpdateCompletedEventAttributes) {
-      const change = decode<HyperparameterChange>(
+      const change = decodePayloads<HyperparameterChange>(
         event.workflowExecutionUpdateCompletedEventAttributes.outcome?.success,
       );
       if (change && typeof change.iteration === 'number') changes.push(change);

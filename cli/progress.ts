@@ -5,13 +5,13 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Client, WorkflowExecutionDescription } from '@temporalio/client';
 import { printable } from '../activities/printable.js';
 import { stageOfActivity } from '../activities/types.js';
-import type { CampaignActivities } from '../activities/types.js';
+import type { CampaignActivities, EpisodeStats, RolloutHeartbeat } from '../activities/types.js';
 import type { CampaignState, IterationSummary, StageName } from '../workflows/types.js';
 import { stageNames } from '../workflows/types.js';
 import { describeCampaign, executionStatus, queryState, type CampaignMemo } from './campaigns.js';
 import { reasonOf } from './command.js';
 import { decimal, seconds } from './format.js';
-import { failureText } from './history.js';
+import { decodePayloads, failureText } from './history.js';
 
 /** The stages of every iteration (prepare runs once, before the first; validation beside the loop). */
 export const iterationStages = stageNames.filter((s) => s !== 'prepare' && s !== 'validation');
@@ -25,7 +25,20 @@ export interface InFlightStage {
   /** The highest attempt the server reports for the stage's activities (1 = first try). */
   attempt: number;
   lastFailure: string | null;
+  /** What its shards' heartbeats say (rollout and validation), in the order the server lists them. */
+  shards: ShardProgress[];
 }
+
+/** A shard's progress from its latest heartbeat. */
+export interface ShardProgress {
+  what: string;
+  chunksStored: number;
+  chunks: number;
+  inChunk: RolloutHeartbeat['inChunk'] | null;
+}
+
+/** Shards whose progress the live line spells out; the others are counted. */
+const shardsShown = 3;
 
 /** What `moerl watch --json` prints, one per change. */
 export interface ProgressSnapshot {
@@ -84,6 +97,7 @@ export function snapshotOf(
         activities: 1,
         attempt: 1,
         lastFailure: null,
+        shards: [],
       });
   }
   // Pending activities carry no iteration, but a stage runs for one iteration at a time.
@@ -91,6 +105,14 @@ export function snapshotOf(
     const stage = stageOfActivity[p.activityType?.name as keyof CampaignActivities] as StageName | undefined;
     const target = [...inFlight.values()].find((s) => s.stage === stage);
     if (!target) continue;
+    const beat = decodePayloads<Partial<RolloutHeartbeat>>(p.heartbeatDetails);
+    if (beat && typeof beat.what === 'string' && typeof beat.chunks === 'number')
+      target.shards.push({
+        what: beat.what,
+        chunksStored: beat.chunksStored ?? 0,
+        chunks: beat.chunks,
+        inChunk: beat.inChunk ?? null,
+      });
     const attempt = p.attempt ?? 1;
     if (attempt >= target.attempt) {
       target.attempt = attempt;
@@ -117,12 +139,22 @@ export function snapshotOf(
   };
 }
 
-/** The demo's line for a finished iteration. */
+/** The demo's and watch's line for a finished iteration. */
 export function iterationLine(it: IterationSummary, total: number): string {
   return (
     `${progressBar(it.iteration, total)} iteration ${String(it.iteration).padStart(3)}/${total}  reward ${decimal(it.meanReward)}  rollout ${Math.round(it.rolloutTokensPerSecond)} tok/s  ` +
-    iterationStages.map((s) => `${s} ${seconds(it.stageSeconds[s])}`).join('  ')
+    iterationStages.map((s) => `${s} ${seconds(it.stageSeconds[s])}`).join('  ') +
+    (it.episodes ? `  ${episodesText(it.episodes)}` : '')
   );
+}
+
+/** "64 episodes, 2.3 turns each, 3 tool errors, tools 21% of their time". */
+export function episodesText(e: EpisodeStats): string {
+  const turns = e.episodes > 0 ? e.policyTurns / e.episodes : 0;
+  const errors = Object.values(e.toolErrors).reduce((a, b) => a + b, 0);
+  const waited = e.toolSeconds + e.generationSeconds;
+  const share = waited > 0 ? `, tools ${Math.round((100 * e.toolSeconds) / waited)}% of their time` : '';
+  return `${e.episodes} episodes, ${turns.toFixed(1)} turns each, ${errors} tool errors${share}`;
 }
 
 /** What is in flight: "rollout 4 (2 shards), update 3 attempt 2", or the pause and its reason. */
@@ -140,9 +172,21 @@ function stagesText(snap: ProgressSnapshot): string {
       const shards = s.stage === 'rollout' && s.activities > 1 ? ` (${s.activities} shards)` : '';
       const attempt = s.attempt > 1 ? ` attempt ${s.attempt}` : '';
       const failure = s.lastFailure ? ` (last failure: ${s.lastFailure})` : '';
-      return `${s.stage} ${s.iteration}${shards}${attempt}${failure}`;
+      const shown = s.shards.slice(0, shardsShown).map(shardText);
+      if (s.shards.length > shardsShown) shown.push(`${s.shards.length - shardsShown} more`);
+      const progress = shown.length > 0 ? ` [${shown.join('; ')}]` : '';
+      return `${s.stage} ${s.iteration}${shards}${attempt}${failure}${progress}`;
     })
     .join(', ');
+}
+
+/** "rollout of iteration 12 shard 3: chunk 2/8, 41/64 episodes, turn 3" from its heartbeat. */
+export function shardText(p: ShardProgress): string {
+  const c = p.inChunk;
+  if (!c) return `${p.what}: ${p.chunksStored}/${p.chunks} chunks`;
+  const samples =
+    c.turn !== undefined ? `${c.step}/${c.steps} episodes, turn ${c.turn}` : `${c.step}/${c.steps}`;
+  return `${p.what}: chunk ${c.chunk + 1}/${p.chunks}, ${samples}`;
 }
 
 /** The live line: bar, committed/total, what is in flight, last reward and tokens/s, ETA. */

@@ -5,7 +5,7 @@
 #
 #   scripts/setup.sh [--sanitize] [STEP...]
 #
-# Steps, in order (default: all but kube-tools, reward-python, pyref, llamacpp, node-lts,
+# Steps, in order (default: all but kube-tools, reward-python, pyref, openenv, llamacpp, node-lts,
 # native-asan and the images; --sanitize adds native-asan):
 #   packages     Debian packages the native core builds against (apt-get, as root or via sudo)
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
@@ -18,6 +18,8 @@
 #                the demo does not need it, the tests do)
 #   pyref        the tests' Python reference: torch, transformers, tokenizers, safetensors
 #                (scripts/pyref.sh; made once in the tools cache, about 4 GB; not a default step)
+#   openenv      the tests' OpenEnv servers: the openenv package (scripts/openenv.sh; made once in
+#                the tools cache, about 450 MB; not a default step)
 #   llamacpp     llama.cpp's llama-server and HF -> GGUF converter, the tests' CPU rollout engine
 #                (scripts/llamacpp.sh; built once in the tools cache from the llama-cpp-python
 #                source package; not a default step)
@@ -51,7 +53,7 @@ DEBIAN_PACKAGES=(
   bubblewrap  # the reward functions' jail (activities/rewards/sandbox.ts)
   buildah debootstrap  # the Dockerfile's builder and its locally made base (scripts/build-image.sh)
 )
-ALL_STEPS=(packages npm tools kube-tools reward-python pyref llamacpp node-lts ts native native-asan image image-pytorch)
+ALL_STEPS=(packages npm tools kube-tools reward-python pyref openenv llamacpp node-lts ts native native-asan image image-pytorch)
 
 LOG_DIR="$ROOT/.moerl/logs"
 
@@ -193,6 +195,7 @@ cached_step() {
 
 step_reward_python() { cached_step reward-python reward-python.sh; }
 step_pyref() { cached_step pyref pyref.sh; }
+step_openenv() { cached_step openenv openenv.sh; }
 step_node_lts() { cached_step node-lts node-lts.sh; }
 
 # llama.cpp: the path on stdout, a first build's progress (cmake, ninja) to the log.

@@ -183,6 +183,39 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
     help: 'Rollout chunks regenerated because an earlier attempt died before storing them.',
     registers,
   });
+  const episodes = new Counter({
+    name: 'moerl_rollout_episodes_total',
+    help: 'Episodes of agentic rollouts in completed shards, by end reason.',
+    labelNames: ['end_reason'] as const,
+    registers,
+  });
+  const episodeTurns = new Counter({
+    name: 'moerl_rollout_episode_turns_total',
+    help: 'Policy turns of those episodes.',
+    registers,
+  });
+  const toolCalls = new Counter({
+    name: 'moerl_rollout_tool_calls_total',
+    help: 'Tool calls of those episodes, by tool ("(unknown)" for a name the model made up).',
+    labelNames: ['tool'] as const,
+    registers,
+  });
+  const toolErrors = new Counter({
+    name: 'moerl_rollout_tool_errors_total',
+    help: 'Tool calls that did not run or failed, by error kind.',
+    labelNames: ['error'] as const,
+    registers,
+  });
+  const toolSeconds = new Counter({
+    name: 'moerl_rollout_tool_seconds_total',
+    help: 'Time episodes waited on tools, summed over episodes.',
+    registers,
+  });
+  const generationSeconds = new Counter({
+    name: 'moerl_rollout_generation_seconds_total',
+    help: "Time episodes waited on their policy turns' generation, summed over episodes.",
+    registers,
+  });
   const commitBytes = new Counter({
     name: 'moerl_checkpoint_commit_bytes_total',
     help: 'Bytes of the files of committed checkpoints (by their manifests).',
@@ -357,6 +390,14 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
       tokens.inc(out.tokens);
       samples.inc(out.samples);
       chunksRedone.inc(out.chunksRedone);
+      const e = out.episodes;
+      if (!e) return;
+      for (const [end_reason, n] of Object.entries(e.endReasons)) episodes.inc({ end_reason }, n);
+      episodeTurns.inc(e.policyTurns);
+      for (const [tool, n] of Object.entries(e.toolCalls)) toolCalls.inc({ tool }, n);
+      for (const [error, n] of Object.entries(e.toolErrors)) toolErrors.inc({ error }, n);
+      toolSeconds.inc(e.toolSeconds);
+      generationSeconds.inc(e.generationSeconds);
     },
     updatePolicy: (_input, output) => {
       const m = (output as UpdateOutput).metrics;

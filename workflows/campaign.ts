@@ -20,6 +20,7 @@ import type { ActivityOptions } from '@temporalio/workflow';
 import { badInputErrorType } from '../activities/types.js';
 import type { DatasetIdentity } from '../activities/datasets/index.js';
 import type { CampaignActivities, CheckpointRef, StagedCheckpoint } from '../activities/types.js';
+import { addEpisodeStats, emptyEpisodeStats } from '../activities/agents/episode-stats.js';
 import { pauseSignal, resumeSignal, setHyperparametersUpdate, statusQuery } from './messages.js';
 import { campaignStatusKey, iterationKey, meanRewardKey } from './search-attributes.js';
 import { defaultCommitHeartbeatSeconds, validateHyperparameterChange } from './spec.js';
@@ -85,6 +86,13 @@ function stageActivities(spec: CampaignSpec, queues: TaskQueues) {
 }
 
 const secondsSince = (start: Date) => (Date.now() - start.getTime()) / 1000;
+
+/** The iteration's episodes, its shards' added up: `{ episodes }`, or nothing without any. */
+function iterationEpisodes(shards: RolloutPhaseResult['shards']) {
+  const withEpisodes = shards.flatMap((s) => (s.episodes ? [s.episodes] : []));
+  if (withEpisodes.length === 0) return {};
+  return { episodes: withEpisodes.reduce((into, e) => addEpisodeStats(into, e), emptyEpisodeStats()) };
+}
 
 export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   const { spec, campaignId } = input;
@@ -467,6 +475,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       tokens: sum((s) => s.tokens),
       rolloutTokensPerSecond: sum((s) => s.tokensPerSecond),
       chunksRedone: sum((s) => s.chunksRedone),
+      ...iterationEpisodes(phase.shards),
       stageSeconds: { ...phase.stageSeconds, update: updateSeconds, checkpoint: secondsSince(commitStarted) },
       attempts: {
         rollout: Math.max(...phase.shards.map((s) => s.attempt)),

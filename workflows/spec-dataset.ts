@@ -76,7 +76,7 @@ export const datasetSchema = z.strictObject({
   responseKey: path
     .optional()
     .describe(
-      "the reference completion of a row (a string), learned by the SFT warm start (sftWarmStartSteps); verl's SFT layout keeps it at extra_info.answer",
+      "the reference completion of a row (a string, or a multi-turn demonstration: the assistant and tool turns after the prompt), learned by the SFT warm start (sftWarmStartSteps); verl's SFT layout keeps it at extra_info.answer",
     ),
 });
 export type DatasetSpec = z.output<typeof datasetSchema>;

@@ -32,6 +32,9 @@ const functionName = z
 
 export const rewardChoiceSchema = z.discriminatedUnion('kind', [
   z.strictObject({ kind: z.literal('math'), ...format }),
+  z
+    .strictObject({ kind: z.literal('environment'), ...format })
+    .describe("an agentic episode's environment's reward (OpenEnv's, summed over its steps; 0 without one)"),
   z.strictObject({ kind: z.literal('match'), normalise: z.boolean().optional(), ...format }),
   z.strictObject({
     kind: z.literal('choice'),

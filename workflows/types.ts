@@ -3,6 +3,7 @@
 import type { DatasetIdentity } from '../activities/datasets/index.js';
 import type {
   CheckpointRef,
+  EpisodeStats,
   RewardOutput,
   RolloutShardOutput,
   ValidationOutput,
@@ -80,6 +81,8 @@ export interface IterationSummary {
   tokens: number;
   rolloutTokensPerSecond: number;
   chunksRedone: number;
+  /** An agentic campaign's episodes (absent for one-shot completions). */
+  episodes?: EpisodeStats;
   stageSeconds: Partial<Record<StageName, number>>;
   attempts: Partial<Record<StageName, number>>;
   trainMetrics: Record<string, number>;

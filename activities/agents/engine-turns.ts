@@ -53,6 +53,10 @@ export function engineTurnGenerator(opts: EngineTurnOptions): TurnGenerator {
         stopped: completion.finishReason === 'stop',
       };
     },
+    replay(appended, generated) {
+      history.push(...appended, ...generated.tokens);
+      turn++;
+    },
     decode: opts.decode,
   };
 }

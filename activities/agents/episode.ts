@@ -6,7 +6,7 @@
 // read: the completion ids, their behaviour log-probs, the loss mask (1 on the policy's ids) and
 // the turns with their token ranges and tool calls.
 import type { ChatMessage } from '../models/chat-template.js';
-import type { ToolCallError, ToolCallParser } from './tool-calls.js';
+import type { ToolCall, ToolCallError, ToolCallParser } from './tool-calls.js';
 
 /** Version of EpisodeRecord as it is stored on a rollout line (`episode`). */
 export const episodeFormatVersion = 1;
@@ -17,6 +17,12 @@ export const episodeEndReasons = [
   'max-tokens', // the episode's completion budget
   'context-length', // the next turn would not fit the model's context
   'episode-time',
+  // a call to a tool not declared idempotent was sent by a worker that died before its outcome
+  // was journaled: sending it again might do twice what it does (docs/agents.md, the journal)
+  'tool-outcome-unknown',
+  'environment-done', // the environment (an OpenEnv episode) said it is over
+  // the environment's session was lost and could not be driven back to where it was
+  'environment-lost',
 ] as const;
 export type EpisodeEndReason = (typeof episodeEndReasons)[number];
 
@@ -26,20 +32,73 @@ export interface TurnGenerator {
    * Appends `appended` (the prompt first, then each environment turn) and samples until an
    * end-of-turn id or `maxNewTokens`; `stopped` says it ended on an end-of-turn id.
    */
-  generate(
-    appended: readonly number[],
-    maxNewTokens: number,
-    signal: AbortSignal,
-  ): Promise<{ tokens: number[]; logprobs: number[]; stopped: boolean }>;
+  generate(appended: readonly number[], maxNewTokens: number, signal: AbortSignal): Promise<PolicyTurn>;
+  /**
+   * Appends `appended` and a turn taken from the journal, as if it had been generated: the
+   * session's history (its KV cache) holds it, nothing is sampled.
+   */
+  replay(appended: readonly number[], turn: PolicyTurn): void;
   /** The text of generated ids (parsed for tool calls only: nothing decoded is encoded again). */
   decode(tokens: readonly number[]): string;
 }
 
+export interface PolicyTurn {
+  tokens: number[];
+  logprobs: number[];
+  stopped: boolean;
+}
+
 /** What runs the calls of one episode (sandboxed tools, an MCP server, an environment). */
 export interface ToolRunner {
-  /** Resolves with the result text; rejects (or is aborted at the time limit) on failure. */
-  call(name: string, args: Record<string, unknown>, signal: AbortSignal): Promise<string>;
+  /**
+   * Resolves with the result text; rejects (or is aborted at the time limit) on failure. `key`,
+   * the call's idempotency key, is the same each time this call of this episode is sent.
+   */
+  call(
+    name: string,
+    args: Record<string, unknown>,
+    signal: AbortSignal,
+    key?: string,
+  ): Promise<string | EnvironmentStep>;
+  /** Whether sending a call of `name` twice does what sending it once does. */
+  idempotent(name: string): boolean;
+  /**
+   * Told of a call of this episode read back from the journal instead of sent: an environment
+   * with state of its own (OpenEnv) drives a new session through it when it needs one.
+   */
+  replayed?(name: string, args: Record<string, unknown>, outcome: ToolCallRecord): void;
 }
+
+/** What a call to an environment with state returns: its observation, reward and whether it is over. */
+export interface EnvironmentStep {
+  text: string;
+  reward?: number;
+  done?: boolean;
+  /** The session was lost and could not be brought back: the episode ends `environment-lost`. */
+  lost?: boolean;
+}
+
+/**
+ * An episode's view of its chunk's journal (journal.ts): what earlier attempts recorded, read
+ * back instead of generated or called, and where this attempt records its own turns. A write
+ * resolves once its entry is in the store; the episode goes on only then.
+ */
+export interface EpisodeJournal {
+  /** Wall time of the episode when its last journaled entry was written (0 for none). */
+  readonly elapsedMs: number;
+  policyTurn(turn: number): JournaledPolicyTurn | undefined;
+  /** Call `call` of turn `turn`: its outcome, its intent alone (sent, no outcome), or nothing. */
+  call(turn: number, call: number): { outcome: ToolCallRecord } | { intent: true } | undefined;
+  write(entry: EpisodeJournalEntry): Promise<void>;
+}
+
+/** A policy turn as journaled: what was generated and how long it took. */
+export type JournaledPolicyTurn = PolicyTurn & { latencyMs: number };
+
+export type EpisodeJournalEntry =
+  | ({ kind: 'policy'; turn: number; elapsedMs: number } & JournaledPolicyTurn)
+  | { kind: 'intent'; turn: number; call: number; name: string; key?: string; elapsedMs: number }
+  | { kind: 'outcome'; turn: number; call: number; outcome: ToolCallRecord; elapsedMs: number };
 
 export interface EpisodeLimits {
   maxTurns: number;
@@ -57,19 +116,29 @@ export interface ToolCallRecord {
   /** The text the tool turn shows for this call: its result or its error. */
   result: string;
   /** Why the call did not run or failed; absent when it returned. */
-  error?: ToolCallError['kind'] | 'failed' | 'timeout';
+  error?: ToolCallError['kind'] | 'failed' | 'timeout' | 'outcome-unknown' | 'environment-lost';
   latencyMs: number;
+  /** An environment's reward for this step, and whether it ended the episode (OpenEnv). */
+  reward?: number;
+  done?: boolean;
 }
 
 /** A turn's ids are completion[start, end). */
 export type EpisodeTurn =
-  | { role: 'policy'; start: number; end: number }
+  | {
+      role: 'policy';
+      start: number;
+      end: number;
+      /** Generation time (absent on older lines). */ latencyMs?: number;
+    }
   | { role: 'environment'; start: number; end: number; calls: ToolCallRecord[] };
 
 export interface EpisodeRecord {
   version: typeof episodeFormatVersion;
   end_reason: EpisodeEndReason;
   turns: EpisodeTurn[];
+  /** The rewards an environment gave the episode's steps, summed (absent when none gave one). */
+  environment_reward?: number;
 }
 
 export interface Episode {
@@ -91,12 +160,22 @@ export interface EpisodeOptions {
   limits: EpisodeLimits;
   /** Aborts the episode from outside (the activity was cancelled); rejects with its reason. */
   signal?: AbortSignal;
-  /** The clock of tool latencies. */
+  /** The clock of tool latencies and of the journal's elapsed times. */
   now?: () => number;
+  /**
+   * Where the turns are journaled and replayed from (durable episodes); without one nothing is
+   * recorded. `callKey` names a call for its idempotency key.
+   */
+  journal?: EpisodeJournal;
+  callKey?: (turn: number, call: number) => string;
+  /** Told each policy turn (0-based) as it begins: the shard's heartbeat shows the furthest. */
+  onTurn?: (turn: number) => void;
 }
 
 export async function runEpisode(promptTokens: readonly number[], opts: EpisodeOptions): Promise<Episode> {
-  const episodeTime = timeLimit(opts.limits.episodeMs, opts.signal);
+  // A resumed episode has spent what its journal says of its time.
+  const spent = opts.journal?.elapsedMs ?? 0;
+  const episodeTime = timeLimit(Math.max(0, opts.limits.episodeMs - spent), opts.signal);
   try {
     return await episodeTurns(promptTokens, opts, episodeTime.signal);
   } finally {
@@ -109,8 +188,10 @@ async function episodeTurns(
   opts: EpisodeOptions,
   episodeSignal: AbortSignal,
 ): Promise<Episode> {
-  const { policy, parser, tools, limits } = opts;
+  const { policy, parser, limits, journal } = opts;
   const now = opts.now ?? Date.now;
+  const startedAt = now() - (journal?.elapsedMs ?? 0);
+  const elapsed = () => now() - startedAt;
   const outOfTime = () => episodeSignal.aborted && !opts.signal?.aborted;
   const episode: Episode = {
     tokens: [],
@@ -128,18 +209,30 @@ async function episodeTurns(
     const used = promptTokens.length + episode.tokens.length;
     const budget = Math.min(limits.maxTokens - episode.tokens.length, limits.contextLength - used);
     if (budget <= 0) return end(limits.maxTokens <= episode.tokens.length ? 'max-tokens' : 'context-length');
-    let generated;
-    try {
-      generated = await policy.generate(appended, budget, episodeSignal);
-    } catch (err) {
-      if (outOfTime()) return end('episode-time');
-      throw err;
+    opts.onTurn?.(turn);
+    let generated = journal?.policyTurn(turn);
+    if (generated) policy.replay(appended, generated);
+    else {
+      try {
+        const began = now();
+        generated = { ...(await policy.generate(appended, budget, episodeSignal)), latencyMs: 0 };
+        generated.latencyMs = now() - began;
+        await journal?.write({ kind: 'policy', turn, elapsedMs: elapsed(), ...generated });
+      } catch (err) {
+        if (outOfTime()) return end('episode-time');
+        throw err;
+      }
     }
     const start = episode.tokens.length;
     episode.tokens.push(...generated.tokens);
     episode.logprobs.push(...generated.logprobs);
     episode.lossMask.push(...generated.tokens.map(() => 1));
-    episode.record.turns.push({ role: 'policy', start, end: episode.tokens.length });
+    episode.record.turns.push({
+      role: 'policy',
+      start,
+      end: episode.tokens.length,
+      latencyMs: generated.latencyMs,
+    });
     if (!generated.stopped) {
       const atContext = promptTokens.length + episode.tokens.length >= limits.contextLength;
       return end(atContext ? 'context-length' : 'max-tokens');
@@ -147,9 +240,29 @@ async function episodeTurns(
     const parsed = parser.parse(policy.decode(generated.tokens));
     if (parsed.calls.length === 0 && parsed.errors.length === 0) return end('answered');
 
-    const calls = await runCalls(parsed, tools, limits.toolCallMs, episodeSignal, now);
+    const calls = await runCalls(parsed, turn, opts, episodeSignal, elapsed);
     opts.signal?.throwIfAborted();
     if (outOfTime()) return end('episode-time');
+    const rewards = calls.flatMap((c) => (c.reward !== undefined ? [c.reward] : []));
+    if (rewards.length > 0)
+      episode.record.environment_reward =
+        (episode.record.environment_reward ?? 0) + rewards.reduce((a, b) => a + b);
+    const ending = calls.some((c) => c.error === 'outcome-unknown')
+      ? 'tool-outcome-unknown'
+      : calls.some((c) => c.error === 'environment-lost')
+        ? 'environment-lost'
+        : calls.some((c) => c.done)
+          ? 'environment-done'
+          : null;
+    if (ending) {
+      episode.record.turns.push({
+        role: 'environment',
+        start: episode.tokens.length,
+        end: episode.tokens.length,
+        calls,
+      });
+      return end(ending);
+    }
     const messages: ChatMessage[] = calls.map((c) => ({ role: 'tool', name: c.name, content: c.result }));
     const environment = opts.renderEnvironmentTurn(messages);
     if (promptTokens.length + episode.tokens.length + environment.length >= limits.contextLength)
@@ -165,15 +278,52 @@ async function episodeTurns(
 }
 
 // The calls of one turn in the order the model wrote them (a later call may rely on an earlier
-// one's effect), bad ones answered with their error text; each within the call time limit.
+// one's effect), bad ones answered with their error text; each within the call time limit. With
+// a journal, a call's intent is in the store before it is sent and its outcome before the next
+// call; a call journaled whole is not sent again, nor one with an intent alone unless its tool
+// is idempotent (then with the same key).
 async function runCalls(
   parsed: ReturnType<ToolCallParser['parse']>,
-  tools: ToolRunner,
-  toolCallMs: number,
+  turn: number,
+  opts: EpisodeOptions,
   episodeSignal: AbortSignal,
-  now: () => number,
+  elapsed: () => number,
 ): Promise<ToolCallRecord[]> {
+  const { tools, journal } = opts;
+  const toolCallMs = opts.limits.toolCallMs;
+  const now = opts.now ?? Date.now;
   type Slot = { index: number; run: () => Promise<ToolCallRecord> };
+  const send = async (c: ToolCall, key: string | undefined): Promise<ToolCallRecord> => {
+    const started = now();
+    const callTime = timeLimit(toolCallMs, episodeSignal);
+    const signal = callTime.signal;
+    const record = { name: c.name, arguments: c.arguments };
+    try {
+      const answer = await abortable(tools.call(c.name, c.arguments, signal, key), signal);
+      if (typeof answer === 'string') return { ...record, result: answer, latencyMs: now() - started };
+      return {
+        ...record,
+        result: answer.text,
+        latencyMs: now() - started,
+        ...(answer.lost ? { error: 'environment-lost' as const } : {}),
+        ...(answer.reward !== undefined ? { reward: answer.reward } : {}),
+        ...(answer.done ? { done: true } : {}),
+      };
+    } catch (err) {
+      const timedOut = signal.aborted && !episodeSignal.aborted;
+      const why = timedOut
+        ? `timed out after ${toolCallMs} ms`
+        : `failed: ${(err as Error)?.message ?? String(err)}`;
+      return {
+        ...record,
+        result: `tool "${c.name}" ${why}`,
+        error: timedOut ? 'timeout' : 'failed',
+        latencyMs: now() - started,
+      };
+    } finally {
+      callTime.clear();
+    }
+  };
   const slots: Slot[] = [
     ...parsed.errors.map((e) => ({
       index: e.index,
@@ -188,34 +338,44 @@ async function runCalls(
     ...parsed.calls.map((c) => ({
       index: c.index,
       run: async (): Promise<ToolCallRecord> => {
-        const started = now();
-        const callTime = timeLimit(toolCallMs, episodeSignal);
-        const signal = callTime.signal;
-        const record = { name: c.name, arguments: c.arguments };
-        try {
-          const result = await abortable(tools.call(c.name, c.arguments, signal), signal);
-          return { ...record, result, latencyMs: now() - started };
-        } catch (err) {
-          const timedOut = signal.aborted && !episodeSignal.aborted;
-          const why = timedOut
-            ? `timed out after ${toolCallMs} ms`
-            : `failed: ${(err as Error)?.message ?? String(err)}`;
-          return {
-            ...record,
-            result: `tool "${c.name}" ${why}`,
-            error: timedOut ? 'timeout' : 'failed',
-            latencyMs: now() - started,
-          };
-        } finally {
-          callTime.clear();
+        const key = opts.callKey?.(turn, c.index);
+        const journaled = journal?.call(turn, c.index);
+        if (journaled && 'outcome' in journaled) {
+          tools.replayed?.(c.name, c.arguments, journaled.outcome);
+          return journaled.outcome;
         }
+        if (journaled && !tools.idempotent(c.name))
+          return {
+            name: c.name,
+            arguments: c.arguments,
+            result: `tool "${c.name}" was called by an attempt that was lost before its outcome was recorded; it is not idempotent, so it is not called again`,
+            error: 'outcome-unknown',
+            latencyMs: 0,
+          };
+        if (!journaled)
+          await journal?.write({
+            kind: 'intent',
+            turn,
+            call: c.index,
+            name: c.name,
+            key,
+            elapsedMs: elapsed(),
+          });
+        const outcome = await send(c, key);
+        // A call cut short by the episode's end has no outcome to keep.
+        if (!episodeSignal.aborted)
+          await journal?.write({ kind: 'outcome', turn, call: c.index, outcome, elapsedMs: elapsed() });
+        return outcome;
       },
     })),
   ].sort((a, b) => a.index - b.index);
   const records: ToolCallRecord[] = [];
   for (const slot of slots) {
     if (episodeSignal.aborted) break;
-    records.push(await slot.run());
+    const record = await slot.run();
+    records.push(record);
+    // The calls after one that ended the episode are not sent.
+    if (record.error === 'outcome-unknown' || record.error === 'environment-lost' || record.done) break;
   }
   return records;
 }
@@ -284,6 +444,11 @@ export function episodeRecordProblem(
     return `end_reason ${JSON.stringify(r.end_reason)} is not one of ${episodeEndReasons.join(', ')}`;
   if (!Array.isArray(r.turns) || r.turns.length === 0) return 'turns must be a non-empty array';
   if (lossMask === undefined) return 'an episode needs its loss_mask';
+  if (
+    r.environment_reward !== undefined &&
+    (typeof r.environment_reward !== 'number' || !Number.isFinite(r.environment_reward))
+  )
+    return 'environment_reward must be a finite number';
   let at = 0;
   for (const [i, turn] of (r.turns as unknown[]).entries()) {
     const t = (turn ?? {}) as Record<string, unknown>;

@@ -86,6 +86,8 @@ export interface SandboxToolsOptions extends Partial<SandboxLimits> {
 }
 
 export interface SandboxToolRunner extends ToolRunner {
+  /** A sandboxed tool answers text alone. */
+  call(name: string, args: Record<string, unknown>, signal: AbortSignal, key?: string): Promise<string>;
   /** The schemas of the tools it runs: what the chat template and the parser are given. */
   readonly tools: readonly ToolSchema[];
   /** Processes started so far, replacements of dead or killed ones included. */
@@ -152,6 +154,8 @@ export function sandboxToolRunner(options: SandboxToolsOptions = {}): SandboxToo
       return pool.started;
     },
     close: () => pool.close(),
+    // A call runs in a fresh fork in a jail without network: nothing it does outlives it.
+    idempotent: () => true,
     call(toolName, toolArgs, signal) {
       if (signal.aborted) return Promise.reject(signal.reason as Error);
       return new Promise<string>((resolveCall, rejectCall) => {

@@ -30,7 +30,7 @@ export interface EnvironmentTurnOptions {
   /** The text the policy's turn ends with: its end-of-turn token, e.g. '<|im_end|>'. */
   endOfTurn: string;
   /** The episode's tool schemas, as its prompt was rendered with. */
-  tools?: unknown[];
+  tools?: readonly unknown[];
   /** The episode's other template variables (enable_thinking…), as its prompt was rendered with. */
   variables?: Record<string, unknown>;
 }
@@ -106,4 +106,63 @@ export function environmentTurnIds(
     );
   }
   return tokenizer.encode(environmentTurnText(tokenizer.chatTemplate, messages, { ...opts, endOfTurn }));
+}
+
+/**
+ * The text of an assistant turn of a demonstration (an SFT row's turns after the prompt), as the
+ * policy would have generated it: what the chat template renders for the message after the
+ * generation prompt, up to and including the end-of-turn string. Its tool calls are written as
+ * the template writes them (Qwen3's `<tool_call>` lines). The episode's rule, for the policy's
+ * side: an SFT example's ids are what a sampled episode's would be.
+ */
+export function policyTurnText(
+  template: TurnTemplate,
+  message: ChatMessage,
+  opts: EnvironmentTurnOptions,
+): string {
+  const refuse = (detail: string) => new TokenizerFileError(template.file, detail);
+  if (message.role !== 'assistant')
+    throw new RangeError(`policyTurnText: a ${message.role} message is not the policy's`);
+  const render = { tools: opts.tools, variables: opts.variables };
+  const prompt = template.render([probeUser], { ...render, addGenerationPrompt: true });
+  const full = template.render([probeUser, message], render);
+  if (!full.startsWith(prompt))
+    throw refuse(
+      'chat_template renders an assistant turn without the opening its generation prompt gives it, ' +
+        "so a demonstration's turn is not what the policy would generate",
+    );
+  const end = full.indexOf(opts.endOfTurn, prompt.length);
+  if (end < 0)
+    throw refuse(
+      `chat_template does not end an assistant turn with the end-of-turn ${JSON.stringify(opts.endOfTurn)}`,
+    );
+  return full.slice(prompt.length, end + opts.endOfTurn.length);
+}
+
+/** The ids of a demonstration's turns after its prompt, and their loss mask (1 on the assistant's). */
+export function demonstrationIds(
+  tokenizer: HfTokenizer,
+  turns: readonly ChatMessage[],
+  opts: Partial<EnvironmentTurnOptions> = {},
+): { tokens: number[]; lossMask: number[] } {
+  const endOfTurn = opts.endOfTurn ?? tokenizer.decode([tokenizer.eosTokenId]);
+  const full = { ...opts, endOfTurn };
+  const tokens: number[] = [];
+  const lossMask: number[] = [];
+  for (let i = 0; i < turns.length;) {
+    if (turns[i]!.role === 'assistant') {
+      const ids = tokenizer.encode(policyTurnText(tokenizer.chatTemplate, turns[i]!, full));
+      tokens.push(...ids);
+      lossMask.push(...ids.map(() => 1));
+      i++;
+      continue;
+    }
+    let j = i;
+    while (j < turns.length && turns[j]!.role !== 'assistant') j++;
+    const ids = environmentTurnIds(tokenizer, turns.slice(i, j), full);
+    tokens.push(...ids);
+    lossMask.push(...ids.map(() => 0));
+    i = j;
+  }
+  return { tokens, lossMask };
 }

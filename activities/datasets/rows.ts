@@ -2,6 +2,7 @@
 // `reward_model: { style, ground_truth }`, `extra_info` — read from a decoded record through the
 // spec's column names, with a problem for every field that is missing or of the wrong type.
 import type { DatasetSpec } from '../../workflows/spec-dataset.js';
+import type { ChatMessage as TemplateMessage } from '../models/chat-template.js';
 
 export interface ChatMessage {
   role: string;
@@ -20,8 +21,12 @@ export interface DatasetRow {
   /** The reference answer for the reward function (any JSON value); absent when the row has none. */
   groundTruth?: unknown;
   extraInfo?: Record<string, unknown>;
-  /** The reference completion an SFT warm start learns; read only when asked for (responseKey). */
-  response?: string;
+  /**
+   * The reference completion an SFT warm start learns; read only when asked for (responseKey):
+   * one string, or a multi-turn demonstration, the turns after the prompt (assistant messages,
+   * with their tool calls, and the tool messages answering them), ending with an assistant's.
+   */
+  response?: string | TemplateMessage[];
 }
 
 /** The spec's column names (task.dataset.*Key). */
@@ -109,6 +114,31 @@ function readPrompt(value: unknown): ChatMessage[] | string {
 }
 
 /**
+ * A multi-turn demonstration (the turns after the prompt), or what is wrong with it. Assistant
+ * messages keep their other fields (tool_calls, reasoning_content), as the chat template reads them.
+ */
+function readDemonstration(value: unknown[]): TemplateMessage[] | string {
+  if (value.length === 0) return 'an empty array, expected the turns after the prompt';
+  const messages: TemplateMessage[] = [];
+  for (const [i, m] of value.entries()) {
+    if (m === null || typeof m !== 'object' || Array.isArray(m))
+      return `message ${i} is ${describe(m)}, expected {role, content}`;
+    const message = m as Record<string, unknown>;
+    const { role, content } = message;
+    if (role !== 'assistant' && role !== 'tool')
+      return `message ${i}: role is ${describe(role)}, expected assistant or tool (the turns after the prompt)`;
+    if (typeof content !== 'string' && !(role === 'assistant' && (content === null || content === undefined)))
+      return `message ${i}: content is ${describe(content)}, expected a string`;
+    messages.push({ ...message, role, content: typeof content === 'string' ? content : '' });
+  }
+  if (messages[0]!.role !== 'assistant')
+    return 'message 0 is a tool message, expected the assistant turn first';
+  if (messages.at(-1)!.role !== 'assistant')
+    return `message ${messages.length - 1} is a tool message, expected the demonstration to end with the assistant's turn`;
+  return messages;
+}
+
+/**
  * The row, or the problems of the record (each `FIELD: what is wrong`, without the row number,
  * which the caller knows). `record` is JSON-safe (see jsonSafe). With `responseKey` (the spec's
  * task.dataset.responseKey) the row's reference completion is read too, and required.
@@ -144,10 +174,17 @@ export function toDatasetRow(
   if (!missing(extraInfo) && (typeof extraInfo !== 'object' || Array.isArray(extraInfo)))
     problems.push(`${fieldName(columns, 'extraInfoKey')}: ${describe(extraInfo)}, expected an object`);
 
-  const response = responseKey === undefined ? undefined : valueAtPath(r, responseKey);
-  if (responseKey !== undefined && (typeof response !== 'string' || response === ''))
+  const responseValue = responseKey === undefined ? undefined : valueAtPath(r, responseKey);
+  const response = Array.isArray(responseValue) ? readDemonstration(responseValue) : responseValue;
+  if (responseKey !== undefined && Array.isArray(responseValue) && typeof response === 'string')
+    problems.push(`${responseKey} (task.dataset.responseKey): ${response}`);
+  else if (
+    responseKey !== undefined &&
+    !Array.isArray(response) &&
+    (typeof response !== 'string' || response === '')
+  )
     problems.push(
-      `${responseKey} (task.dataset.responseKey): ${missing(response) ? 'missing' : describe(response)}, expected the reference completion, a non-empty string`,
+      `${responseKey} (task.dataset.responseKey): ${missing(response) ? 'missing' : describe(response)}, expected the reference completion: a non-empty string, or the turns after the prompt`,
     );
 
   if (problems.length > 0) return { problems };
@@ -160,7 +197,7 @@ export function toDatasetRow(
       ...(missing(ability) ? {} : { ability: ability as string }),
       ...(missing(groundTruth) ? {} : { groundTruth }),
       ...(missing(extraInfo) ? {} : { extraInfo: extraInfo as Record<string, unknown> }),
-      ...(typeof response === 'string' ? { response } : {}),
+      ...(typeof response === 'string' || Array.isArray(response) ? { response } : {}),
     },
   };
 }

@@ -16,7 +16,7 @@ export interface RenderChatOptions {
   /** End with the opening of an assistant turn, so that a completion is the assistant's reply. */
   addGenerationPrompt?: boolean;
   /** Tool schemas (JSON), passed to the template as `tools` as transformers does. */
-  tools?: unknown[];
+  tools?: readonly unknown[];
   /** More template variables (enable_thinking, documents…); they win over the special tokens. */
   variables?: Record<string, unknown>;
 }

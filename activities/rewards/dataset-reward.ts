@@ -40,7 +40,8 @@ export class RewardTally {
 /**
  * Scores records by their rows' reward functions; `rowOf` maps a prompt id to its dataset row.
  * An episode's function gets its last turn as the solution and the whole trajectory as
- * extra_info.messages (`decode` gives a policy turn's text).
+ * extra_info.messages (`decode` gives a policy turn's text), and its environment's reward as
+ * extra_info.environment_reward (the `environment` reward kind scores that alone).
  */
 export function datasetReward(
   functions: RewardFunctions,
@@ -60,6 +61,9 @@ export function datasetReward(
             ? {
                 ...asObject(row.extraInfo),
                 messages: episodeMessages({ tokens: record.tokens, episode }, decode),
+                ...(episode.environment_reward !== undefined
+                  ? { environment_reward: episode.environment_reward }
+                  : {}),
               }
             : row.extraInfo;
           return {
@@ -67,6 +71,9 @@ export function datasetReward(
             solutionStr: record.text,
             groundTruth: row.groundTruth,
             ...(extraInfo === undefined ? {} : { extraInfo }),
+            ...(episode?.environment_reward !== undefined
+              ? { environmentReward: episode.environment_reward }
+              : {}),
           };
         }),
       );

@@ -34,6 +34,7 @@ import {
 /** One way to score a data source; every kind may add a `format` reward. */
 export type RewardChoice = (
   | { kind: 'math' }
+  | { kind: 'environment' }
   | { kind: 'match'; normalise?: boolean }
   | { kind: 'choice'; letters?: string }
   | { kind: 'regex'; pattern: string; flags?: string; normalise?: boolean }
@@ -70,6 +71,8 @@ export interface Sample {
   solutionStr: string;
   groundTruth: unknown;
   extraInfo?: unknown;
+  /** An episode's environment reward (agents/episode.ts EpisodeRecord.environment_reward). */
+  environmentReward?: number;
 }
 
 export interface BatchScores {
@@ -244,6 +247,8 @@ export class RewardFunctions {
       case 'math':
         this.mathPool ??= this.own(mathVerifyPool(this.options.math));
         return poolScorer('math', this.mathPool, mathAnswer);
+      case 'environment':
+        return { name: 'environment', score: (s) => ({ score: s.environmentReward ?? 0 }) };
       case 'match': {
         const normalise = choice.normalise ?? true;
         return {

@@ -1,5 +1,6 @@
 // An agentic campaign end to end, its OpenAI-compatible server a scripted fake: the rows of data
-// source `arith` are episodes with the sandboxed calculator (a real sandboxed process), those of
+// source `arith` are episodes with a calculator, the sandboxed one (a real sandboxed process) or
+// a real MCP server's (test/support/mcp-test-server.ts, over stdio), those of
 // `arith/hard` stay one-shot completions. The fake answers an episode's first turn with a Hermes
 // tool call for the prompt's sum and its second with the calculator's result from the tool turn
 // it was sent (or a wrong sum on odd seeds, so the groups have a signal); the records carry the
@@ -7,7 +8,7 @@
 // the masked episodes commits. Everything but the server is real: Temporal, the workers'
 // activities, the store, the sandbox, the chat template's render, moe_train.
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -20,12 +21,18 @@ import { parseRolloutLine } from '../../activities/rewards/rollout-record.js';
 import { availableIsolation } from '../../activities/rewards/sandbox.js';
 import { openStore } from '../../activities/store/index.js';
 import type { EpisodeRecord } from '../../activities/agents/episode.js';
+import type { AgentEnvironmentSpec } from '../../workflows/spec-agent.js';
+import type { CampaignSpec } from '../../workflows/spec.js';
+import type { RewardChoiceSpec } from '../../workflows/spec-rewards.js';
 import type { CampaignState } from '../../workflows/types.js';
 import { artifacts, resultWithin, startCampaign, withWorkers } from '../support/campaign-harness.js';
 import { chatmlToolsTemplate } from '../fixtures/agent-chat-cases.js';
 import { startFakeRolloutServer, type FakeRolloutServer } from '../support/fake-rollout-server.js';
 import { hfCampaignSpec, writeHfCampaignFixture } from '../support/hf-campaign-fixtures.js';
+import { mcpTestServerCommand } from '../support/mcp-servers.js';
+import { arithmeticRow, writeJsonl } from '../support/dataset-fixtures.js';
 import { nativeTools } from '../support/native-tools.js';
+import { openEnvSkip, startOpenEnvServer } from '../support/openenv-server.js';
 import { pythonReference } from '../support/python-reference.js';
 import { startTestEnvironment, type TestEnvironment } from '../support/temporal.js';
 
@@ -41,7 +48,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 const native = nativeTools(['moe_train', 'moe_hf']);
 
 describe(
-  'an agentic campaign with sandboxed tools (scripted OpenAI-compatible server)',
+  'an agentic campaign with tools (scripted OpenAI-compatible server)',
   { skip: pyref.skip || native.skip },
   () => {
     let t: TestEnvironment;
@@ -56,7 +63,18 @@ describe(
       const text = tokenizer.decode(prompt);
       const toolTurn = /<tool_response>\n([\s\S]*?)\n<\/tool_response>/.exec(text);
       let answer: string;
-      if (toolTurn) answer = seed % 2 === 0 ? toolTurn[1]! : '0';
+      if (text.includes('guess_number')) {
+        // The guessing game: a binary search on 1..4 from the guesses and hints so far.
+        let [lo, hi] = [1, 4];
+        const guesses = [...text.matchAll(/"guess": (\d+)/g)].map((m) => Number(m[1]));
+        const hints = [...text.matchAll(/"hint":"(\w+)"/g)].map((m) => m[1]);
+        for (const [i, g] of guesses.entries()) {
+          if (hints[i + 1] === 'higher') lo = g + 1;
+          if (hints[i + 1] === 'lower') hi = g - 1;
+        }
+        const guess = Math.floor((lo + hi) / 2);
+        answer = `<tool_call>\n${JSON.stringify({ name: 'guess_number', arguments: { guess } })}\n</tool_call>`;
+      } else if (toolTurn) answer = seed % 2 === 0 ? toolTurn[1]! : '0';
       else if (text.includes('calculator')) {
         const [, a, b] = /holds (\d+) apples and another (\d+)/.exec(text)!;
         answer = `<tool_call>\n${JSON.stringify({ name: 'calculator', arguments: { expression: `${a}+${b}` } })}\n</tool_call>`;
@@ -97,17 +115,8 @@ describe(
       rmSync(dir, { recursive: true, force: true });
     });
 
-    test('episodes call the calculator turn by turn; records, rewards and the masked update follow', async () => {
-      const spec = hfCampaignSpec(dir, 'agent', {
-        iterations: 1,
-        engine: { trainer: 'native', rollout: 'openai' },
-        agent: { bySource: { arith: { kind: 'tools', builtin: ['calculator'] } } },
-        // The episodes' reward reads their trajectory: right only when the answer is the tool's.
-        rewards: {
-          default: { kind: 'match' },
-          bySource: { arith: { kind: 'python', file: join(dir, 'trajectory_score.py') } },
-        },
-      });
+    /** Runs `spec` on workers whose rollout server is the scripted fake, to its end. */
+    async function runToEnd(spec: CampaignSpec) {
       const deps = workerActivityDeps(new AbortController().signal, {
         ...process.env,
         MOERL_CACHE_DIR: join(dir, 'cache'),
@@ -115,18 +124,36 @@ describe(
         MOERL_ROLLOUT_ENGINE_WEIGHTS_DIR: join(dir, 'weights'),
         MOERL_REWARD_ISOLATION: availableIsolation(),
       });
-      const { id, state } = await withWorkers(
-        t.nativeConnection,
-        t.namespace,
-        createActivities(deps),
-        async (queues) => {
+      try {
+        return await withWorkers(t.nativeConnection, t.namespace, createActivities(deps), async (queues) => {
           const handle = await startCampaign(t.client, spec, queues);
           await resultWithin(handle, 180_000);
           return { id: handle.workflowId, state: await handle.query<CampaignState>('status') };
-        },
-      );
-      await deps.rolloutServer?.close();
+        });
+      } finally {
+        await deps.rolloutServer?.close();
+      }
+    }
+
+    /**
+     * Runs a one-iteration campaign whose `arith` rows are episodes in `environment`, scored by
+     * `reward`; its state, store, rollout records and reward lines.
+     */
+    async function runCampaign(
+      name: string,
+      environment: AgentEnvironmentSpec,
+      reward: RewardChoiceSpec,
+      limits: { maxTurns?: number; maxEpisodeTokens?: number } = {},
+    ) {
+      const spec = hfCampaignSpec(dir, name, {
+        iterations: 1,
+        engine: { trainer: 'native', rollout: 'openai' },
+        agent: { bySource: { arith: environment }, ...limits },
+        rewards: { default: { kind: 'match' }, bySource: { arith: reward } },
+      });
+      const { id, state } = await runToEnd(spec);
       assert.equal(state.committedIteration, 1, 'the update on the episodes committed');
+      const summary = state.recentIterations.at(-1)?.episodes;
 
       const store = openStore(spec.store);
       const records = [...(await artifacts(store, id))]
@@ -140,6 +167,18 @@ describe(
               episode: (JSON.parse(line) as { episode?: EpisodeRecord }).episode,
             })),
         );
+      const rewardLines = [...(await artifacts(store, id))]
+        .filter(([key]) => key.startsWith('rewards/'))
+        .flatMap(([, text]) => text.split('\n').filter(Boolean))
+        .map((l) => JSON.parse(l) as { prompt_id: number; sample_index: number; reward: number });
+      return { id, state, summary, store, records, rewardLines };
+    }
+
+    /** Runs a campaign whose `arith` rows call `calculator` in `environment`; checks its artifacts. */
+    async function campaignWith(name: string, environment: AgentEnvironmentSpec) {
+      // The episodes' reward reads their trajectory: right only when the answer is the tool's.
+      const trajectory = { kind: 'python' as const, file: join(dir, 'trajectory_score.py') };
+      const { id, summary, store, records, rewardLines } = await runCampaign(name, environment, trajectory);
       const episodes = records.filter((r) => r.episode);
       const oneShot = records.filter((r) => !r.episode);
       assert.ok(
@@ -175,14 +214,6 @@ describe(
         );
       }
 
-      const rewardText = [...(await artifacts(store, id))]
-        .filter(([key]) => key.startsWith('rewards/'))
-        .map(([, text]) => text)
-        .join('');
-      const rewardLines = rewardText
-        .split('\n')
-        .filter(Boolean)
-        .map((l) => JSON.parse(l) as { prompt_id: number; sample_index: number; reward: number });
       const scores = rewardLines.map((r) => r.reward);
       for (const { parsed, episode } of episodes) {
         const env = episode!.turns[1];
@@ -201,6 +232,125 @@ describe(
         'right answers (through the tool) and wrong ones scored',
       );
       assert.ok(await store.head(`${keys.checkpointKey(id, 1)}/manifest.json`));
+      // The iteration's summary counts its episodes, their turns and calls.
+      assert.deepEqual(
+        summary && [summary.episodes, summary.policyTurns, summary.endReasons, summary.toolCalls],
+        [
+          episodes.length,
+          2 * episodes.length,
+          { answered: episodes.length },
+          { calculator: episodes.length },
+        ],
+      );
+      assert.ok(summary!.toolSeconds + summary!.generationSeconds > 0, 'tool and generation time measured');
+      return { episodes: episodes.length };
+    }
+
+    test('episodes call the sandboxed calculator turn by turn; records, rewards and the masked update follow', async () => {
+      await campaignWith('agent', { kind: 'tools', builtin: ['calculator'] });
+    });
+
+    test(
+      'episodes play an OpenEnv environment: its reward scores them, its end ends them',
+      { skip: openEnvSkip },
+      async () => {
+        const env = await startOpenEnvServer('guess_env:app', join(dir, 'openenv.log'));
+        try {
+          const openenv = {
+            kind: 'openenv' as const,
+            url: env.url,
+            tool: 'guess_number',
+            resetArgs: { high: 4 },
+          };
+          const { state, summary, records, rewardLines } = await runCampaign(
+            'agent-openenv',
+            openenv,
+            { kind: 'environment' },
+            { maxTurns: 2, maxEpisodeTokens: 300 },
+          );
+          assert.equal(state.committedIteration, 1);
+          const episodes = records.filter((r) => r.episode);
+          assert.ok(episodes.length > 0);
+          for (const { parsed, episode } of episodes) {
+            assert.ok(['environment-done', 'max-turns'].includes(episode!.end_reason), episode!.end_reason);
+            const won = episode!.end_reason === 'environment-done';
+            assert.equal(episode!.environment_reward, won ? 1 : 0);
+            const line = rewardLines.find(
+              (r) => r.prompt_id === parsed.prompt_id && r.sample_index === parsed.sample_index,
+            );
+            assert.equal(line?.reward, won ? 1 : 0, 'the environment reward is the reward');
+          }
+          assert.ok(summary!.endReasons['environment-done']! > 0, JSON.stringify(summary));
+        } finally {
+          await env.process.stop(2000);
+        }
+      },
+    );
+
+    test('an SFT warm start learns multi-turn demonstrations with tool calls on their assistant turns only', async () => {
+      // The fixture's rows, each with a demonstration: the calculator's call, its result, the answer.
+      const rows = Array.from({ length: 8 }, (_, i) => {
+        const row = arithmeticRow(i);
+        const [a, b] = /holds (\d+) apples and another (\d+)/
+          .exec(row.prompt[1]!.content)!
+          .slice(1)
+          .map(Number);
+        const call = JSON.stringify({ name: 'calculator', arguments: { expression: `${a}+${b}` } });
+        return {
+          ...row,
+          data_source: 'arith',
+          demonstration: [
+            { role: 'assistant', content: `<tool_call>\n${call}\n</tool_call>` },
+            { role: 'tool', name: 'calculator', content: String(a! + b!) },
+            { role: 'assistant', content: String(a! + b!) },
+          ],
+        };
+      });
+      await writeJsonl(join(dir, 'store', 'datasets', 'demonstrations.jsonl'), rows);
+      const spec = hfCampaignSpec(dir, 'agent-sft', {
+        iterations: 1,
+        engine: { trainer: 'native', rollout: 'openai' },
+        task: {
+          dataset: { train: 'datasets/demonstrations.jsonl', format: 'jsonl', responseKey: 'demonstration' },
+        },
+        sftWarmStartSteps: 2,
+        agent: { default: { kind: 'tools', builtin: ['calculator'] } },
+        rewards: { default: { kind: 'python', file: join(dir, 'trajectory_score.py') } },
+      });
+      const { id, state } = await runToEnd(spec);
+      assert.equal(state.committedIteration, 1, 'SFT on the demonstrations, then GRPO on episodes');
+      const store = openStore(spec.store);
+      const examples = (await store.get(keys.sftExamplesKey(id)))
+        .toString('utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as { prompt_tokens: number[]; tokens: number[]; loss_mask: number[] });
+      assert.ok(examples.length > 0);
+      for (const e of examples) {
+        // The prompt offers the calculator, as the episodes' prompts do.
+        assert.match(tokenizer.decode(e.prompt_tokens), /calculator/);
+        const untrained = tokenizer.decode(e.tokens.filter((_, i) => e.loss_mask[i] === 0));
+        const trained = tokenizer.decode(e.tokens.filter((_, i) => e.loss_mask[i] === 1));
+        assert.match(
+          untrained,
+          /^\n<\|im_start\|>tool\n<tool_response>\n\d+\n<\/tool_response><\|im_end\|>\n<\|im_start\|>assistant\n$/,
+        );
+        assert.match(
+          trained,
+          /^<tool_call>\n\{"name":"calculator".*\}\n<\/tool_call><\|im_end\|>\d+<\|im_end\|>$/s,
+        );
+      }
+    });
+
+    test("episodes call an MCP server's calculator (stdio), each call reaching it once", async () => {
+      const callsFile = join(dir, 'mcp-calls.jsonl');
+      const { episodes } = await campaignWith('agent-mcp', {
+        kind: 'mcp',
+        command: mcpTestServerCommand('--calls-file', callsFile),
+        tools: ['calculator'],
+      });
+      const calls = readFileSync(callsFile, 'utf8').trim().split('\n');
+      assert.equal(calls.length, episodes, 'one call per episode, from the server the shard started');
     });
   },
 );

@@ -8,8 +8,13 @@ export interface FakeRolloutServer {
   close(): Promise<void>;
 }
 
-/** `answer` gets the parsed body of a POST /v1/completions and returns the answer's JSON text. */
-export async function startFakeRolloutServer(answer: (body: unknown) => string): Promise<FakeRolloutServer> {
+/**
+ * `answer` gets the parsed body of a POST /v1/completions and returns the answer's JSON text,
+ * or a promise of it (one that never settles holds the request, as a server mid-generation).
+ */
+export async function startFakeRolloutServer(
+  answer: (body: unknown) => string | Promise<string>,
+): Promise<FakeRolloutServer> {
   const server = createServer((req, res) => {
     let body = '';
     req.on('data', (d: Buffer) => (body += d.toString()));
@@ -17,12 +22,16 @@ export async function startFakeRolloutServer(answer: (body: unknown) => string):
       res.setHeader('content-type', 'application/json');
       if (req.url === '/health') return res.end('{"status":"ok"}');
       if (req.url === '/update_weights_from_disk') return res.end('{"success":true}');
-      res.end(answer(JSON.parse(body)));
+      void Promise.resolve(answer(JSON.parse(body))).then((text) => res.end(text));
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-    close: () => new Promise<void>((resolve) => server.close(() => resolve())),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }

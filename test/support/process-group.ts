@@ -19,6 +19,8 @@ export interface GroupProcess {
   exitReason: string | undefined;
   /** SIGTERM to the group, SIGKILL after `graceMs`; resolves when the leader has exited. */
   stop(graceMs: number): Promise<void>;
+  /** SIGKILL to the whole group at once, as a machine lost; resolves when the leader has exited. */
+  kill(): Promise<void>;
 }
 
 const liveGroups = new Set<number>();
@@ -63,6 +65,11 @@ export function spawnGroup(
       clearTimeout(timer);
       // Whatever the leader left behind in its group goes with it.
       signalGroup(pgid, 'SIGKILL');
+    },
+    async kill() {
+      if (pgid === undefined || proc.exitReason) return;
+      signalGroup(pgid, 'SIGKILL');
+      await proc.exited;
     },
   };
   if (pgid !== undefined) liveGroups.add(pgid);

@@ -12,31 +12,37 @@ import { repoRoot } from '../../cli/temporal-tools.js';
 /** How a skip for a missing Python reference starts; scripts/test.sh matches these exact words. */
 export const pythonReferenceSkipReason = 'python reference not installed';
 
-/** The interpreter scripts/pyref.sh prints, or why there is none (without installing anything). */
-function resolve(): { python: string } | { missing: string } {
-  const chosen = process.env.MOERL_PYREF_PYTHON;
+/**
+ * The interpreter scripts/<name>.sh prints (a pinned environment of scripts/python-env.sh), or
+ * why there is none (without installing anything); `override` names the variable that chooses one.
+ */
+export function resolvePythonEnvironment(
+  name: string,
+  override: string,
+): { python: string } | { missing: string } {
+  const chosen = process.env[override];
   if (chosen) {
     try {
       accessSync(chosen, constants.X_OK);
       return { python: chosen };
     } catch {
-      return { missing: `MOERL_PYREF_PYTHON=${chosen} is not executable` };
+      return { missing: `${override}=${chosen} is not executable` };
     }
   }
-  // pyref.sh names the environment by the digest of its requirements and marks it complete last.
-  const requirements = join(repoRoot(), 'scripts', 'pyref', 'requirements.txt');
+  // python-env.sh names the environment by the digest of its requirements and marks it complete last.
+  const requirements = join(repoRoot(), 'scripts', name, 'requirements.txt');
   if (!existsSync(requirements)) return { missing: `no ${requirements}` };
   const digest = createHash('sha256').update(readFileSync(requirements)).digest('hex').slice(0, 12);
   const tools =
     process.env.MOERL_TOOLS_DIR ??
     join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'moerl', 'tools');
-  const dir = join(tools, `pyref-${digest}`);
+  const dir = join(tools, `${name}-${digest}`);
   if (!existsSync(join(dir, '.complete'))) return { missing: `no ${dir}` };
   return { python: join(dir, 'bin', 'python') };
 }
 
 export function pythonReference() {
-  const found = resolve();
+  const found = resolvePythonEnvironment('pyref', 'MOERL_PYREF_PYTHON');
   const python = 'python' in found ? found.python : '';
   return {
     /** The interpreter ('' when missing): for tools run with it that are not reference scripts. */

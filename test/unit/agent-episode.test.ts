@@ -10,10 +10,11 @@ import {
   runEpisode,
   type EpisodeLimits,
   type EpisodeOptions,
+  type ToolRunner,
   type TurnGenerator,
 } from '../../activities/agents/episode.js';
 import { engineTurnGenerator, turnSeed } from '../../activities/agents/engine-turns.js';
-import { describeEpisodes } from '../../activities/agents/shard-episodes.js';
+import { addEpisodeStats, describeEpisodes, episodeStats } from '../../activities/agents/episode-stats.js';
 import { ToolCallParser, type ToolSchema } from '../../activities/agents/tool-calls.js';
 import type { CompletionRequest, RolloutEngine } from '../../activities/engines/types.js';
 import type { ChatMessage } from '../../activities/models/chat-template.js';
@@ -25,12 +26,14 @@ const decode = (ids: readonly number[]) => String.fromCharCode(...ids.filter((id
 /** Fake policy: turn i generates script[i] (then ends its turn unless `cut`), log-prob -0.5 an id. */
 function scriptedPolicy(script: string[], opts: { cut?: boolean; delayMs?: number } = {}) {
   const appended: number[][] = [];
+  const replayed: number[][] = [];
+  let turn = 0;
   const policy: TurnGenerator = {
     async generate(ids, maxNewTokens, signal) {
       appended.push([...ids]);
+      const text = script[turn++] ?? 'done';
       if (opts.delayMs) await new Promise((resolve) => setTimeout(resolve, opts.delayMs));
       signal.throwIfAborted();
-      const text = script[appended.length - 1] ?? 'done';
       const full = opts.cut ? encode(text) : [...encode(text), endOfTurn];
       const tokens = full.slice(0, maxNewTokens);
       return {
@@ -39,9 +42,13 @@ function scriptedPolicy(script: string[], opts: { cut?: boolean; delayMs?: numbe
         stopped: tokens.length === full.length && !opts.cut,
       };
     },
+    replay(ids, generated) {
+      replayed.push([...ids, ...generated.tokens]);
+      turn++;
+    },
     decode,
   };
-  return { policy, appended };
+  return { policy, appended, replayed };
 }
 
 const tools: ToolSchema[] = [
@@ -60,7 +67,8 @@ const tools: ToolSchema[] = [
   { type: 'function', function: { name: 'broken', parameters: { type: 'object' } } },
 ];
 const parser = new ToolCallParser(tools, 'hermes');
-const runner = {
+const runner: ToolRunner = {
+  idempotent: () => true,
   async call(name: string, args: Record<string, unknown>) {
     if (name === 'add') return String((args.a as number) + (args.b as number));
     if (name === 'slow') return new Promise<string>(() => undefined); // never answers, ignores its signal
@@ -104,13 +112,20 @@ describe('runEpisode (scripted policy and tools: fakes)', () => {
     assert.equal(episode.record.end_reason, 'answered');
     assert.equal(episode.record.version, 1);
     const [p1, e1, p2] = episode.record.turns;
-    assert.deepEqual(p1, { role: 'policy', start: 0, end: policyIds });
+    // A policy turn's latency is its generation time (the clock is real here).
+    const timeless = (t: typeof p1) => t && { ...t, latencyMs: 0 };
+    assert.deepEqual(timeless(p1), { role: 'policy', start: 0, end: policyIds, latencyMs: 0 });
     assert.equal(e1?.role, 'environment');
     assert.deepEqual(
       e1?.role === 'environment' && e1.calls.map((c) => [c.name, c.arguments, c.result, c.error]),
       [['add', { a: 2, b: 3 }, '5', undefined]],
     );
-    assert.deepEqual(p2, { role: 'policy', start: policyIds + env.length, end: want.length });
+    assert.deepEqual(timeless(p2), {
+      role: 'policy',
+      start: policyIds + env.length,
+      end: want.length,
+      latencyMs: 0,
+    });
   });
 
   it('answers a malformed call, a failing tool and a tool past its time limit with error turns, in call order', async () => {
@@ -224,14 +239,14 @@ describe('engineTurnGenerator (fake engine recording its requests)', () => {
   });
 });
 
-describe('describeEpisodes', () => {
-  it("counts a chunk's turns, end reasons, calls, errors and tool time", () => {
-    const line = describeEpisodes([
+describe('episode stats', () => {
+  it("counts a chunk's turns, end reasons, calls (made-up tool names as one), errors and times; shards add up", () => {
+    const stats = episodeStats([
       {
         version: 1,
         end_reason: 'answered',
         turns: [
-          { role: 'policy', start: 0, end: 3 },
+          { role: 'policy', start: 0, end: 3, latencyMs: 500 },
           {
             role: 'environment',
             start: 3,
@@ -239,16 +254,29 @@ describe('describeEpisodes', () => {
             calls: [
               { name: 'add', arguments: {}, result: '5', latencyMs: 250 },
               { name: '', arguments: null, result: 'bad', error: 'bad-json', latencyMs: 0 },
+              {
+                name: 'made_up_9f3',
+                arguments: null,
+                result: 'unknown',
+                error: 'unknown-tool',
+                latencyMs: 0,
+              },
             ],
           },
-          { role: 'policy', start: 5, end: 6 },
+          { role: 'policy', start: 5, end: 6, latencyMs: 250 },
         ],
       },
+      // A record written before policy turns had a latency.
       { version: 1, end_reason: 'max-turns', turns: [{ role: 'policy', start: 0, end: 2 }] },
     ]);
     assert.equal(
-      line,
-      '2 episodes, 1.50 policy turns each, ended {"answered":1,"max-turns":1}, calls {"add":1,"(unnamed)":1}, errors {"bad-json":1}, tool time 0.25 s',
+      describeEpisodes(stats),
+      '2 episodes, 1.50 policy turns each, ended {"answered":1,"max-turns":1}, calls {"add":1,"(unnamed)":1,"(unknown)":1}, errors {"bad-json":1,"unknown-tool":1}, tool time 0.25 s, generation 0.75 s',
+    );
+    const twice = addEpisodeStats(structuredClone(stats), stats);
+    assert.deepEqual(
+      [twice.episodes, twice.policyTurns, twice.endReasons, twice.toolCalls.add, twice.toolSeconds],
+      [4, 6, { answered: 2, 'max-turns': 2 }, 2, 0.5],
     );
   });
 });

@@ -11,7 +11,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import {
+  demonstrationIds,
   environmentTurnIds,
+  policyTurnText,
   environmentTurnText,
   type TurnTemplate,
 } from '../../activities/agents/turn-render.js';
@@ -173,6 +175,36 @@ describe('environment turns against transformers', { skip: pyref.skip }, () => {
       '\n<|im_start|>user\nChecked: correct. And 3+3?<|im_end|>\n<|im_start|>assistant\n',
     );
   });
+  it("a demonstration (an SFT row's turns after its prompt) has the ids a sampled episode would, masked the same way", () => {
+    for (const c of [...chatmlAgentCases, qwen3ReasoningCase]) {
+      if (c.messages.at(-1)!.role !== 'assistant') continue;
+      const tok = tokenizerFor(c);
+      const first = c.messages.findIndex((m) => m.role === 'assistant');
+      const prompt = tok.renderChat(c.messages.slice(0, first), {
+        addGenerationPrompt: true,
+        ...(c.tools ? { tools: c.tools } : {}),
+      }).ids;
+      const turns = c.messages.slice(first);
+      const demo = demonstrationIds(tok, turns, c.tools ? { tools: c.tools } : {});
+      // transformers' turn-by-turn ids of the same conversation (test/reference/turn_reference.py).
+      assert.deepEqual([...prompt, ...demo.tokens], referenceFor(c).incremental_ids, c.name);
+      // 1 exactly on the assistant turns' ids, each as the template writes it after the prompt.
+      const trained = tok.decode(demo.tokens.filter((_, i) => demo.lossMask[i] === 1));
+      const policyTurns = turns
+        .filter((t) => t.role === 'assistant')
+        .map((t) =>
+          policyTurnText(tok.chatTemplate, t, {
+            endOfTurn: '<|im_end|>',
+            ...(c.tools ? { tools: c.tools } : {}),
+          }),
+        );
+      assert.equal(trained, policyTurns.join(''), c.name);
+      assert.ok(
+        policyTurns.every((t, i) => t.includes(turns.filter((m) => m.role === 'assistant')[i]!.content)),
+      );
+    }
+  });
+
   it("environmentTurnIds: the tokenizer's eos by default; errors name the tokenizer's files", async () => {
     const tok = tokenizerFor(chatmlAgentCases[0]!);
     const turn = environmentTurnIds(tok, [{ role: 'tool', content: '42' }]);

@@ -258,14 +258,42 @@ describe('datasets: malformed rows, all named at once', () => {
     writeVerlParquet(parquet, rows.slice(0, 2) as never);
     const sft = { responseKey: 'extra_info.answer' };
     assert.deepEqual(await problemsOf(jsonl, options('jsonl', sft)), [
-      'row 1 (line 2): extra_info.answer (task.dataset.responseKey): missing, expected the reference completion, a non-empty string',
-      'row 2 (line 3): extra_info.answer (task.dataset.responseKey): number 7, expected the reference completion, a non-empty string',
+      'row 1 (line 2): extra_info.answer (task.dataset.responseKey): missing, expected the reference completion: a non-empty string, or the turns after the prompt',
+      'row 2 (line 3): extra_info.answer (task.dataset.responseKey): number 7, expected the reference completion: a non-empty string, or the turns after the prompt',
     ]);
     assert.deepEqual(await problemsOf(parquet, options('parquet', sft)), [
-      'row 1: extra_info.answer (task.dataset.responseKey): missing, expected the reference completion, a non-empty string',
+      'row 1: extra_info.answer (task.dataset.responseKey): missing, expected the reference completion: a non-empty string, or the turns after the prompt',
     ]);
     // Without a warm start nothing asks for it.
     assert.equal((await validateDataset({ path: jsonl }, options('jsonl'))).rows, 3);
+    // A multi-turn demonstration: the assistant's turns and the tool turns between them.
+    const turns = (demo: unknown) => ({ ...arithmeticRow(0), demo });
+    const demos = join(dir, 'demos.jsonl');
+    await writeJsonl(demos, [
+      turns([
+        { role: 'assistant', content: '<tool_call>{}</tool_call>', tool_calls: [] },
+        { role: 'tool', content: '5' },
+        { role: 'assistant', content: '5' },
+      ]),
+      turns([]),
+      turns([{ role: 'user', content: 'hi' }]),
+      turns([
+        { role: 'tool', content: '5' },
+        { role: 'assistant', content: '5' },
+      ]),
+      turns([
+        { role: 'assistant', content: 'a' },
+        { role: 'tool', content: '5' },
+      ]),
+      turns([{ role: 'assistant', content: 5 }]),
+    ]);
+    assert.deepEqual(await problemsOf(demos, options('jsonl', { responseKey: 'demo' })), [
+      'row 1 (line 2): demo (task.dataset.responseKey): an empty array, expected the turns after the prompt',
+      'row 2 (line 3): demo (task.dataset.responseKey): message 0: role is string "user", expected assistant or tool (the turns after the prompt)',
+      'row 3 (line 4): demo (task.dataset.responseKey): message 0 is a tool message, expected the assistant turn first',
+      "row 4 (line 5): demo (task.dataset.responseKey): message 1 is a tool message, expected the demonstration to end with the assistant's turn",
+      'row 5 (line 6): demo (task.dataset.responseKey): message 0: content is number 5, expected a string',
+    ]);
     const [noColumn] = await problemsOf(
       join(dir, 'train.parquet'),
       options('parquet', { responseKey: 'solution' }),

@@ -1,9 +1,10 @@
 // The progress rendering shared by `moerl demo` and `moerl watch`, and the workflow's current
 // details, on hand-built states: what each line says for stages in flight, retries, a pause.
 import assert from 'node:assert/strict';
+import { defaultPayloadConverter } from '@temporalio/common';
 import { describe, it } from 'node:test';
 import type { WorkflowExecutionDescription } from '@temporalio/client';
-import { etaSeconds, progressBar, progressLine, snapshotOf } from '../../cli/progress.js';
+import { episodesText, etaSeconds, progressBar, progressLine, snapshotOf } from '../../cli/progress.js';
 import { currentDetails, stageKey } from '../../workflows/summaries.js';
 import type { CampaignState, IterationSummary } from '../../workflows/types.js';
 import { testSpec } from '../support/campaign-harness.js';
@@ -95,6 +96,60 @@ describe('campaign progress rendering', () => {
       progressLine(snap),
       `${progressBar(2, 10)} 2/10  update 3, rollout 4 (2 shards) attempt 3 (last failure: Error: spot reclaimed)  reward 0.200  1234 tok/s  ETA 40.0s`,
     );
+  });
+
+  it("shards' heartbeats: chunk, samples or episodes done, the furthest turn; a few shown, the rest counted", () => {
+    const beat = (shard: number, inChunk?: object) => ({
+      activityType: { name: 'rolloutShard' },
+      attempt: 1,
+      heartbeatDetails: {
+        payloads: [
+          defaultPayloadConverter.toPayload({
+            what: `rollout of iteration 4 shard ${shard}`,
+            chunks: 8,
+            chunksStored: 3,
+            chunksRedone: 0,
+            worker: 'w',
+            failuresOnLiveWorker: 0,
+            ...(inChunk ? { inChunk } : {}),
+          }),
+        ],
+      },
+    });
+    const snap = snapshotOf(
+      state(),
+      description([
+        beat(0, { chunk: 1, step: 41, steps: 64, tokens: 900, turn: 3 }),
+        beat(1),
+        beat(2, { chunk: 3, step: 5, steps: 64, tokens: 100 }),
+        beat(3),
+        {
+          activityType: { name: 'rolloutShard' },
+          attempt: 1,
+          heartbeatDetails: { payloads: [{ data: 'not json' }] },
+        },
+      ]),
+      { iterations: 10, staleness: 1 },
+    );
+    const rollout = snap.inFlight.find((s) => s.stage === 'rollout')!;
+    assert.equal(rollout.shards.length, 4, 'a heartbeat that is not ours is left out');
+    assert.match(
+      progressLine(snap),
+      /rollout 4 \(2 shards\) \[rollout of iteration 4 shard 0: chunk 2\/8, 41\/64 episodes, turn 3; rollout of iteration 4 shard 1: 3\/8 chunks; rollout of iteration 4 shard 2: chunk 4\/8, 5\/64; 1 more\]/,
+    );
+  });
+
+  it("an iteration of episodes says how many, their turns, tool errors and the tools' share of their time", () => {
+    const stats = {
+      episodes: 64,
+      policyTurns: 147,
+      endReasons: { answered: 60, 'max-turns': 4 },
+      toolCalls: { calculator: 83 },
+      toolErrors: { timeout: 2, 'bad-arguments': 1 },
+      toolSeconds: 21,
+      generationSeconds: 79,
+    };
+    assert.equal(episodesText(stats), '64 episodes, 2.3 turns each, 3 tool errors, tools 21% of their time');
   });
 
   it('a pause shows its reason and no ETA; a closed execution shows how it ended', () => {

@@ -1,11 +1,11 @@
-// The `agent` section of the spec: environments chosen per data_source (the shipped tools or a
-// user's file with its functions' schemas), the combinations a campaign cannot run refused with
+// The `agent` section of the spec: environments chosen per data_source (the shipped tools, a
+// user's file with its functions' schemas, an MCP server), the combinations a campaign cannot run refused with
 // their field, and the environment a row gets.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { environmentTools, promptTools } from '../../activities/agents/shard-episodes.js';
+import { sandboxEnvironmentTools } from '../../activities/agents/environments.js';
 import { parseCampaignSpec } from '../../workflows/spec.js';
-import { agentEnvironment } from '../../workflows/spec-agent.js';
+import { agentEnvironment, type SandboxToolsSpec } from '../../workflows/spec-agent.js';
 import { hfSpecDoc, specProblems, validSpecDoc } from '../support/spec-docs.js';
 
 const openai = { engine: { rollout: 'openai' } };
@@ -26,11 +26,16 @@ describe('spec: agent', () => {
     });
     assert.equal(spec.agent?.toolCallFormat, 'hermes');
     assert.equal(spec.agent?.maxTurns, 8);
+    const sandboxed = (source: string) => {
+      const env = agentEnvironment(spec.agent, source);
+      assert.equal(env?.kind, 'tools');
+      return sandboxEnvironmentTools(env as SandboxToolsSpec);
+    };
     assert.deepEqual(
-      promptTools(spec.agent, 'arith')?.map((t) => t.function.name),
+      sandboxed('arith').map((t) => t.function.name),
       ['calculator'],
     );
-    assert.deepEqual(environmentTools(agentEnvironment(spec.agent, 'mine')!), [adder]);
+    assert.deepEqual(sandboxed('mine'), [adder]);
     assert.equal(agentEnvironment(spec.agent, 'gsm8k'), undefined, 'a source of no environment is one-shot');
     assert.equal(agentEnvironment(spec.agent, 'constructor'), undefined, "an object's own keys only");
     const withDefault = parseCampaignSpec({ ...hfSpecDoc(), ...openai, agent: { default: calculator } });
@@ -72,5 +77,32 @@ describe('spec: agent', () => {
         `${JSON.stringify(agent)}: ${found.join('\n')}`,
       );
     }
+  });
+
+  it('an MCP environment needs exactly one of command and url, each with its own options', () => {
+    const problems = (env: unknown) =>
+      specProblems({ ...hfSpecDoc(), ...openai, agent: { default: env } }).join('\n');
+    const mcp = { kind: 'mcp', command: ['server', '--stdio'], inheritEnv: ['API_KEY'], tools: ['a'] };
+    assert.deepEqual(
+      parseCampaignSpec({ ...hfSpecDoc(), ...openai, agent: { default: mcp } }).agent?.default,
+      mcp,
+    );
+    assert.match(problems({ kind: 'mcp' }), /exactly one of command \(stdio\) and url/);
+    assert.match(problems({ kind: 'mcp', command: ['s'], url: 'http://h/mcp' }), /exactly one of command/);
+    assert.match(problems({ kind: 'mcp', url: 'ftp://h/mcp' }), /url/);
+    assert.match(
+      problems({ kind: 'mcp', url: 'http://h/mcp', inheritEnv: ['A'] }),
+      /inheritEnv: .*is for a server started by command/,
+    );
+    assert.match(
+      problems({ kind: 'mcp', command: ['s'], headersFromEnv: { a: 'B' } }),
+      /headersFromEnv: .*is for a server at a url/,
+    );
+    assert.match(
+      problems({ kind: 'mcp', command: ['s'], inheritEnv: ['NOT-A-NAME'] }),
+      /environment variable name/,
+    );
+    assert.match(problems({ kind: 'mcp', command: ['s'], tools: ['a', 'a'] }), /names the tool a twice/);
+    assert.match(problems({ kind: 'shell' }), /kind/);
   });
 });

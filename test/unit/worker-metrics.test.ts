@@ -21,7 +21,24 @@ function fakeActivities(failure: { current: unknown }): CampaignActivities {
     preparePolicy: async () => (maybeFail(), { attempt: 1 }) as never,
     rolloutShard: async () => (
       maybeFail(),
-      { attempt: 1, shard: 0, chunks: 2, samples: 4, tokens: 30, tokensPerSecond: 1, chunksRedone: 1 }
+      {
+        attempt: 1,
+        shard: 0,
+        chunks: 2,
+        samples: 4,
+        tokens: 30,
+        tokensPerSecond: 1,
+        chunksRedone: 1,
+        episodes: {
+          episodes: 4,
+          policyTurns: 9,
+          endReasons: { answered: 3, 'max-turns': 1 },
+          toolCalls: { calculator: 5, '(unknown)': 1 },
+          toolErrors: { 'unknown-tool': 1 },
+          toolSeconds: 2.5,
+          generationSeconds: 4,
+        },
+      }
     ),
     computeRewards: async () => (maybeFail(), {}) as never,
     updatePolicy: async () =>
@@ -121,6 +138,13 @@ describe('worker metrics wrapper (fake activities)', () => {
     assert.equal(await value(m, 'moerl_rollout_tokens_total'), 30);
     assert.equal(await value(m, 'moerl_rollout_samples_total'), 4);
     assert.equal(await value(m, 'moerl_rollout_chunks_redone_total'), 1);
+    assert.equal(await value(m, 'moerl_rollout_episodes_total', { end_reason: 'answered' }), 3);
+    assert.equal(await value(m, 'moerl_rollout_episodes_total', { end_reason: 'max-turns' }), 1);
+    assert.equal(await value(m, 'moerl_rollout_episode_turns_total'), 9);
+    assert.equal(await value(m, 'moerl_rollout_tool_calls_total', { tool: 'calculator' }), 5);
+    assert.equal(await value(m, 'moerl_rollout_tool_errors_total', { error: 'unknown-tool' }), 1);
+    assert.equal(await value(m, 'moerl_rollout_tool_seconds_total'), 2.5);
+    assert.equal(await value(m, 'moerl_rollout_generation_seconds_total'), 4);
     assert.equal(await value(m, 'moerl_update_ep_seconds'), 0.5);
     assert.equal(await value(m, 'moerl_update_ep_bytes'), 1024);
     assert.equal(await value(m, 'moerl_update_mismatch_kl'), 3e-13);
