@@ -184,7 +184,16 @@ TEST_P(LossMask, AMaskedLastTokenDoesNotReachTheGradient) {
   std::vector<TrainSequence> b = batch({1, 1, 1, 1, 1, 0});
   const std::vector<double> before = summed_gradient(b);
   for (TrainSequence& s : b) s.tokens.back() = (s.tokens.back() + 4) % cfg.vocab_size;
-  EXPECT_EQ(summed_gradient(b), before);
+  // not bitwise: the changed token is still an input, routed to other experts, and an expert's
+  // GEMM over another number of rows may block its sums otherwise (OpenBLAS's Haswell kernels)
+  const std::vector<double> after = summed_gradient(b);
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < before.size(); i++) {
+    worst = std::max(worst, std::abs(after[i] - before[i]));
+    scale = std::max(scale, std::abs(before[i]));
+  }
+  EXPECT_GT(scale, 1e-3);
+  EXPECT_LT(worst, 1e-6 * scale);
   std::vector<TrainSequence> masked = batch({1, 1, 1, 1, 1, 0});
   const StepMetrics m = compute_gradients(ps, comm, masked, lc);
   EXPECT_EQ(m.tokens, 2 * 5);
