@@ -74,6 +74,39 @@ int trained_tokens(const TrainSequence& s) {
   return k;
 }
 
+// The weight of each of a sequence's token losses in the step's loss (lc.aggregation), given
+// the minibatch's trained tokens and its sequences with at least one.
+double sequence_weight(const LossConfig& lc, int trained, double n_tok, double n_seq) {
+  switch (lc.aggregation) {
+    case Aggregation::TokenMean: return 1.0 / n_tok;
+    case Aggregation::SeqMeanTokenSum: return 1.0 / n_seq;
+    case Aggregation::SeqMeanTokenMean: return trained > 0 ? 1.0 / (n_seq * trained) : 0.0;
+    case Aggregation::SeqMeanTokenSumNorm: return 1.0 / (n_seq * lc.norm_tokens);
+  }
+  return 0.0;
+}
+
+// GSPO's log sequence ratio: the mean over the sequence's trained tokens of log p - log p_old
+// (seq_log_ratio of grpo_token), from its rows of logits [trained, V] before they become
+// gradients. A first forward with TIS has p_old = p: 0.
+double gspo_log_ratio(const float* rows, int V, const TrainSequence& s, const LossConfig& lc,
+                      bool first) {
+  if (first && lc.tis_clip > 0.0f) return 0.0;
+  const float inv_tau = 1.0f / lc.temperature;
+  double sum = 0.0;
+  int k = 0;
+  for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++) {
+    const int j = t + 1 - s.prompt_len;
+    if (!s.trained(j)) continue;
+    const model::SoftmaxStats st = model::softmax_stats(rows, V, inv_tau, false);
+    const double lp = st.logprob(rows, s.tokens[t + 1], inv_tau);
+    sum += lp - (lc.tis_clip > 0.0f ? (double)s.train_logprobs[j] : (double)s.old_logprobs[j]);
+    rows += V;
+    k++;
+  }
+  return k > 0 ? sum / k : 0.0;
+}
+
 void check_sequence(const TrainSequence& s, Objective obj, int i) {
   MOERL_CHECK_INPUT(s.prompt_len >= 1 && s.prompt_len < (int)s.tokens.size(), "sequence ", i,
                     ": prompt length ", s.prompt_len, " must be in [1, ", s.tokens.size(), ")");
@@ -94,7 +127,8 @@ void check_sequence(const TrainSequence& s, Objective obj, int i) {
 
 GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logprob,
                           const float* train_logprob, float ref_logprob, float advantage,
-                          const LossConfig& lc, double scale, float* dlogits) {
+                          const LossConfig& lc, double scale, float* dlogits,
+                          double seq_log_ratio) {
   GrpoTokenTerms t;
   const float inv_tau = 1.0f / lc.temperature;
   const model::SoftmaxStats st = model::softmax_stats(logits, V, inv_tau, true);
@@ -107,22 +141,49 @@ GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logp
   t.mismatch_kl = std::expm1(d_mis) - d_mis;
   // truncated importance sampling: the ratio is taken to the trainer's old log-prob and the
   // rollout's enters only through the detached weight w
-  double w = 1.0, ratio = std::exp(lp - old_logprob);
+  double w = 1.0, old_lp = old_logprob;
   if (lc.tis_clip > 0.0f) {
     const double raw = std::exp(d_mis);
     t.tis_clipped = raw > lc.tis_clip;
     w = std::min(raw, (double)lc.tis_clip);
-    ratio = std::exp(lp - train_lp);
+    old_lp = train_lp;
   }
-  double A = advantage;
-  double clipped = std::min(std::max(ratio, 1.0 - lc.clip_eps), 1.0 + lc.clip_eps);
-  t.clipped = ratio * A > clipped * A;
-  t.policy = -w * std::min(ratio * A, clipped * A);
-  double g_lp = t.clipped ? 0.0 : -w * A * ratio;  // d policy / d logp
+  const double A = advantage;
+  const double lo = 1.0 - lc.clip_eps, hi = 1.0 + lc.clip_high;
+  double g_lp = 0.0;  // d policy / d logp
+  if (lc.policy_loss == PolicyLoss::Cispo) {
+    // -w sg(clip(r)) A logp: every token keeps a gradient, its weight bounded
+    const double ratio = std::exp(lp - old_lp);
+    const double weight = std::min(std::max(ratio, lo), hi);
+    t.clipped = weight != ratio;
+    t.policy = -w * weight * A * lp;
+    g_lp = -w * weight * A;
+  } else {
+    // PPO's pessimistic clip of the token ratio, or of the sequence's (GSPO), whose value each
+    // token of the sequence carries with d ratio / d logp = ratio
+    const double ratio = lc.policy_loss == PolicyLoss::Gspo ? std::exp(seq_log_ratio)
+                                                            : std::exp(lp - old_lp);
+    const double clipped = std::min(std::max(ratio, lo), hi);
+    t.clipped = ratio * A > clipped * A;
+    t.policy = -w * std::min(ratio * A, clipped * A);
+    g_lp = t.clipped ? 0.0 : -w * A * ratio;
+  }
   if (lc.kl_coef != 0.0f) {
-    double d = ref_logprob - lp;
-    t.kl = std::exp(d) - d - 1.0;
-    g_lp += lc.kl_coef * (1.0 - std::exp(d));
+    const double d = ref_logprob - lp;  // log p_ref / p
+    switch (lc.kl_estimator) {
+      case KlEstimator::K1:
+        t.kl = -d;
+        g_lp += lc.kl_coef;
+        break;
+      case KlEstimator::K2:
+        t.kl = 0.5 * d * d;
+        g_lp += lc.kl_coef * -d;
+        break;
+      case KlEstimator::K3:
+        t.kl = std::exp(d) - d - 1.0;
+        g_lp += lc.kl_coef * (1.0 - std::exp(d));
+        break;
+    }
   }
   t.entropy = st.entropy;
   t.loss = t.policy + lc.kl_coef * t.kl - lc.entropy_coef * st.entropy;
@@ -143,14 +204,18 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
   MOERL_CHECK_INPUT(!batch.empty(), "training batch is empty");
 
   // Global normalisers, known to every rank without communication.
-  double n_tok = 0.0, n_valid = 0.0;
+  double n_tok = 0.0, n_valid = 0.0, n_trained_seq = 0.0;
   for (size_t i = 0; i < batch.size(); i++) {
     check_sequence(batch[i], lc.objective, (int)i);
-    n_tok += trained_tokens(batch[i]);
+    const int k = trained_tokens(batch[i]);
+    n_tok += k;
+    n_trained_seq += k > 0;
     n_valid += batch[i].tokens.size();
   }
   MOERL_CHECK_INPUT(n_tok > 0, "training batch of ", batch.size(),
                     " sequences has no trained token (every completion token is masked)");
+  MOERL_CHECK_INPUT(lc.aggregation != Aggregation::SeqMeanTokenSumNorm || lc.norm_tokens > 0.0f,
+                    "seq-mean-token-sum-norm needs a norm token count > 0");
   const double n_seq = (double)batch.size();
   const int L_moe = model::num_moe_layers(cfg);
   const std::vector<std::vector<int>> mbs =
@@ -184,6 +249,12 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
       MOERL_CHECK(lc.objective == Objective::Sft || lc.kl_coef == 0.0f ||
                       s.ref_logprobs.size() == s.old_logprobs.size(),
                   "sequence ", ids[b], " has no reference log-probs (fill_ref_logprobs first)");
+      const double weight = lc.objective == Objective::Sft
+                                ? 1.0 / n_tok
+                                : sequence_weight(lc, trained_tokens(s), n_tok, n_trained_seq);
+      const double seq_log_ratio = lc.policy_loss == PolicyLoss::Gspo
+                                       ? gspo_log_ratio(lg, V, s, lc, first)
+                                       : 0.0;
       for (int t = s.prompt_len - 1; t + 1 < (int)s.tokens.size(); t++) {
         const int target = s.tokens[t + 1];
         const int j = t + 1 - s.prompt_len;
@@ -195,15 +266,15 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
         lg += V;
         if (lc.objective == Objective::Sft) {
           const model::SoftmaxStats st = model::softmax_stats(row, V, 1.0f, true);
-          acc[kLoss] += (float)(-st.logprob(row, target, 1.0f));
+          acc[kLoss] += (float)(-st.logprob(row, target, 1.0f) * weight);
           acc[kEntropy] += (float)st.entropy;
-          model::logsoftmax_backward(row, row, V, 1.0f, st, target, -1.0, 0.0, 1.0 / n_tok);
+          model::logsoftmax_backward(row, row, V, 1.0f, st, target, -1.0, 0.0, weight);
           continue;
         }
         const float ref_lp = lc.kl_coef != 0.0f ? s.ref_logprobs[j] : 0.0f;
         GrpoTokenTerms tt =
             grpo_token(row, V, target, s.old_logprobs[j], first ? nullptr : &s.train_logprobs[j],
-                       ref_lp, s.advantage, lc, 1.0 / n_tok, row);
+                       ref_lp, s.advantage, lc, weight, row, seq_log_ratio);
         if (first) s.train_logprobs.push_back((float)tt.logprob);
         acc[kPolicy] += (float)tt.policy;
         acc[kKl] += (float)tt.kl;
@@ -211,7 +282,7 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
         acc[kClip] += tt.clipped ? 1.0f : 0.0f;
         acc[kMismatch] += (float)tt.mismatch_kl;
         acc[kTisClip] += tt.tis_clipped ? 1.0f : 0.0f;
-        acc[kLoss] += (float)tt.loss;
+        acc[kLoss] += (float)(tt.loss * weight);
       }
     }
     // a batch-wise loss is the same on every rank: each adds its share of the sum over ranks
@@ -238,7 +309,7 @@ StepMetrics compute_gradients(model::ParamStore& ps, model::ExpertComm& comm,
   m.clip_frac = acc[kClip] / n_tok;
   m.mismatch_kl = acc[kMismatch] / n_tok;
   m.tis_clip_frac = acc[kTisClip] / n_tok;
-  m.loss = acc[kLoss] / n_tok + lc.aux_coef * m.aux_loss + lc.z_coef * m.z_loss;
+  m.loss = acc[kLoss] + lc.aux_coef * m.aux_loss + lc.z_coef * m.z_loss;
   m.flops = acc[kFlops];
   double total_load = 0.0;
   for (int e = 0; e < E; e++) total_load += acc[kNum + e];

@@ -34,10 +34,28 @@ struct TrainSequence {
 
 enum class Objective { Sft, Grpo };
 
+// The policy term of each completion token (docs/algorithms.md gives each formula): the
+// clipped ratio of PPO and GRPO, GSPO's clipped sequence ratio (GSPO-token: every token of a
+// sequence has its value and the gradient of log p(token) times it), CISPO's detached clipped
+// ratio weighing log p(token).
+enum class PolicyLoss { PpoClip, Gspo, Cispo };
+// How token losses make the step's loss, by verl's names: token-mean (every trained token of the
+// minibatch alike), seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (the
+// token sum over a constant, Dr.GRPO's): the mean over sequences with a trained token.
+enum class Aggregation { TokenMean, SeqMeanTokenSum, SeqMeanTokenMean, SeqMeanTokenSumNorm };
+// Estimators of KL(policy || reference) from d = log p_ref - log p on sampled tokens (Schulman's
+// k1 = -d, k2 = d^2 / 2, k3 = e^d - d - 1).
+enum class KlEstimator { K1, K2, K3 };
+
 struct LossConfig {
   Objective objective = Objective::Sft;
-  float clip_eps = 0.2f;      // GRPO ratio clip
-  float kl_coef = 0.0f;       // k3 KL to the reference policy
+  PolicyLoss policy_loss = PolicyLoss::PpoClip;
+  Aggregation aggregation = Aggregation::TokenMean;
+  KlEstimator kl_estimator = KlEstimator::K3;
+  float clip_eps = 0.2f;      // ratio clip below: 1 - clip_eps
+  float clip_high = 0.2f;     // ratio clip above: 1 + clip_high (DAPO's clip-higher)
+  float norm_tokens = 0.0f;   // seq-mean-token-sum-norm's constant, > 0 there
+  float kl_coef = 0.0f;       // KL to the reference policy, in the loss
   float entropy_coef = 0.0f;  // bonus: loss -= entropy_coef * mean entropy
   float aux_coef = 0.01f;     // balance loss weight (the model's BalanceLoss says how it counts)
   float z_coef = 0.001f;      // router z-loss, mean over all tokens (prompt too) and layers
@@ -61,16 +79,19 @@ struct StepMetrics {
 // itself (the row becomes its gradient). old_logprob is the rollout's log-prob; train_logprob
 // the trainer's at the token's first forward, or null in that forward (its own log-prob,
 // rounded to float32, is used).
+// seq_log_ratio (GSPO only): the mean over the sequence's trained tokens of log p - log p_old,
+// p_old the trainer's old policy with TIS and the rollout's without.
 struct GrpoTokenTerms {
   double loss = 0, policy = 0, kl = 0, entropy = 0;
   double logprob = 0;      // log p(target) under softmax(logits / temperature)
   double mismatch_kl = 0;  // k3 of KL(rollout || trainer) on this token
-  bool clipped = false;
+  bool clipped = false;  // PPO, GSPO: no policy gradient; CISPO: the weight is clipped
   bool tis_clipped = false;  // the importance weight is truncated at lc.tis_clip
 };
 GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logprob,
                           const float* train_logprob, float ref_logprob, float advantage,
-                          const LossConfig& lc, double scale, float* dlogits);
+                          const LossConfig& lc, double scale, float* dlogits,
+                          double seq_log_ratio = 0.0);
 
 // Called after each of this rank's micro-batches (done of total; every rank runs the same
 // number), so a tool can report progress inside a long step. Must not throw.

@@ -1,13 +1,17 @@
 // RL pieces: the GRPO per-token loss gradient against finite differences (unclipped,
-// clipped, KL and entropy terms, truncated importance sampling), mismatch_kl, the loss mask of
-// multi-turn episodes (SFT and GRPO), and the learning-rate schedule.
+// clipped, asymmetric clip, the three KL estimators and entropy terms, truncated importance
+// sampling), GSPO's and CISPO's gradients against their stop-gradient forms, mismatch_kl, the
+// loss mask of multi-turn episodes (SFT and GRPO), the aggregation modes, the advantage
+// estimators, and the learning-rate schedule.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "bad_input.h"
+#include "rl/advantages.h"
 #include "rl/adamw.h"
 #include "rl/trainer.h"
 #include "model/expert_comm.h"
@@ -18,6 +22,8 @@ namespace {
 struct Case {
   float advantage, old_shift, kl, entropy, temperature;
   float tis_clip = 0.0f, train_shift = 0.0f;  // TIS cap; trainer's old log-prob - current
+  float clip_high = 0.2f;
+  KlEstimator kl_estimator = KlEstimator::K3;
 };
 
 class GrpoToken : public ::testing::TestWithParam<Case> {};
@@ -35,6 +41,8 @@ TEST_P(GrpoToken, GradientMatchesFiniteDifferences) {
   lc.entropy_coef = c.entropy;
   lc.temperature = c.temperature;
   lc.tis_clip = c.tis_clip;
+  lc.clip_high = c.clip_high;
+  lc.kl_estimator = c.kl_estimator;
   // behaviour log-prob = current log-prob + shift, so the ratio is exp(-shift); with TIS the
   // ratio is exp(-train_shift) and the weight exp(train_shift - old_shift)
   GrpoTokenTerms base = grpo_token(logits.data(), V, target, 0.0f, nullptr, 0.0f, c.advantage,
@@ -63,7 +71,7 @@ TEST_P(GrpoToken, GradientMatchesFiniteDifferences) {
   }
   EXPECT_LT(max_err, 2e-3) << "loss " << t.loss << " clipped " << t.clipped;
   const double ratio = std::exp(-(c.tis_clip > 0 ? c.train_shift : c.old_shift));
-  EXPECT_EQ(t.clipped, c.advantage > 0 ? ratio > 1.2 : ratio < 0.8);
+  EXPECT_EQ(t.clipped, c.advantage > 0 ? ratio > 1.0 + c.clip_high : ratio < 0.8);
   const double d = (double)train_lp - old_lp;
   EXPECT_NEAR(t.mismatch_kl, std::exp(d) - 1 - d, 1e-12);
   EXPECT_EQ(t.tis_clipped, c.tis_clip > 0 && std::exp(d) > c.tis_clip);
@@ -81,7 +89,115 @@ INSTANTIATE_TEST_SUITE_P(
                       // the PPO clip taken (ratio e^0.4 = 1.49, A > 0)
                       Case{0.9f, -0.2f, 0.0f, 0.0f, 1.0f, 2.0f, 0.1f},
                       Case{-1.1f, -1.3f, 0.05f, 0.01f, 0.9f, 2.0f, -0.1f},
-                      Case{1.2f, -0.8f, 0.0f, 0.0f, 1.0f, 2.0f, -0.4f}));
+                      Case{1.2f, -0.8f, 0.0f, 0.0f, 1.0f, 2.0f, -0.4f},
+                      // clip-higher: ratio 1.22 within 1 + 0.28, ratio 1.35 beyond it
+                      Case{1.0f, -0.2f, 0.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0.28f},
+                      Case{1.0f, -0.3f, 0.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0.28f},
+                      // the k1 and k2 estimators
+                      Case{0.8f, 0.1f, 0.2f, 0.05f, 1.0f, 0.0f, 0.0f, 0.2f, KlEstimator::K1},
+                      Case{-0.4f, -0.1f, 0.3f, 0.0f, 0.7f, 0.0f, 0.0f, 0.2f, KlEstimator::K2}));
+
+// The token's row of logits and d logp(target) / d logits by central differences.
+struct Row {
+  static constexpr int V = 23, target = 4;
+  std::vector<float> logits;
+  Row() {
+    std::mt19937 gen(5);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (int v = 0; v < V; v++) logits.push_back(dist(gen));
+  }
+  std::vector<double> dlogp(const LossConfig& lc) {
+    std::vector<double> g(V);
+    for (int v = 0; v < V; v++) {
+      const float eps = 1e-3f, keep = logits[v];
+      logits[v] = keep + eps;
+      const double up = grpo_token(logits.data(), V, target, 0, nullptr, 0, 0, lc, 1, nullptr).logprob;
+      logits[v] = keep - eps;
+      const double down = grpo_token(logits.data(), V, target, 0, nullptr, 0, 0, lc, 1, nullptr).logprob;
+      logits[v] = keep;
+      g[v] = (up - down) / (2 * eps);
+    }
+    return g;
+  }
+};
+
+// CISPO: -w sg(clip(r, 1 - eps, 1 + eps_high)) A logp. Its gradient is the clipped weight
+// times d logp, clipped or not: every token keeps a gradient.
+TEST(Cispo, GradientIsTheClippedDetachedWeightTimesTheLogProbGradient) {
+  Row row;
+  LossConfig lc;
+  lc.objective = Objective::Grpo;
+  lc.policy_loss = PolicyLoss::Cispo;
+  lc.clip_high = 0.3f;
+  const std::vector<double> dlp = row.dlogp(lc);
+  const double lp =
+      grpo_token(row.logits.data(), Row::V, Row::target, 0, nullptr, 0, 0, lc, 1, nullptr).logprob;
+  for (double shift : {0.1, -0.5, 0.5}) {  // ratios e^-0.1, e^0.5 (clipped at 1.3), e^-0.5 (0.8)
+    const float old_lp = (float)(lp + shift);
+    const double A = (double)0.7f, ratio = std::exp(lp - old_lp);
+    const double weight = std::min(std::max(ratio, 1.0 - 0.2f), 1.0 + 0.3f);
+    std::vector<float> grad(Row::V);
+    GrpoTokenTerms t = grpo_token(row.logits.data(), Row::V, Row::target, old_lp, &old_lp, 0.0f,
+                                  (float)A, lc, 1.0, grad.data());
+    EXPECT_EQ(t.clipped, weight != ratio) << shift;
+    EXPECT_NEAR(t.policy, -weight * A * lp, 1e-9);
+    for (int v = 0; v < Row::V; v++) EXPECT_NEAR(grad[v], -weight * A * dlp[v], 2e-4) << v;
+  }
+}
+
+// GSPO-token: each token carries the sequence ratio s = exp(seq_log_ratio); unclipped its
+// gradient is -A s d logp, clipped (s beyond the range on the side A favours) none.
+TEST(Gspo, TokensCarryTheSequenceRatioAndItsClip) {
+  Row row;
+  LossConfig lc;
+  lc.objective = Objective::Grpo;
+  lc.policy_loss = PolicyLoss::Gspo;
+  lc.clip_eps = 3e-4f;
+  lc.clip_high = 4e-4f;
+  const std::vector<double> dlp = row.dlogp(lc);
+  for (double seq : {1e-4, 1e-3, -1e-3}) {
+    for (double A : {1.0, -1.0}) {
+      std::vector<float> grad(Row::V);
+      // the token's own ratio is far from the sequence's: only the sequence's counts
+      GrpoTokenTerms t = grpo_token(row.logits.data(), Row::V, Row::target, -9.0f, nullptr, 0.0f,
+                                    (float)A, lc, 1.0, grad.data(), seq);
+      const double s = std::exp(seq), clipped = std::min(std::max(s, 1 - 3e-4), 1 + 4e-4);
+      EXPECT_EQ(t.clipped, s * A > clipped * A) << seq << " " << A;
+      EXPECT_NEAR(t.policy, -std::min(s * A, clipped * A), 1e-6);
+      for (int v = 0; v < Row::V; v++)
+        EXPECT_NEAR(grad[v], t.clipped ? 0.0 : -A * s * dlp[v], 2e-4) << seq << " " << A << " " << v;
+    }
+  }
+}
+
+TEST(Advantages, EachEstimatorFromItsFormulaAndEqualGroupsSkipped) {
+  const std::vector<RewardGroup> groups = {{{1, 0, 0, 1}, {3, 5, 2, 2}},  // mean 0.5, std 0.5
+                                           {{0.5f, 0.5f}, {1, 1}},        // no signal
+                                           {{2, 0, 1}, {4, 4, 0}}};       // mean 1
+  const auto norm = advantages(groups, AdvantageEstimator::GroupNorm);
+  EXPECT_TRUE(norm[1].empty());
+  EXPECT_NEAR(norm[0][0], 0.5 / (0.5 + 1e-6), 1e-6);
+  EXPECT_NEAR(norm[2][1], -1.0 / (std::sqrt(2.0 / 3.0) + 1e-6), 1e-6);
+  const auto mean = advantages(groups, AdvantageEstimator::GroupMean);
+  EXPECT_EQ(mean[0], (std::vector<float>{0.5f, -0.5f, -0.5f, 0.5f}));
+  const double mean2[] = {1, -1, 0};
+  for (int k = 0; k < 3; k++) EXPECT_NEAR(mean[2][k], mean2[k], 1e-6);
+  // leave one out: r - mean of the others
+  const auto rloo = advantages(groups, AdvantageEstimator::Rloo);
+  EXPECT_NEAR(rloo[0][0], 1.0 - 1.0 / 3.0, 1e-6);
+  EXPECT_NEAR(rloo[2][0], 2.0 - 0.5, 1e-6);
+  EXPECT_NEAR(rloo[2][2], 1.0 - 1.0, 1e-6);
+  // REINFORCE++ baseline: r - mean, whitened over the kept samples weighted by their tokens
+  const auto pp = advantages(groups, AdvantageEstimator::ReinforcePpBaseline);
+  const double w[] = {3, 5, 2, 2, 4, 4, 0}, a[] = {0.5, -0.5, -0.5, 0.5, 1, -1, 0};
+  double W = 0, mu = 0, var = 0;
+  for (int i = 0; i < 7; i++) W += w[i], mu += w[i] * a[i];
+  mu /= W;
+  for (int i = 0; i < 7; i++) var += w[i] * (a[i] - mu) * (a[i] - mu) / W;
+  EXPECT_TRUE(pp[1].empty());
+  EXPECT_NEAR(pp[0][1], (-0.5 - mu) / std::sqrt(var + 1e-8), 1e-5);
+  EXPECT_NEAR(pp[2][0], (1.0 - mu) / std::sqrt(var + 1e-8), 1e-5);
+}
 
 // The token's first forward: the trainer's old log-prob is its own, so the ratio is 1 and the
 // policy term is -w A with w = min(p_train / p_rollout, C).
@@ -214,6 +330,51 @@ TEST_P(LossMask, BadMasksAreBadInput) {
                 .find("has no trained token"),
             std::string::npos);
 }
+
+// Each aggregation from the one-sequence token means G_i of sequences with n_1 = 5 and n_2 = 2
+// trained tokens: token-mean (n_1 G_1 + n_2 G_2) / 7, seq-mean-token-sum (n_1 G_1 + n_2 G_2) / 2,
+// seq-mean-token-mean (G_1 + G_2) / 2, seq-mean-token-sum-norm (n_1 G_1 + n_2 G_2) / (2 * 16).
+class Aggregations : public LossMask {};
+
+TEST_P(Aggregations, WeighTheSequencesTokenMeans) {
+  std::vector<TrainSequence> both = batch({});
+  both[0].loss_mask = {1, 1, 1, 0, 1, 1};
+  both[1].loss_mask = {0, 1, 0, 0, 1, 0};
+  auto gradient = [&](std::vector<TrainSequence> b, Aggregation agg) {
+    LossConfig c = lc;
+    c.aggregation = agg;
+    c.norm_tokens = 16;
+    compute_gradients(ps, comm, b, c);
+    std::vector<double> g(ps.grad_dense.begin(), ps.grad_dense.end());
+    g.insert(g.end(), ps.grad_experts.begin(), ps.grad_experts.end());
+    return g;
+  };
+  const std::vector<double> g1 = gradient({both[0]}, Aggregation::TokenMean);
+  const std::vector<double> g2 = gradient({both[1]}, Aggregation::TokenMean);
+  const double n1 = 5, n2 = 2;
+  const std::pair<Aggregation, std::array<double, 2>> cases[] = {
+      {Aggregation::TokenMean, {n1 / 7, n2 / 7}},
+      {Aggregation::SeqMeanTokenSum, {n1 / 2, n2 / 2}},
+      {Aggregation::SeqMeanTokenMean, {0.5, 0.5}},
+      {Aggregation::SeqMeanTokenSumNorm, {n1 / 32, n2 / 32}}};
+  for (const auto& [agg, w] : cases) {
+    const std::vector<double> g = gradient(both, agg);
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < g.size(); i++) {
+      worst = std::max(worst, std::abs(g[i] - (w[0] * g1[i] + w[1] * g2[i])));
+      scale = std::max(scale, std::abs(g[i]));
+    }
+    EXPECT_GT(scale, 1e-4) << (int)agg;
+    EXPECT_LT(worst, 1e-5 * scale) << (int)agg;
+  }
+  LossConfig no_norm = lc;
+  no_norm.aggregation = Aggregation::SeqMeanTokenSumNorm;
+  EXPECT_NE(testing::bad_input([&] { compute_gradients(ps, comm, both, no_norm); })
+                .find("norm token count"),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grpo, Aggregations, ::testing::Values(Objective::Grpo));
 
 INSTANTIATE_TEST_SUITE_P(Objectives, LossMask, ::testing::Values(Objective::Sft, Objective::Grpo),
                          [](const auto& info) {

@@ -117,6 +117,76 @@ CLI::Validator number_check(bool (*ok)(double), const char* rule, const char* na
 const CLI::Validator kPositive = number_check([](double x) { return x > 0; }, "> 0", "POSITIVE");
 const CLI::Validator kNonNegative = number_check([](double x) { return x >= 0; }, ">= 0", "NONNEGATIVE");
 
+namespace {
+
+// An option taking one of `names`, shown in --help and in its error as {a|b|c}.
+template <typename Enum>
+void add_choice(CLI::App* cmd, const std::string& flag, Enum& value,
+                const std::vector<std::pair<std::string, Enum>>& names, const std::string& help) {
+  std::string shown, fallback;
+  for (const auto& [name, v] : names) {
+    shown += (shown.empty() ? "" : "|") + name;
+    if (v == value) fallback = name;
+  }
+  shown = "{" + shown + "}";
+  cmd->add_option_function<std::string>(
+         flag,
+         [&value, names, flag, shown](const std::string& given) {
+           for (const auto& [name, v] : names)
+             if (name == given) {
+               value = v;
+               return;
+             }
+           throw CLI::ValidationError(flag, given + " is not one of " + shown);
+         },
+         help)
+      ->type_name(shown)
+      ->default_str(fallback);
+}
+
+}  // namespace
+
+void add_policy_loss_options(CLI::App* cmd, rl::LossConfig& lc) {
+  using rl::Aggregation, rl::KlEstimator, rl::PolicyLoss;
+  add_choice<PolicyLoss>(cmd, "--policy-loss", lc.policy_loss,
+                         {{"ppo-clip", PolicyLoss::PpoClip},
+                          {"gspo", PolicyLoss::Gspo},
+                          {"cispo", PolicyLoss::Cispo}},
+                         "policy term of each token");
+  add_choice<Aggregation>(cmd, "--aggregation", lc.aggregation,
+                          {{"token-mean", Aggregation::TokenMean},
+                           {"seq-mean-token-sum", Aggregation::SeqMeanTokenSum},
+                           {"seq-mean-token-mean", Aggregation::SeqMeanTokenMean},
+                           {"seq-mean-token-sum-norm", Aggregation::SeqMeanTokenSumNorm}},
+                          "how token losses make the step's loss");
+  add_choice<KlEstimator>(cmd, "--kl-estimator", lc.kl_estimator,
+                          {{"k1", KlEstimator::K1}, {"k2", KlEstimator::K2}, {"k3", KlEstimator::K3}},
+                          "estimator of the KL term");
+  cmd->add_option("--clip-eps", lc.clip_eps, "ratio clip below, 1 - eps (and above without --clip-high)")
+      ->check(kNonNegative);
+  CLI::Option* high =
+      cmd->add_option("--clip-high", lc.clip_high, "ratio clip above, 1 + eps [default: --clip-eps]")
+          ->check(kNonNegative)
+          ->default_str("");
+  cmd->add_option("--norm-tokens", lc.norm_tokens, "seq-mean-token-sum-norm's constant token count")
+      ->check(kNonNegative);
+  cmd->parse_complete_callback([&lc, high] {
+    if (high->count() == 0) lc.clip_high = lc.clip_eps;
+    if (lc.aggregation == rl::Aggregation::SeqMeanTokenSumNorm && lc.norm_tokens <= 0)
+      throw CLI::ValidationError("--aggregation", "seq-mean-token-sum-norm needs --norm-tokens > 0");
+  });
+}
+
+void add_advantage_option(CLI::App* cmd, rl::AdvantageEstimator& estimator) {
+  using rl::AdvantageEstimator;
+  add_choice<AdvantageEstimator>(cmd, "--advantage", estimator,
+                                 {{"group-norm", AdvantageEstimator::GroupNorm},
+                                  {"group-mean", AdvantageEstimator::GroupMean},
+                                  {"rloo", AdvantageEstimator::Rloo},
+                                  {"reinforce-pp-baseline", AdvantageEstimator::ReinforcePpBaseline}},
+                                 "advantage estimator of the rewards");
+}
+
 void add_path_list(CLI::App* app, const std::string& name, const std::string& what, PathList& out) {
   out.name = name;
   CLI::Option* comma = app->add_option("--" + name, out.comma, what + " files, comma-separated");

@@ -13,6 +13,8 @@
 
 #include "io/json.h"
 #include "model/expert_comm.h"
+#include "rl/advantages.h"
+#include "rl/trainer.h"
 #include "transport/communicator.h"
 
 namespace moerl::tools {
@@ -74,6 +76,13 @@ void wait_until_stored(Rank& rank);
 // would print DBL_MAX in full). A value that is no number is left to CLI11's conversion error.
 extern const CLI::Validator kPositive;
 extern const CLI::Validator kNonNegative;
+
+// The policy loss flags of moe_train grpo and moe_hf score (docs/algorithms.md): --policy-loss
+// ppo-clip|gspo|cispo, --aggregation (verl's loss_agg_mode names), --kl-estimator k1|k2|k3,
+// --clip-eps (below) and --clip-high (above; default: --clip-eps), --norm-tokens.
+void add_policy_loss_options(CLI::App* cmd, rl::LossConfig& lc);
+// --advantage group-norm|group-mean|rloo|reinforce-pp-baseline.
+void add_advantage_option(CLI::App* cmd, rl::AdvantageEstimator& estimator);
 
 // Input files given either as --<name> F1,F2 (comma-separated) or as --<name>-file LIST (a
 // text file, one path per line, blank lines ignored), for lists longer than the 128 KiB

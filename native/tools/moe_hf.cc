@@ -9,7 +9,8 @@
 //                [--temperature T] [--completions] [--max-batch-tokens N]
 //                [--grad-out FILE --loss sft|grpo ...]
 //       Teacher-forced log-probs: FILE has JSONL lines {"tokens":[...]} (with "prompt_len",
-//       "old_logprobs" and "advantage" for --loss grpo); prints one line per sequence,
+//       "old_logprobs" and "advantage" for --loss grpo, "ref_logprobs" for its --kl-coef, and
+//       an optional "loss_mask"); prints one line per sequence,
 //       {"logprobs":[log p(tokens[t] | tokens[<t]) for t >= 1]}, p = softmax(logits / T) as
 //       moe_generate samples and records it (default T = 1); with --completions only the
 //       tokens t >= prompt_len. --max-batch-tokens N forwards the sequences in order in batches
@@ -97,7 +98,13 @@ std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo
       MOERL_CHECK_INPUT(s.old_logprobs.size() == s.tokens.size() - s.prompt_len, what,
                         ": old_logprobs must have one entry per completion token");
       s.advantage = (float)io::number_field(j, "advantage", what);
+      if (j.contains("ref_logprobs"))
+        for (const io::Json& v : io::array_field(j, "ref_logprobs", what))
+          s.ref_logprobs.push_back((float)io::as_number(v, what + " ref_logprobs"));
+      MOERL_CHECK_INPUT(s.ref_logprobs.empty() || s.ref_logprobs.size() == s.old_logprobs.size(),
+                        what, ": ref_logprobs must have one entry per completion token");
     }
+    s.loss_mask = loss_mask_field(j, s.tokens.size() - s.prompt_len, what);
     out.push_back(std::move(s));
   });
   MOERL_CHECK_INPUT(!out.empty(), path, ": no sequences");
@@ -193,6 +200,9 @@ int cmd_score(ScoreOptions& o) {
   MOERL_CHECK_INPUT(rank.ep.world_size() == 1 && !o.hf.empty(),
                     "--grad-out needs one rank and --hf (it writes every tensor under HF names)");
   o.lc.objective = grpo ? rl::Objective::Grpo : rl::Objective::Sft;
+  for (size_t i = 0; i < seqs.size() && grpo && o.lc.kl_coef != 0.0f; i++)
+    MOERL_CHECK_INPUT(!seqs[i].ref_logprobs.empty(), o.sequences, " line ", i + 1,
+                      ": --kl-coef needs its ref_logprobs");
   o.lc.micro_batch = (int)seqs.size();
   rl::StepMetrics sm = rl::compute_gradients(ps, rank.ep, seqs, o.lc);
   // the gradient arenas have the parameters' layout: write them as a model of gradients
@@ -247,7 +257,9 @@ int main(int argc, char** argv) {
   sc_cmd->add_option("--loss", sc.loss, "loss of --grad-out")->check(CLI::IsMember({"sft", "grpo"}));
   sc_cmd->add_option("--aux-coef", sc.lc.aux_coef, "balance loss weight");
   sc_cmd->add_option("--z-coef", sc.lc.z_coef, "router z-loss weight");
-  sc_cmd->add_option("--clip-eps", sc.lc.clip_eps, "GRPO ratio clip");
+  add_policy_loss_options(sc_cmd, sc.lc);
+  sc_cmd->add_option("--kl-coef", sc.lc.kl_coef, "KL weight (rows give ref_logprobs)")
+      ->check(kNonNegative);
   sc_cmd->add_option("--entropy-coef", sc.lc.entropy_coef, "GRPO entropy bonus");
   sc_cmd->add_option("--temperature", sc.lc.temperature,
                      "T of the log-probs, softmax(logits / T) (and of the GRPO loss)")

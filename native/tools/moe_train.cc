@@ -26,7 +26,7 @@
 // "micro_batch"/"micro_batches" (this rank's, within the step), or "files"/"of".
 #include <cblas.h>  // cblas_sgemm for the sgemm benchmark
 
-#include <algorithm>  // std::min
+#include <algorithm>  // std::min, std::count
 #include <chrono>     // steady_clock
 #include <cmath>      // std::sqrt
 #include <cstdio>     // std::printf
@@ -43,6 +43,7 @@
 #include "model/expert_comm.h"
 #include "model/kernels.h"
 #include "model/weights.h"
+#include "rl/advantages.h"
 #include "rl/trainer.h"
 #include "tasks/tasks.h"
 #include "tasks/tokenizer.h"
@@ -306,6 +307,7 @@ struct GrpoOptions {
   PathList rollouts, rewards;
   int64_t iteration = 0, minibatches = 1, epochs = 1;
   double progress_interval = 1.0;
+  rl::AdvantageEstimator advantage = rl::AdvantageEstimator::GroupNorm;
   rl::LossConfig lc;
   rl::AdamWConfig ac;
 };
@@ -322,7 +324,8 @@ void add_grpo_options(CLI::App* cmd, GrpoOptions& o) {
   cmd->add_option("--ref-checkpoint", o.ref, "reference policy of the KL term");
   cmd->add_option("--kl-coef", o.lc.kl_coef, "k3 KL weight (needs --ref-checkpoint)");
   cmd->add_option("--entropy-coef", o.lc.entropy_coef, "entropy bonus weight");
-  cmd->add_option("--clip-eps", o.lc.clip_eps, "ratio clip epsilon");
+  add_policy_loss_options(cmd, o.lc);
+  add_advantage_option(cmd, o.advantage);
   cmd->add_option("--tis-clip", o.lc.tis_clip,
                   "truncated importance sampling cap on p_train / p_rollout, 0 = off")
       ->check(kNonNegative);
@@ -367,45 +370,51 @@ int cmd_grpo(const GrpoOptions& o) {
     return std::make_pair(x.prompt_id, x.sample_index) < std::make_pair(y.prompt_id, y.sample_index);
   });
 
-  // group-normalised advantages; groups whose rewards are all equal carry no signal and
-  // are skipped (as DAPO's dynamic sampling does)
-  std::vector<rl::TrainSequence> seqs;
+  // the prompts' groups of samples; a group whose rewards are all equal carries no signal and
+  // is skipped (rl::advantages), as is a sample with no completion token
+  std::vector<std::pair<size_t, size_t>> spans;  // [first, end) of each group in rollouts
+  std::vector<rl::RewardGroup> groups;
   double reward_sum = 0.0;
-  int64_t skipped_groups = 0, groups = 0;
   for (size_t i = 0; i < rollouts.size();) {
     size_t j = i;
     while (j < rollouts.size() && rollouts[j].prompt_id == rollouts[i].prompt_id) j++;
-    groups++;
-    std::vector<float> r;
+    rl::RewardGroup g;
     for (size_t k = i; k < j; k++) {
       auto it = rewards.find({rollouts[k].prompt_id, rollouts[k].sample_index});
       MOERL_CHECK_INPUT(it != rewards.end(), "no reward for prompt ", rollouts[k].prompt_id,
                         " sample ", rollouts[k].sample_index);
-      r.push_back(it->second);
+      g.rewards.push_back(it->second);
+      const std::vector<uint8_t>& mask = rollouts[k].loss_mask;
+      g.trained_tokens.push_back(mask.empty() ? (int)rollouts[k].tokens.size()
+                                              : (int)std::count(mask.begin(), mask.end(), 1));
       reward_sum += it->second;
     }
-    double mean = 0.0, var = 0.0;
-    for (float x : r) mean += x / r.size();
-    for (float x : r) var += (x - mean) * (x - mean) / r.size();
-    double sd = std::sqrt(var);
-    if (sd < 1e-6) {
-      skipped_groups++;
-    } else {
-      for (size_t k = i; k < j; k++) {
-        const RolloutRecord& ro = rollouts[k];
-        if (ro.tokens.empty()) continue;
-        rl::TrainSequence s;
-        s.tokens = ro.prompt_tokens;
-        s.prompt_len = (int)s.tokens.size();
-        s.tokens.insert(s.tokens.end(), ro.tokens.begin(), ro.tokens.end());
-        s.old_logprobs = ro.logprobs;
-        s.loss_mask = ro.loss_mask;
-        s.advantage = (float)((r[k - i] - mean) / (sd + 1e-6));
-        seqs.push_back(std::move(s));
-      }
-    }
+    groups.push_back(std::move(g));
+    spans.emplace_back(i, j);
     i = j;
   }
+  const std::vector<std::vector<float>> adv = rl::advantages(groups, o.advantage);
+  std::vector<rl::TrainSequence> seqs;
+  int64_t skipped_groups = 0;
+  for (size_t g = 0; g < groups.size(); g++) {
+    if (adv[g].empty()) {
+      skipped_groups++;
+      continue;
+    }
+    for (size_t k = spans[g].first; k < spans[g].second; k++) {
+      const RolloutRecord& ro = rollouts[k];
+      if (ro.tokens.empty()) continue;
+      rl::TrainSequence s;
+      s.tokens = ro.prompt_tokens;
+      s.prompt_len = (int)s.tokens.size();
+      s.tokens.insert(s.tokens.end(), ro.tokens.begin(), ro.tokens.end());
+      s.old_logprobs = ro.logprobs;
+      s.loss_mask = ro.loss_mask;
+      s.advantage = adv[g][k - spans[g].first];
+      seqs.push_back(std::move(s));
+    }
+  }
+  const int64_t num_groups = (int64_t)groups.size();
 
   model::ModelConfig cfg = io::read_checkpoint_config(in);
   Rank rank(tc, cfg.num_experts);
@@ -430,7 +439,7 @@ int cmd_grpo(const GrpoOptions& o) {
   if (seqs.empty()) {
     emit_metrics(rank.ep, metrics,
                  "{\"iteration\":" + std::to_string(iteration) + ",\"skipped\":true,\"mean_reward\":" +
-                     io::json_float(mean_reward) + ",\"groups\":" + std::to_string(groups) + "}");
+                     io::json_float(mean_reward) + ",\"groups\":" + std::to_string(num_groups) + "}");
   }
   for (int64_t e = 0; e < epochs && !seqs.empty(); e++) {
     for (int64_t m = 0; m < minibatches; m++) {
@@ -440,7 +449,7 @@ int cmd_grpo(const GrpoOptions& o) {
       std::string line = sm.to_json(step++);
       line.pop_back();
       line += ",\"iteration\":" + std::to_string(iteration) + ",\"mean_reward\":" +
-              io::json_float(mean_reward) + ",\"groups\":" + std::to_string(groups) +
+              io::json_float(mean_reward) + ",\"groups\":" + std::to_string(num_groups) +
               ",\"skipped_groups\":" + std::to_string(skipped_groups) + "}";
       emit_metrics(rank.ep, metrics, line);
     }
