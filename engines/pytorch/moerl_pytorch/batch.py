@@ -221,27 +221,15 @@ class GrpoBatch:
     samples: int
 
 
-def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float]) -> GrpoBatch:
-    """Samples sorted by (prompt id, sample index); per prompt group the advantage
-    A = (r - mean) / (std + 1e-6) with the population std, accumulated in float64 in sample
-    order (each x / n of the mean in float32, as the native code divides) and kept as float32.
-    A group whose std is below 1e-6 carries no signal and is skipped; a sample with no
-    completion tokens is left out."""
-    rollouts = sorted(rollouts, key=lambda r: (r.prompt_id, r.sample_index))
-    seqs, reward_sum, groups, skipped = [], 0.0, 0, 0
-    i = 0
-    while i < len(rollouts):
-        j = i
-        while j < len(rollouts) and rollouts[j].prompt_id == rollouts[i].prompt_id:
-            j += 1
-        groups += 1
-        r = []
-        for ro in rollouts[i:j]:
-            key = (ro.prompt_id, ro.sample_index)
-            if key not in rewards:
-                raise BadInput(f"no reward for prompt {ro.prompt_id} sample {ro.sample_index}")
-            r.append(rewards[key])
-            reward_sum += rewards[key]
+def group_advantages(groups: list[list[float]], trained_tokens: list[list[int]], estimator: str):
+    """native/rl/advantages.cc: per prompt group of rewards, its samples' advantages, or None for
+    a group whose population std is below 1e-6 (no signal). group-norm (r - mean) / (std + 1e-6),
+    group-mean r - mean, rloo n / (n - 1) (r - mean), reinforce-pp-baseline r - mean whitened over
+    the kept samples weighted by their trained tokens, (a - mu) / sqrt(var + 1e-8). The mean is
+    accumulated in float64 in sample order, each x / n in float32 as the native code divides;
+    each advantage is kept as float32."""
+    out = []
+    for r in groups:
         mean = 0.0
         for x in r:  # x / n in float32, as the native `float / size_t`
             mean += float(np.float32(x) / np.float32(len(r)))
@@ -250,23 +238,61 @@ def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float]) -
             var += (x - mean) * (x - mean) / len(r)
         sd = math.sqrt(var)
         if sd < 1e-6:
-            skipped += 1
+            out.append(None)
+        elif estimator == "group-norm":
+            out.append([float(np.float32((x - mean) / (sd + 1e-6))) for x in r])
+        elif estimator == "rloo":
+            out.append([float(np.float32((x - mean) * len(r) / (len(r) - 1.0))) for x in r])
         else:
-            for k, ro in enumerate(rollouts[i:j]):
-                if not ro.tokens:
-                    continue
-                seqs.append(
-                    Sequence(
-                        tokens=ro.prompt_tokens + ro.tokens,
-                        prompt_len=len(ro.prompt_tokens),
-                        old_logprobs=ro.logprobs,
-                        advantage=float(np.float32((r[k] - mean) / (sd + 1e-6))),
-                        loss_mask=ro.loss_mask,
-                    )
-                )
+            out.append([float(np.float32(x - mean)) for x in r])
+    if estimator != "reinforce-pp-baseline":
+        return out
+    kept = [(a, n) for adv, ns in zip(out, trained_tokens) if adv is not None for a, n in zip(adv, ns)]
+    w_sum = float(sum(n for _, n in kept))
+    if w_sum <= 0:
+        return out
+    mu = sum(n * a for a, n in kept) / w_sum
+    var = sum(n * (a - mu) * (a - mu) / w_sum for a, n in kept)
+    return [None if adv is None else [float(np.float32((a - mu) / math.sqrt(var + 1e-8))) for a in adv]
+            for adv in out]
+
+
+def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float],
+               estimator: str = "group-norm") -> GrpoBatch:
+    """Samples sorted by (prompt id, sample index), grouped by prompt, advantages by
+    group_advantages; a group with no signal is skipped, a sample with no completion tokens left
+    out."""
+    rollouts = sorted(rollouts, key=lambda r: (r.prompt_id, r.sample_index))
+    spans, groups, tokens, reward_sum = [], [], [], 0.0
+    i = 0
+    while i < len(rollouts):
+        j = i
+        while j < len(rollouts) and rollouts[j].prompt_id == rollouts[i].prompt_id:
+            j += 1
+        r = []
+        for ro in rollouts[i:j]:
+            key = (ro.prompt_id, ro.sample_index)
+            if key not in rewards:
+                raise BadInput(f"no reward for prompt {ro.prompt_id} sample {ro.sample_index}")
+            r.append(rewards[key])
+            reward_sum += rewards[key]
+        spans.append((i, j))
+        groups.append(r)
+        tokens.append([len(ro.tokens) if ro.loss_mask is None else sum(1 for m in ro.loss_mask if m == 1)
+                       for ro in rollouts[i:j]])
         i = j
+    seqs, skipped = [], 0
+    for (i, j), adv in zip(spans, group_advantages(groups, tokens, estimator)):
+        if adv is None:
+            skipped += 1
+            continue
+        for k, ro in enumerate(rollouts[i:j]):
+            if not ro.tokens:
+                continue
+            seqs.append(Sequence(tokens=ro.prompt_tokens + ro.tokens, prompt_len=len(ro.prompt_tokens),
+                                 old_logprobs=ro.logprobs, advantage=adv[k], loss_mask=ro.loss_mask))
     mean_reward = reward_sum / len(rollouts) if rollouts else 0.0
-    return GrpoBatch(seqs, mean_reward, groups, skipped, len(rollouts))
+    return GrpoBatch(seqs, mean_reward, len(groups), skipped, len(rollouts))
 
 
 def read_sft_examples(path: str) -> list[Sequence]:

@@ -19,6 +19,7 @@ import traceback
 import numpy as np
 
 from . import ENGINE_CONTRACT_VERSION
+from .algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from .batch import check_tokens, grpo_batch, read_list_file, read_rewards, read_rollouts, read_sft_examples
 from .errors import BadInput
 from .hfdir import HfDir
@@ -87,9 +88,19 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--rewards-file", required=True, help="text file listing the rewards JSONL files")
     g.add_argument("--iteration", type=nonneg_int, default=0, help="campaign iteration (copied into metrics)")
     g.add_argument("--ref-checkpoint", default="", help="reference policy of the KL term (HF directory)")
-    g.add_argument("--kl-coef", type=f32, default=0.0, help="k3 KL weight (needs --ref-checkpoint)")
+    g.add_argument("--kl-coef", type=f32, default=0.0, help="KL weight (needs --ref-checkpoint)")
+    g.add_argument("--kl-estimator", choices=KL_ESTIMATORS, default="k3", help="estimator of the KL term")
     g.add_argument("--entropy-coef", type=f32, default=0.0, help="entropy bonus weight")
-    g.add_argument("--clip-eps", type=f32, default=0.2, help="ratio clip epsilon")
+    g.add_argument("--policy-loss", choices=POLICY_LOSSES, default="ppo-clip", help="policy term of each token")
+    g.add_argument("--aggregation", choices=AGGREGATIONS, default="token-mean",
+                   help="how token losses make the step's loss")
+    g.add_argument("--advantage", choices=ADVANTAGE_ESTIMATORS, default="group-norm",
+                   help="advantage estimator of the rewards")
+    g.add_argument("--clip-eps", type=nonneg_f32, default=0.2,
+                   help="ratio clip below, 1 - eps (and above without --clip-high)")
+    g.add_argument("--clip-high", type=nonneg_f32, default=None, help="ratio clip above, 1 + eps [default: --clip-eps]")
+    g.add_argument("--norm-tokens", type=nonneg_f32, default=0.0,
+                   help="seq-mean-token-sum-norm's constant token count")
     g.add_argument("--tis-clip", type=nonneg_f32, default=0.0,
                    help="truncated importance sampling cap on p_train / p_rollout, 0 = off")
     g.add_argument("--temperature", type=positive_f32, default=1.0, help="sampling temperature of the rollouts")
@@ -143,13 +154,17 @@ def grpo(a) -> int:
     out = Output(contract.rank == 0, a.metrics, a.progress_interval)
     if a.kl_coef != 0.0 and not a.ref_checkpoint:
         raise BadInput("--kl-coef > 0 needs --ref-checkpoint")
+    if a.aggregation == "seq-mean-token-sum-norm" and a.norm_tokens <= 0:
+        raise BadInput("--aggregation seq-mean-token-sum-norm needs --norm-tokens > 0")
+    if a.clip_high is None:
+        a.clip_high = a.clip_eps
     rollout_files = read_list_file(a.rollouts_file, "--rollouts-file")
     rewards = read_rewards(read_list_file(a.rewards_file, "--rewards-file"))
     rollouts = []
     for i, path in enumerate(rollout_files):
         rollouts += read_rollouts(path)
         out.progress("read_rollouts", files=i + 1, of=len(rollout_files))
-    batch = grpo_batch(rollouts, rewards)
+    batch = grpo_batch(rollouts, rewards, a.advantage)
     policy = HfDir(a.checkpoint, "--checkpoint")
     ref = HfDir(a.ref_checkpoint, "--ref-checkpoint") if a.kl_coef != 0.0 else None
     check_tokens(batch.sequences, policy.vocab_size, policy.max_len, a.rollouts_file)

@@ -1,6 +1,6 @@
-"""The loss terms of docs/engines.md ("The formulas"), one function per term, as the native core
-defines them (native/rl/trainer.cc: grpo_token, compute_gradients; native/model/moe.cc,
-model.cc: the router losses). Token terms are computed in float64 from the float32 logits, as
+"""The loss terms of docs/engines.md ("The formulas") and docs/algorithms.md, one function per
+term, as the native core defines them (native/rl/trainer.cc: grpo_token, compute_gradients;
+native/model/moe.cc, model.cc: the router losses). Token terms are computed in float64 from the float32 logits, as
 the native code does; autograd gives the gradients the native code writes by hand."""
 
 from dataclasses import dataclass
@@ -14,7 +14,12 @@ class LossConfig:
     """rl::LossConfig. Values are float32 numbers, as the native flags parse them."""
 
     objective: str  # "sft" or "grpo"
-    clip_eps: float = 0.2
+    policy_loss: str = "ppo-clip"  # algorithms.POLICY_LOSSES
+    aggregation: str = "token-mean"  # algorithms.AGGREGATIONS
+    kl_estimator: str = "k3"  # algorithms.KL_ESTIMATORS
+    clip_eps: float = 0.2  # ratio clip below, 1 - clip_eps
+    clip_high: float = 0.2  # ratio clip above, 1 + clip_high
+    norm_tokens: float = 0.0  # seq-mean-token-sum-norm's constant
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     aux_coef: float = 0.01
@@ -47,14 +52,17 @@ class GrpoTerms(NamedTuple):
 
 
 def grpo_token_terms(logits, targets, old_logprobs, train_logprobs, ref_logprobs, advantages,
-                     lc: LossConfig) -> GrpoTerms:
+                     lc: LossConfig, seq_log_ratio=None) -> GrpoTerms:
     """Per completion token (grpo_token): w = min(exp(logp_train - logp_rollout), tis_clip)
-    (detached; 1 and ratio = exp(logp - logp_rollout) when tis_clip is 0), else
-    ratio = exp(logp - logp_train); policy = -w min(ratio A, clip(ratio, 1-eps, 1+eps) A),
-    k3 = exp(d) - d - 1 with d = logp_ref - logp, loss = policy + kl_coef k3 - entropy_coef H;
-    mismatch_kl = expm1(m) - m with m = logp_train - logp_rollout. old (the rollout's), train,
-    ref and advantages are float64 tensors [N]; train is None on the tokens' first forward (their
-    own log-probs, rounded to float32, are used) and ref None when kl_coef is 0."""
+    (detached) and logp_old = logp_train with TIS; w = 1 and logp_old = logp_rollout without.
+    ppo-clip: r = exp(logp - logp_old), policy = -w min(r A, clip(r, 1-eps, 1+eps_high) A);
+    gspo: the same with r = s exp(logp - sg(logp)), s = exp(seq_log_ratio) the sequence's ratio
+    (detached, [N] per token); cispo: policy = -w sg(clip(r, 1-eps, 1+eps_high)) A logp.
+    KL to the reference by lc.kl_estimator of d = logp_ref - logp (k1 -d, k2 d^2/2, k3
+    e^d - d - 1); loss = policy + kl_coef kl - entropy_coef H; mismatch_kl = expm1(m) - m with
+    m = logp_train - logp_rollout. old (the rollout's), train, ref and advantages are float64
+    tensors [N]; train is None on the tokens' first forward (their own log-probs, rounded to
+    float32, are used) and ref None when kl_coef is 0."""
     lp, entropy = token_logprobs(logits, targets, lc.temperature)
     train = lp.detach().float().double() if train_logprobs is None else train_logprobs
     d_mis = train - old_logprobs
@@ -63,21 +71,59 @@ def grpo_token_terms(logits, targets, old_logprobs, train_logprobs, ref_logprobs
         raw = torch.exp(d_mis)
         tis_clipped = raw > lc.tis_clip
         w = torch.clamp(raw, max=lc.tis_clip)
-        ratio = torch.exp(lp - train)
+        old = train
     else:
         tis_clipped = torch.zeros_like(lp, dtype=torch.bool)
         w = torch.ones_like(d_mis)
-        ratio = torch.exp(lp - old_logprobs)
-    clipped_ratio = torch.clamp(ratio, 1.0 - lc.clip_eps, 1.0 + lc.clip_eps)
-    clipped = ratio * advantages > clipped_ratio * advantages
-    policy = -w * torch.where(clipped, clipped_ratio.detach() * advantages, ratio * advantages)
+        old = old_logprobs
+    lo, hi = 1.0 - lc.clip_eps, 1.0 + lc.clip_high
+    if lc.policy_loss == "cispo":
+        ratio = torch.exp(lp.detach() - old)
+        weight = torch.clamp(ratio, lo, hi)
+        clipped = weight != ratio
+        policy = -w * weight * advantages * lp
+    else:
+        if lc.policy_loss == "gspo":
+            ratio = torch.exp(seq_log_ratio) * torch.exp(lp - lp.detach())
+        else:
+            ratio = torch.exp(lp - old)
+        clipped_ratio = torch.clamp(ratio.detach(), lo, hi)
+        clipped = ratio.detach() * advantages > clipped_ratio * advantages
+        policy = -w * torch.where(clipped, clipped_ratio * advantages, ratio * advantages)
     if lc.kl_coef != 0.0:
         d = ref_logprobs - lp
-        kl = torch.exp(d) - d - 1.0
+        kl = {"k1": lambda: -d, "k2": lambda: 0.5 * d * d, "k3": lambda: torch.exp(d) - d - 1.0}[lc.kl_estimator]()
     else:
         kl = torch.zeros_like(lp)
     loss = policy + lc.kl_coef * kl - lc.entropy_coef * entropy
     return GrpoTerms(loss, policy, kl, entropy, clipped, mismatch_kl, tis_clipped, train)
+
+
+def gspo_log_ratio(logits, targets, old_logprobs, train_logprobs, rows_b, num_seqs: int, lc: LossConfig):
+    """GSPO's log sequence ratio per token [N] (compute_gradients' gspo_log_ratio): the mean over
+    its sequence's trained tokens of logp - logp_old, detached; 0 on a first forward with TIS."""
+    if lc.tis_clip > 0.0 and train_logprobs is None:
+        return torch.zeros_like(old_logprobs)
+    with torch.no_grad():
+        lp, _ = token_logprobs(logits, targets, lc.temperature)
+    old = train_logprobs if lc.tis_clip > 0.0 else old_logprobs
+    sums = torch.zeros(num_seqs, dtype=torch.float64, device=lp.device).index_add_(0, rows_b, lp - old)
+    counts = torch.bincount(rows_b, minlength=num_seqs).clamp(min=1)
+    return (sums / counts)[rows_b]
+
+
+def sequence_weights(lc: LossConfig, trained: torch.Tensor, n_tok: float, n_seq: float) -> torch.Tensor:
+    """compute_gradients' sequence_weight: each token loss's weight in the step's loss by its
+    sequence's trained tokens [B] (lc.aggregation), given the minibatch's trained tokens and its
+    sequences with at least one."""
+    t = trained.double()
+    if lc.aggregation == "token-mean":
+        return torch.full_like(t, 1.0 / n_tok)
+    if lc.aggregation == "seq-mean-token-sum":
+        return torch.full_like(t, 1.0 / n_seq)
+    if lc.aggregation == "seq-mean-token-mean":
+        return torch.where(t > 0, 1.0 / (n_seq * t.clamp(min=1)), torch.zeros_like(t))
+    return torch.full_like(t, 1.0 / (n_seq * lc.norm_tokens))
 
 
 def sft_token_terms(logits, targets):

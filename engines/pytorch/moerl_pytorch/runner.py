@@ -91,7 +91,9 @@ def metrics_line(m, step: int, extra: dict) -> dict:
 
 
 def run_grpo(a, contract: RankContract, out, batch: GrpoBatch, policy_dir: HfDir, ref_dir: HfDir | None) -> int:
-    lc = LossConfig(objective="grpo", clip_eps=a.clip_eps, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
+    lc = LossConfig(objective="grpo", policy_loss=a.policy_loss, aggregation=a.aggregation,
+                    kl_estimator=a.kl_estimator, clip_eps=a.clip_eps, clip_high=a.clip_high,
+                    norm_tokens=a.norm_tokens, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
                     aux_coef=a.aux_coef, z_coef=a.z_coef, temperature=a.temperature, tis_clip=a.tis_clip,
                     micro_batch=a.micro_batch)
     device = pick_device(a.device, contract.rank)

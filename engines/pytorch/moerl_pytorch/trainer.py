@@ -1,7 +1,8 @@
 """One optimizer step over a global minibatch, data parallel (native/rl/trainer.cc:
 compute_gradients, train_step, fill_ref_logprobs): every rank holds the same minibatch and takes
-sequences i with i % R == rank in micro-batches; token losses are normalised by the step's
-global trained tokens (its completion tokens less the loss masks' 0s), the router z-loss by its
+sequences i with i % R == rank in micro-batches; token losses are weighed by the aggregation
+(losses.sequence_weights) from the step's global counts: its trained tokens (its completion
+tokens less the loss masks' 0s) and its sequences with one; the router z-loss by its
 global tokens, the balance loss is one per micro-batch of all ranks (its sums allreduced)
 averaged over micro-batches; gradients are summed over ranks; then AdamW. Every rank runs the
 same number of forwards, an empty share a one-token dummy that adds nothing, since FSDP2's
@@ -15,7 +16,8 @@ import torch
 from .batch import Sequence, micro_batches
 from .errors import BadInput
 from .hf import num_experts
-from .losses import LossConfig, balance_loss, grpo_token_terms, router_stats, sft_token_terms
+from .losses import (LossConfig, balance_loss, grpo_token_terms, gspo_log_ratio, router_stats, sequence_weights,
+                     sft_token_terms)
 from .optim import AdamW
 from .ranks import Group
 
@@ -113,6 +115,7 @@ def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: l
     for i, s in enumerate(batch):
         check_loss_mask(s, i)
     n_tok = float(sum(s.trained_tokens for s in batch))
+    n_seq = float(sum(1 for s in batch if s.trained_tokens > 0))
     if n_tok == 0:
         raise BadInput(f"training batch of {len(batch)} sequences has no trained token "
                        f"(every completion token is masked)")
@@ -133,9 +136,14 @@ def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: l
         pk = pack(seqs, device, with_ref)
         logits, router_logits = forward(model, pk)
         rows = logits[pk.rows_b, pk.rows_t]
+        trained = torch.tensor([s.trained_tokens for s in seqs] if not pk.dummy else [0], device=device)
+        weight = (sequence_weights(lc, trained, n_tok, n_seq) if grpo
+                  else torch.full(trained.shape, 1.0 / n_tok, dtype=torch.float64, device=device))[pk.rows_b]
         if grpo:
+            seq_log_ratio = (gspo_log_ratio(rows, pk.targets, pk.old_logprobs, pk.train_logprobs, pk.rows_b,
+                                            len(trained), lc) if lc.policy_loss == "gspo" else None)
             t = grpo_token_terms(rows, pk.targets, pk.old_logprobs, pk.train_logprobs, pk.ref_logprobs,
-                                 pk.advantages, lc)
+                                 pk.advantages, lc, seq_log_ratio)
             tok_loss, entropy = t.loss, t.entropy
             sums[POLICY] += float(t.policy.detach().sum())
             sums[KL] += float(t.kl.detach().sum())
@@ -146,7 +154,7 @@ def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: l
                 split_completions(seqs, t.train_logprobs.cpu().tolist(), "train_logprobs")
         else:
             tok_loss, entropy = sft_token_terms(rows, pk.targets)
-        sums[LOSS] += float(tok_loss.detach().sum())
+        sums[LOSS] += float((tok_loss.detach() * weight).sum())
         sums[ENTROPY] += float(entropy.detach().sum())
         valid = pk.mask.reshape(-1).bool() if not pk.dummy else torch.zeros_like(pk.mask.reshape(-1)).bool()
         rs = router_stats(router_logits, valid, top_k)
@@ -159,7 +167,7 @@ def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: l
         sums[Z] += float(rs.z_sum.detach())
         for j, layer in enumerate(moe_layer_ids):
             sums[NUM + layer * E: NUM + (layer + 1) * E] += rs.picks[j].cpu()
-        loss = tok_loss.sum() / n_tok + aux_weight * aux_term + z_weight * rs.z_sum
+        loss = (tok_loss * weight).sum() + aux_weight * aux_term + z_weight * rs.z_sum
         if pk.dummy:
             loss = loss + 0.0 * logits.sum()
         loss.backward()
@@ -175,7 +183,7 @@ def compute_gradients(model, moe_layer_ids: list[int], num_layers: int, batch: l
     m.clip_frac = float(sums[CLIP]) / n_tok
     m.mismatch_kl = float(sums[MISMATCH]) / n_tok
     m.tis_clip_frac = float(sums[TIS_CLIP]) / n_tok
-    m.loss = float(sums[LOSS]) / n_tok + lc.aux_coef * m.aux_loss + lc.z_coef * m.z_loss
+    m.loss = float(sums[LOSS]) + lc.aux_coef * m.aux_loss + lc.z_coef * m.z_loss
     load = sums[NUM:].reshape(num_layers, E)
     m.expert_load = (load.sum(0) / max(1.0, float(load.sum()))).tolist()
     m.expert_load_layers = [(row / max(1.0, float(row.sum()))).tolist() for row in load]

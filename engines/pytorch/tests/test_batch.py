@@ -6,7 +6,7 @@ import os
 import tempfile
 import unittest
 
-from moerl_pytorch.batch import (Rollout, grpo_batch, micro_batches, minibatches, read_list_file, read_rewards,
+from moerl_pytorch.batch import (Rollout, group_advantages, grpo_batch, micro_batches, minibatches, read_list_file, read_rewards,
                                  read_rollouts, read_sft_examples, sft_step_batch)
 from moerl_pytorch.errors import BadInput
 
@@ -149,6 +149,30 @@ class Advantages(unittest.TestCase):
         b = grpo_batch(rollouts, {(1, 0): 1.0, (1, 1): 0.0})
         self.assertEqual([s.loss_mask for s in b.sequences], [[0, 1], None])
         self.assertEqual([s.trained_tokens for s in b.sequences], [1, 1])
+
+    def test_each_estimator_from_its_formula(self):
+        groups = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.5], [2.0, 0.0, 1.0]]
+        tokens = [[3, 5, 2, 2], [1, 1], [4, 4, 0]]
+        self.assertIsNone(group_advantages(groups, tokens, "rloo")[1])
+        self.assertEqual(group_advantages(groups, tokens, "group-mean")[0], [0.5, -0.5, -0.5, 0.5])
+        rloo = group_advantages(groups, tokens, "rloo")
+        self.assertAlmostEqual(rloo[0][0], 1 - 1 / 3, places=6)
+        self.assertAlmostEqual(rloo[2][0], 2 - 0.5, places=6)
+        # REINFORCE++ baseline: r - mean, whitened over the kept samples weighted by their tokens
+        a = [0.5, -0.5, -0.5, 0.5, 1.0, -1.0, 0.0]
+        w = [3, 5, 2, 2, 4, 4, 0]
+        mu = sum(x * n for x, n in zip(a, w)) / sum(w)
+        var = sum(n * (x - mu) ** 2 for x, n in zip(a, w)) / sum(w)
+        pp = group_advantages(groups, tokens, "reinforce-pp-baseline")
+        self.assertAlmostEqual(pp[0][1], (-0.5 - mu) / (var + 1e-8) ** 0.5, places=5)
+        self.assertAlmostEqual(pp[2][0], (1.0 - mu) / (var + 1e-8) ** 0.5, places=5)
+        # the trained tokens of a rollout are its loss mask's 1s
+        rollouts = [Rollout(1, 0, [9], [4, 5, 6], [-1.0] * 3, [1, 0, 1]), Rollout(1, 1, [9], [4], [-1.0]),
+                    Rollout(2, 0, [9], [4], [-1.0]), Rollout(2, 1, [9], [4], [-1.0])]
+        b = grpo_batch(rollouts, {(1, 0): 1.0, (1, 1): 0.0, (2, 0): 0.0, (2, 1): 1.0}, "reinforce-pp-baseline")
+        mu = (2 * 0.5 - 0.5 - 0.5 + 0.5) / 5
+        var = (2 * (0.5 - mu) ** 2 + (-0.5 - mu) ** 2 + (-0.5 - mu) ** 2 + (0.5 - mu) ** 2) / 5
+        self.assertAlmostEqual(b.sequences[0].advantage, (0.5 - mu) / (var + 1e-8) ** 0.5, places=5)
 
     def test_a_missing_reward_is_named(self):
         with self.assertRaisesRegex(BadInput, "no reward for prompt 7 sample 3"):

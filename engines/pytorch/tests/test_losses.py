@@ -88,6 +88,61 @@ class TokenTerms(unittest.TestCase):
             want = native_grpo_dlogits(logits[i].detach(), targets[i], old[i], ref[i], adv[i], lc, train[i])
             torch.testing.assert_close(logits.grad[i].double(), want, rtol=1e-6, atol=1e-7)
 
+    def test_kl_estimators_and_clip_higher(self):
+        N, V = 5, 7
+        logits = torch.randn(N, V, requires_grad=True)
+        targets = torch.randint(0, V, (N,))
+        with torch.no_grad():
+            lp = torch.log_softmax(logits.double(), -1).gather(1, targets[:, None])[:, 0]
+        old = lp + torch.tensor([-0.2, -0.1, 0.0, 0.3, -0.5], dtype=torch.float64)  # ratios e^0.2 ...
+        ref = lp + torch.tensor([0.2, -0.3, 0.1, 0.0, 0.5], dtype=torch.float64)
+        adv = torch.ones(N, dtype=torch.float64)
+        d = ref - lp
+        for est, want in (("k1", -d), ("k2", 0.5 * d * d), ("k3", torch.exp(d) - d - 1)):
+            lc = LossConfig(objective="grpo", kl_coef=0.1, kl_estimator=est, clip_high=0.28)
+            t = grpo_token_terms(logits, targets, old, None, ref, adv, lc)
+            torch.testing.assert_close(t.kl.detach(), want)
+            # e^0.2 = 1.22 is within 1 + 0.28, e^0.5 = 1.65 beyond it
+            self.assertEqual(t.clipped.tolist(), [False, False, False, False, True])
+            logits.grad = None
+            t.loss.sum().backward()
+            g_kl = {"k1": torch.ones_like(d), "k2": -d, "k3": 1 - torch.exp(d)}[est]
+            for i in range(N):
+                p = torch.softmax(logits[i].detach().double(), -1)
+                onehot = torch.nn.functional.one_hot(targets[i], V).double()
+                ratio = torch.exp(lp[i] - old[i])
+                g_lp = (0.0 if t.clipped[i] else -ratio) + 0.1 * g_kl[i]
+                torch.testing.assert_close(logits.grad[i].double(), g_lp * (onehot - p), rtol=1e-6, atol=1e-7)
+
+    def test_cispo_and_gspo_gradients_are_their_stop_gradient_forms(self):
+        N, V = 4, 9
+        logits = torch.randn(N, V, requires_grad=True)
+        targets = torch.randint(0, V, (N,))
+        with torch.no_grad():
+            lp = torch.log_softmax(logits.double(), -1).gather(1, targets[:, None])[:, 0]
+        old = lp + torch.tensor([0.1, -0.5, 0.5, 0.0], dtype=torch.float64)
+        adv = torch.tensor([0.7, 0.7, -1.0, 1.0], dtype=torch.float64)
+        p = torch.softmax(logits.detach().double(), -1)
+        dlp = torch.nn.functional.one_hot(targets, V).double() - p  # d logp / d logits, per row
+        lc = LossConfig(objective="grpo", policy_loss="cispo", clip_high=0.3)
+        t = grpo_token_terms(logits, targets, old, None, None, adv, lc)
+        weight = torch.clamp(torch.exp(lp - old), 0.8, 1.3)
+        torch.testing.assert_close(t.policy.detach(), -weight * adv * lp)
+        self.assertEqual(t.clipped.tolist(), [False, True, True, False])
+        t.loss.sum().backward()
+        torch.testing.assert_close(logits.grad.double(), (-weight * adv)[:, None] * dlp, rtol=1e-6, atol=1e-7)
+        # GSPO: every token carries its sequence's ratio s; clipped beyond the range on the side
+        # its advantage favours (s > 1 + 4e-4 with A > 0, s < 1 - 3e-4 with A < 0)
+        logits.grad = None
+        lc = LossConfig(objective="grpo", policy_loss="gspo", clip_eps=3e-4, clip_high=4e-4)
+        seq = torch.tensor([1e-4, 1e-3, -1e-3, 1e-3], dtype=torch.float64)
+        t = grpo_token_terms(logits, targets, old, None, None, adv, lc, seq)
+        s = torch.exp(seq)
+        self.assertEqual(t.clipped.tolist(), [False, True, True, True])
+        t.loss.sum().backward()
+        want = torch.where(t.clipped, torch.zeros_like(s), -adv * s)[:, None] * dlp
+        torch.testing.assert_close(logits.grad.double(), want, rtol=1e-6, atol=1e-7)
+
     def test_sft_is_cross_entropy_at_temperature_one(self):
         logits = torch.randn(4, 9, requires_grad=True)
         targets = torch.tensor([0, 3, 8, 2])
