@@ -21,6 +21,7 @@ import { StoreNotFoundError } from './store/errors.js';
 import type { ObjectStore } from './store/types.js';
 import { badInputErrorType } from './types.js';
 import { sftWarmStart, type CampaignSpec } from '../workflows/spec.js';
+import { algorithmFlags } from '../workflows/spec-algorithm.js';
 import { trainerEngine } from '../workflows/spec-engine.js';
 import { isHfModel } from '../workflows/spec-model.js';
 import type { HfModelSpec } from '../workflows/spec-model.js';
@@ -357,7 +358,7 @@ export async function updatePolicy(deps: ActivityDeps, input: UpdateInput): Prom
     '--rewards-file', '{work}/rewards.txt',
     '--iteration', String(iteration),
     '--lr', String(hp.lr),
-    '--clip-eps', String(hp.clipEps),
+    ...algorithmFlags(spec, hp),
     // absent in the hyperparameters of campaigns started before it existed: off
     ...(hp.tisClip > 0 ? ['--tis-clip', String(hp.tisClip)] : []),
     '--temperature', String(hp.temperature),

@@ -3,6 +3,7 @@
 // cli/spec-file.ts). Unknown fields are errors: a typo must never pass silently.
 import { z } from 'zod';
 import { agentSchema } from './spec-agent.js';
+import { algorithmSchema } from './spec-algorithm.js';
 import { datasetSchema } from './spec-dataset.js';
 import { engineSchema } from './spec-engine.js';
 import { kubernetesLauncherSchema, kubernetesStoreProblems } from './spec-kubernetes.js';
@@ -34,8 +35,27 @@ export function sftWarmStart(spec: {
 
 export const hyperparametersSchema = z.strictObject({
   lr: z.number().gt(0).max(1).describe('AdamW learning rate of the policy update'),
-  klCoef: z.number().min(0).max(10).describe('weight of the k3 KL penalty to the reference policy'),
-  clipEps: z.number().gt(0).max(1).describe('PPO/GRPO ratio clipping epsilon'),
+  klCoef: z
+    .number()
+    .min(0)
+    .max(10)
+    .describe('weight of the KL penalty to the reference policy (algorithm.klEstimator)'),
+  clipEps: z
+    .number()
+    .gt(0)
+    .max(1)
+    .describe(
+      'ratio clip below, 1 - clipEps, and above unless clipHigh is set (GSPO: its sequence ratio; CISPO: its weight)',
+    ),
+  clipHigh: z
+    .number()
+    .gt(0)
+    .max(10)
+    .optional()
+    .describe("ratio clip above, 1 + clipHigh (DAPO's clip-higher; default: dapo 0.28, else clipEps)"),
+  lossNormTokens: positiveInt(1_000_000)
+    .optional()
+    .describe("seq-mean-token-sum-norm's constant (default: the most tokens a sample can train)"),
   temperature: z.number().gt(0).max(5).describe('sampling temperature for rollouts'),
   topP: z.number().gt(0).max(1).describe('nucleus sampling threshold for rollouts'),
   entropyCoef: z.number().min(0).max(1).describe('weight of the entropy bonus'),
@@ -205,6 +225,11 @@ export const campaignSpecSchema = z
     engine: engineSchema.default({ trainer: 'native', rollout: 'native' }),
     launcher: launcherSchema.default({ kind: 'local' }),
     store: storeSchema.default({ kind: 'fs', path: '.moerl/store' }),
+    algorithm: algorithmSchema
+      .optional()
+      .describe(
+        'loss, advantage estimator, aggregation and KL estimator (docs/algorithms.md; default: GRPO)',
+      ),
     hyperparameters: hyperparametersSchema.partial().default({}),
     staleness: z.union([z.literal(0), z.literal(1)]).default(0),
     retention: z

@@ -30,8 +30,8 @@ export const setCommand: Command = {
   usage: 'set <campaign-id> key=value... [--reason TEXT]',
   options: { reason: { type: 'string' } },
   optionHelp: { '--reason TEXT': 'why (recorded with the change)' },
-  details: `Keys: lr, klCoef, clipEps, temperature, topP, entropyCoef, auxLossCoef, maxNewTokens, tisClip,
-and promptsPerIteration (the dataset position carries on from where it is; fewer prompts than
+  details: `Keys: lr, klCoef, clipEps, clipHigh, lossNormTokens, temperature, topP, entropyCoef,
+auxLossCoef, maxNewTokens, tisClip, and promptsPerIteration (the dataset position carries on from where it is; fewer prompts than
 rolloutShards use one shard a prompt).
 A change applies from the next iteration whose rollout has not started.
 example: moerl set demo-k3j9x2 lr=0.0001 temperature=0.8 --reason "reward plateau"`,

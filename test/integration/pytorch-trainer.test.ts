@@ -303,6 +303,82 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
     assert.ok(c.changed! >= 70, `only ${c.changed} tensors changed`);
   });
 
+  // docs/algorithms.md: each policy loss, aggregation, advantage and KL estimator on both
+  // trainers; 2 epochs, so the second is off-policy and the clips act
+  const algorithms: [string, string[]][] = [
+    [
+      'GSPO (seq-mean-token-mean, RLOO)',
+      [
+        '--policy-loss',
+        'gspo',
+        '--aggregation',
+        'seq-mean-token-mean',
+        '--advantage',
+        'rloo',
+        '--clip-high',
+        '0.5',
+      ],
+    ],
+    [
+      'CISPO (seq-mean-token-sum-norm, REINFORCE++ baseline, k1, TIS)',
+      [
+        ...['--policy-loss', 'cispo', '--aggregation', 'seq-mean-token-sum-norm', '--norm-tokens', '12'],
+        ...[
+          '--advantage',
+          'reinforce-pp-baseline',
+          '--kl-estimator',
+          'k1',
+          '--clip-high',
+          '0.05',
+          '--tis-clip',
+          '2',
+        ],
+      ],
+    ],
+    [
+      'DAPO clip-higher (seq-mean-token-sum, group mean, k2)',
+      [
+        ...['--clip-high', '0.28', '--aggregation', 'seq-mean-token-sum', '--advantage', 'group-mean'],
+        ...['--kl-estimator', 'k2'],
+      ],
+    ],
+  ];
+  for (const [name, flags] of algorithms) {
+    it(`${name} agrees with moe_train grpo to 1e-4 per tensor`, async (t) => {
+      const tag = `alg-${algorithms.findIndex(([n]) => n === name)}`;
+      const common = [
+        ...['--rollouts-file', at('rollouts.txt'), '--rewards-file', at('rewards.txt')],
+        ...[...grpoFlags, ...flags, '--micro-batch', '4', '--epochs', '2', '--iteration', '1'],
+      ];
+      const nat = stepLines(
+        await native('moe_train', [
+          ...['grpo', '--checkpoint', at('ckpt0'), '--out', at(`${tag}-native`)],
+          ...['--ref-checkpoint', at('ref-ckpt'), ...common],
+        ]),
+      );
+      await exportHf(at(`${tag}-native`), at(`${tag}-native-hf`));
+      const mine = stepLines(
+        ok(
+          await engine.train([
+            ...['grpo', '--checkpoint', at('hf'), '--out', at(`${tag}-pt`), '--ref-checkpoint', at('ref-hf')],
+            ...common,
+          ]),
+          `pytorch grpo: ${name}`,
+        ),
+      );
+      sameMetrics(mine, nat);
+      assert.equal(nat.length, 4, '2 minibatches, 2 epochs');
+      const c = await engine.compare(at(`${tag}-pt`), at(`${tag}-native-hf`), at('hf'));
+      t.diagnostic(
+        `${name}: parameters ${c.max_rel_l2} (${c.worst}), updates ${c.max_update_rel_l2}; ` +
+          `clip_frac ${nat.map((m) => m.clip_frac).join(' ')}`,
+      );
+      assert.deepEqual(c.missing, []);
+      assert.ok(c.max_rel_l2 <= 1e-4, `worst ${c.worst}: relative L2 ${c.max_rel_l2}`);
+      assert.ok(c.changed! >= 70, `only ${c.changed} tensors changed`);
+    });
+  }
+
   it('2 ranks (gloo, FSDP2, an empty micro-batch on rank 1) give the 1-rank update to rounding', async (t) => {
     // 25 sequences in minibatches of 13 and 12: with --micro-batch 2 each rank's sequences make 4
     // and 3 micro-batches (rank 1 runs an empty fourth), grouped for the balance loss as one rank's

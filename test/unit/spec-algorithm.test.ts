@@ -1,0 +1,80 @@
+// The algorithm section: each recipe's trainer flags and defaults, the hyperparameters that
+// override them (clipHigh, lossNormTokens, also through `moerl set`), Dr.GRPO's constant from
+// the campaign's longest completion, and bad names refused with the allowed ones.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { parseCampaignSpec, SpecError, validateHyperparameterChange } from '../../workflows/spec.js';
+import { algorithmFlags } from '../../workflows/spec-algorithm.js';
+import { validSpecDoc } from '../support/spec-docs.js';
+
+const spec = (extra: Record<string, unknown>) => parseCampaignSpec({ ...validSpecDoc(), ...extra });
+const flags = (extra: Record<string, unknown>) => {
+  const s = spec(extra);
+  const f = algorithmFlags(s, s.hyperparameters);
+  return Object.fromEntries(f.flatMap((x, i) => (x.startsWith('--') ? [[x.slice(2), f[i + 1]]] : [])));
+};
+
+describe('algorithm (spec)', () => {
+  it("a spec without the section, or one of a campaign started before it, trains today's GRPO", () => {
+    const want = {
+      'policy-loss': 'ppo-clip',
+      advantage: 'group-norm',
+      aggregation: 'token-mean',
+      'kl-estimator': 'k3',
+      'clip-eps': '0.2',
+      'clip-high': '0.2',
+    };
+    assert.deepEqual(flags({}), want);
+    assert.deepEqual(flags({ algorithm: { loss: 'grpo' } }), want);
+  });
+
+  it("each recipe's defaults: Dr.GRPO's unbiased mean and constant norm, DAPO's clip-higher, GSPO, CISPO", () => {
+    const drGrpo = flags({ algorithm: { loss: 'dr_grpo' }, hyperparameters: { maxNewTokens: 24 } });
+    assert.equal(drGrpo.advantage, 'group-mean');
+    assert.equal(drGrpo.aggregation, 'seq-mean-token-sum-norm');
+    assert.equal(drGrpo['norm-tokens'], '24');
+    assert.equal(flags({ algorithm: { loss: 'dapo' } })['clip-high'], '0.28');
+    const gspo = flags({ algorithm: { loss: 'gspo' }, hyperparameters: { clipEps: 3e-4, clipHigh: 4e-4 } });
+    assert.deepEqual([gspo['policy-loss'], gspo.aggregation], ['gspo', 'seq-mean-token-mean']);
+    assert.deepEqual([gspo['clip-eps'], gspo['clip-high']], ['0.0003', '0.0004']);
+    assert.equal(flags({ algorithm: { loss: 'cispo' } })['policy-loss'], 'cispo');
+  });
+
+  it('the section and the hyperparameters override the recipe', () => {
+    const f = flags({
+      algorithm: {
+        loss: 'dapo',
+        advantage: 'rloo',
+        aggregation: 'seq-mean-token-sum-norm',
+        klEstimator: 'k2',
+      },
+      hyperparameters: { clipHigh: 0.35, lossNormTokens: 100 },
+    });
+    assert.deepEqual(
+      [f.advantage, f.aggregation, f['kl-estimator'], f['clip-high'], f['norm-tokens']],
+      ['rloo', 'seq-mean-token-sum-norm', 'k2', '0.35', '100'],
+    );
+    assert.deepEqual(validateHyperparameterChange({ clipHigh: 0.3, lossNormTokens: 64 }), {
+      clipHigh: 0.3,
+      lossNormTokens: 64,
+    });
+  });
+
+  it("an agent's longest completion is its turns' tokens, bounded by maxEpisodeTokens", () => {
+    const s = spec({ algorithm: { loss: 'dr_grpo' }, hyperparameters: { maxNewTokens: 16 } });
+    const norm = (agent: Record<string, unknown>) =>
+      algorithmFlags({ ...s, agent: { ...agent } as never }, s.hyperparameters).at(-1);
+    assert.equal(norm({ maxTurns: 4 }), '64');
+    assert.equal(norm({ maxTurns: 4, maxEpisodeTokens: 40 }), '40');
+  });
+
+  it('bad names fail naming the field and what is allowed', () => {
+    assert.throws(
+      () => spec({ algorithm: { loss: 'ppo2' } }),
+      (err: unknown) =>
+        err instanceof SpecError && /algorithm\.loss/.test(err.message) && /dr_grpo/.test(err.message),
+    );
+    assert.throws(() => spec({ algorithm: { loss: 'grpo', klEstimator: 'k4' } }), /algorithm\.klEstimator/);
+    assert.throws(() => validateHyperparameterChange({ clipHigh: 0 }), /clipHigh/);
+  });
+});

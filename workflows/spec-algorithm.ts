@@ -1,0 +1,84 @@
+// The `algorithm` section of the campaign spec: which loss family, advantage estimator,
+// aggregation and KL estimator a campaign trains with (docs/algorithms.md). Fixed per campaign;
+// its numbers (clipEps, clipHigh, lossNormTokens, klCoef) are hyperparameters, changed by
+// `moerl set`. Pure zod and pure functions, like spec.ts.
+import { z } from 'zod';
+import type { CampaignSpec, Hyperparameters } from './spec.js';
+
+export const algorithmNames = ['grpo', 'dr_grpo', 'dapo', 'gspo', 'cispo'] as const;
+export type AlgorithmName = (typeof algorithmNames)[number];
+const advantageEstimators = ['group-norm', 'group-mean', 'rloo', 'reinforce-pp-baseline'] as const;
+const aggregations = [
+  'token-mean',
+  'seq-mean-token-sum',
+  'seq-mean-token-mean',
+  'seq-mean-token-sum-norm',
+] as const;
+
+export const algorithmSchema = z.strictObject({
+  loss: z.enum(algorithmNames).default('grpo').describe('the recipe: its policy loss and its defaults below'),
+  advantage: z
+    .enum(advantageEstimators)
+    .optional()
+    .describe("advantage estimator of the outcome rewards (default: the recipe's)"),
+  aggregation: z
+    .enum(aggregations)
+    .optional()
+    .describe("how token losses make the step's loss, by verl's names (default: the recipe's)"),
+  klEstimator: z
+    .enum(['k1', 'k2', 'k3'])
+    .default('k3')
+    .describe('estimator of the KL to the reference policy (weight: klCoef)'),
+});
+export type AlgorithmSpec = z.output<typeof algorithmSchema>;
+
+/** Also the section of campaigns started before it existed: today's GRPO. */
+export const defaultAlgorithm: AlgorithmSpec = { loss: 'grpo', klEstimator: 'k3' };
+
+/** Each recipe's policy loss and defaults (docs/algorithms.md gives the formulas and papers). */
+const recipes: Record<
+  AlgorithmName,
+  {
+    policyLoss: 'ppo-clip' | 'gspo' | 'cispo';
+    advantage: (typeof advantageEstimators)[number];
+    aggregation: (typeof aggregations)[number];
+    clipHigh?: number;
+  }
+> = {
+  grpo: { policyLoss: 'ppo-clip', advantage: 'group-norm', aggregation: 'token-mean' },
+  dr_grpo: { policyLoss: 'ppo-clip', advantage: 'group-mean', aggregation: 'seq-mean-token-sum-norm' },
+  dapo: { policyLoss: 'ppo-clip', advantage: 'group-norm', aggregation: 'token-mean', clipHigh: 0.28 },
+  gspo: { policyLoss: 'gspo', advantage: 'group-norm', aggregation: 'seq-mean-token-mean' },
+  cispo: { policyLoss: 'cispo', advantage: 'group-norm', aggregation: 'token-mean' },
+};
+
+/**
+ * The most tokens one sample can train: maxNewTokens a turn, over an agent's turns (its
+ * maxEpisodeTokens also counts the environment's, so it bounds them too). Dr.GRPO's constant.
+ */
+export function longestCompletion(spec: Pick<CampaignSpec, 'agent'>, hp: Hyperparameters): number {
+  if (!spec.agent) return hp.maxNewTokens;
+  return Math.min(hp.maxNewTokens * spec.agent.maxTurns, spec.agent.maxEpisodeTokens ?? Infinity);
+}
+
+/** The trainers' loss flags for a campaign's algorithm and an iteration's hyperparameters. */
+export function algorithmFlags(
+  spec: Pick<CampaignSpec, 'algorithm' | 'agent'>,
+  hp: Hyperparameters,
+): string[] {
+  const a = spec.algorithm ?? defaultAlgorithm;
+  const recipe = recipes[a.loss];
+  const aggregation = a.aggregation ?? recipe.aggregation;
+  // prettier-ignore
+  return [
+    '--policy-loss', recipe.policyLoss,
+    '--advantage', a.advantage ?? recipe.advantage,
+    '--aggregation', aggregation,
+    '--kl-estimator', a.klEstimator,
+    '--clip-eps', String(hp.clipEps),
+    '--clip-high', String(hp.clipHigh ?? recipe.clipHigh ?? hp.clipEps),
+    ...(aggregation === 'seq-mean-token-sum-norm'
+      ? ['--norm-tokens', String(hp.lossNormTokens ?? longestCompletion(spec, hp))]
+      : []),
+  ];
+}
