@@ -9,8 +9,10 @@
 //                [--temperature T] [--completions] [--max-batch-tokens N]
 //                [--grad-out FILE --loss sft|grpo ...]
 //       Teacher-forced log-probs: FILE has JSONL lines {"tokens":[...]} (with "prompt_len",
-//       "old_logprobs" and "advantage" for --loss grpo, "ref_logprobs" for its --kl-coef, and
-//       an optional "loss_mask"); prints one line per sequence,
+//       "old_logprobs" and "advantage" for --loss grpo, or "group" and "reward" for advantages
+//       by --advantage (a group of equal rewards is left out, as moe_train grpo does),
+//       "ref_logprobs" for its --kl-coef, and an optional "loss_mask"); prints one line per
+//       sequence,
 //       {"logprobs":[log p(tokens[t] | tokens[<t]) for t >= 1]}, p = softmax(logits / T) as
 //       moe_generate samples and records it (default T = 1); with --completions only the
 //       tokens t >= prompt_len. --max-batch-tokens N forwards the sequences in order in batches
@@ -27,6 +29,7 @@
 #include <algorithm>  // std::max, std::copy
 #include <cstdio>     // std::printf
 #include <iostream>   // std::cin
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -38,6 +41,7 @@
 #include "model/expert_comm.h"
 #include "model/model.h"
 #include "model/ops.h"  // softmax_stats
+#include "rl/advantages.h"
 #include "rl/trainer.h"
 #include "tools/moe_cli.h"
 #include "transport/communicator.h"
@@ -80,10 +84,17 @@ struct ScoreOptions {
   bool completions = false, serve = false;
   int64_t max_batch_tokens = 0;
   rl::LossConfig lc;
+  rl::AdvantageEstimator advantage = rl::AdvantageEstimator::GroupNorm;
 };
 
-std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo) {
+// GRPO lines give their "advantage", or all give "group" and "reward" for `estimator`.
+std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo,
+                                              rl::AdvantageEstimator estimator) {
   std::vector<rl::TrainSequence> out;
+  std::vector<rl::RewardGroup> groups;       // in order of first appearance
+  std::map<int64_t, size_t> group_of;        // "group" -> index in groups
+  std::vector<std::vector<size_t>> members;  // per group, its lines
+  constexpr size_t kNoGroup = SIZE_MAX;
   io::for_each_json_line(path, [&](const io::Json& j, const std::string& what) {
     rl::TrainSequence s;
     for (const io::Json& t : io::array_field(j, "tokens", what))
@@ -92,12 +103,26 @@ std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo
     s.prompt_len = j.contains("prompt_len") ? io::int_field(j, "prompt_len", what) : 1;
     MOERL_CHECK_INPUT(s.prompt_len >= 1 && s.prompt_len < (int)s.tokens.size(), what,
                       ": prompt_len must be in [1, tokens)");
+    size_t group = kNoGroup;
     if (grpo) {
       for (const io::Json& v : io::array_field(j, "old_logprobs", what))
         s.old_logprobs.push_back((float)io::as_number(v, what + " old_logprobs"));
       MOERL_CHECK_INPUT(s.old_logprobs.size() == s.tokens.size() - s.prompt_len, what,
                         ": old_logprobs must have one entry per completion token");
-      s.advantage = (float)io::number_field(j, "advantage", what);
+      const bool by_reward = j.contains("reward");
+      MOERL_CHECK_INPUT(out.empty() || by_reward == !groups.empty(), what,
+                        ": give every line \"advantage\", or every line \"group\" and \"reward\"");
+      if (by_reward) {
+        const int64_t id = io::int_field(j, "group", what);
+        auto [it, fresh] = group_of.try_emplace(id, groups.size());
+        if (fresh) groups.emplace_back();
+        group = it->second;
+        groups[group].rewards.push_back((float)io::number_field(j, "reward", what));
+        members.resize(groups.size());
+        members[group].push_back(out.size());
+      } else {
+        s.advantage = (float)io::number_field(j, "advantage", what);
+      }
       if (j.contains("ref_logprobs"))
         for (const io::Json& v : io::array_field(j, "ref_logprobs", what))
           s.ref_logprobs.push_back((float)io::as_number(v, what + " ref_logprobs"));
@@ -105,10 +130,25 @@ std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo
                         what, ": ref_logprobs must have one entry per completion token");
     }
     s.loss_mask = loss_mask_field(j, s.tokens.size() - s.prompt_len, what);
+    if (group != kNoGroup) {
+      const std::vector<uint8_t>& m = s.loss_mask;
+      groups[group].trained_tokens.push_back(
+          m.empty() ? (int)s.old_logprobs.size() : (int)std::count(m.begin(), m.end(), 1));
+    }
     out.push_back(std::move(s));
   });
   MOERL_CHECK_INPUT(!out.empty(), path, ": no sequences");
-  return out;
+  if (groups.empty()) return out;
+  // advantages as moe_train grpo makes them; a group without signal is not trained on
+  const std::vector<std::vector<float>> adv = rl::advantages(groups, estimator);
+  std::vector<rl::TrainSequence> kept;
+  for (size_t g = 0; g < groups.size(); g++)
+    for (size_t k = 0; k < adv[g].size(); k++) {
+      kept.push_back(std::move(out[members[g][k]]));
+      kept.back().advantage = adv[g][k];
+    }
+  MOERL_CHECK_INPUT(!kept.empty(), path, ": every group's rewards are equal: nothing to train on");
+  return kept;
 }
 
 // Prints each sequence's log-probs (rank 0): every rank forwards every sequence, right-padded
@@ -172,7 +212,7 @@ int cmd_score(ScoreOptions& o) {
   }
   const bool grpo = o.loss == "grpo";
   std::vector<rl::TrainSequence> seqs;
-  if (!o.serve) seqs = read_sequences(o.sequences, grpo);
+  if (!o.serve) seqs = read_sequences(o.sequences, grpo, o.advantage);
   Rank rank(transport::Config::from_env(), cfg.num_experts);
   MOERL_CHECK_INPUT(!o.serve || rank.ep.world_size() == 1, "--serve runs on one rank");
   model::ParamStore ps(model::make_layout(cfg, rank.ep.first_expert(), rank.ep.num_local_experts()));
@@ -188,7 +228,7 @@ int cmd_score(ScoreOptions& o) {
     std::string path;
     while (std::getline(std::cin, path)) {
       if (path.empty()) continue;
-      const std::vector<rl::TrainSequence> batch = read_sequences(path, false);
+      const std::vector<rl::TrainSequence> batch = read_sequences(path, false, o.advantage);
       print_logprobs(ps, rank, batch, o);
       std::printf("{\"done\":true,\"sequences\":%zu}\n", batch.size());
       std::fflush(stdout);
@@ -258,6 +298,7 @@ int main(int argc, char** argv) {
   sc_cmd->add_option("--aux-coef", sc.lc.aux_coef, "balance loss weight");
   sc_cmd->add_option("--z-coef", sc.lc.z_coef, "router z-loss weight");
   add_policy_loss_options(sc_cmd, sc.lc);
+  add_advantage_option(sc_cmd, sc.advantage);
   sc_cmd->add_option("--kl-coef", sc.lc.kl_coef, "KL weight (rows give ref_logprobs)")
       ->check(kNonNegative);
   sc_cmd->add_option("--entropy-coef", sc.lc.entropy_coef, "GRPO entropy bonus");

@@ -13,16 +13,22 @@
   hf_models.py generate DIR PROMPTS.jsonl N
       Per line {"prompt_tokens":[...]}: {"tokens":[N greedy new tokens]} (KV cache, no eos stop).
   hf_models.py grad DIR BATCH.jsonl OUT_DIR --loss sft|grpo [--aux-coef C] [--clip-eps E]
-                    [--entropy-coef H] [--temperature T]
-      The loss moerl's trainer defines (docs/native-model.md), by torch autograd over the whole
-      batch in one forward: gradients saved as a model (save_pretrained: the on-disk tensor
-      names) in OUT_DIR, and {"loss":...} printed.
+                    [--clip-high E] [--entropy-coef H] [--temperature T] [--policy-loss P]
+                    [--aggregation A] [--norm-tokens M] [--kl-coef K --kl-estimator k1|k2|k3]
+                    [--advantage EST] [--float64]
+      The loss moerl's trainers define (docs/native-model.md, docs/algorithms.md), written here
+      from those formulas, by torch autograd over the whole batch in one forward: gradients
+      saved as a model (save_pretrained: the on-disk tensor names) in OUT_DIR, and {"loss":...}
+      printed (and "clipped": the tokens whose clip took effect). GRPO rows give "old_logprobs", "advantage" (or "group" and "reward": advantages
+      by --advantage, a group of equal rewards left out), "ref_logprobs" with --kl-coef, and an
+      optional "loss_mask". --float64 runs the model in float64: a reference for fp32 trainers.
   hf_models.py compare A B
       Two safetensors files or HF directories, tensor by tensor: {"tensors":n, "missing":[names in
       one only], "bitwise":bool (same dtype, shape and bytes), "max_rel_l2":x, "worst":name}.
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -73,9 +79,10 @@ def make(args):
                     "--vocab-size", str(VOCAB)], check=True)
 
 
-def load(path):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                 attn_implementation="eager")
+def load(path, dtype=torch.float32):
+    # eager experts: the grouped matmul kernel takes no float64
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
+                                                 experts_implementation="eager")
     model.eval()
     return model
 
@@ -107,10 +114,79 @@ def generate(args):
             print(json.dumps({"tokens": out[0, ids.shape[1]:].tolist()}))
 
 
+def reference_advantages(rows, estimator):
+    """docs/algorithms.md's advantage estimators from each row's "group" and "reward", in float64
+    and kept as float32: per row its advantage, or None where its group's rewards are all equal."""
+    groups = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r["group"], []).append(i)
+    adv = [None] * len(rows)
+    for members in groups.values():
+        R = [float(rows[i]["reward"]) for i in members]
+        G = len(R)
+        mean = sum(R) / G
+        std = math.sqrt(sum((x - mean) ** 2 for x in R) / G)
+        if std < 1e-6:
+            continue
+        for i, x in zip(members, R):
+            if estimator == "group-norm":
+                adv[i] = (x - mean) / (std + 1e-6)
+            elif estimator == "rloo":  # the mean of the other samples as the baseline
+                adv[i] = x - (sum(R) - x) / (G - 1)
+            else:  # group-mean, and reinforce-pp-baseline before its whitening
+                adv[i] = x - mean
+    if estimator == "reinforce-pp-baseline":
+        kept = [i for i in range(len(rows)) if adv[i] is not None]
+        n = {i: trained_count(rows[i]) for i in kept}
+        W = sum(n.values())
+        mu = sum(n[i] * adv[i] for i in kept) / W
+        var = sum(n[i] * (adv[i] - mu) ** 2 for i in kept) / W
+        for i in kept:
+            adv[i] = (adv[i] - mu) / math.sqrt(var + 1e-8)
+    return [None if a is None else float(torch.tensor(a, dtype=torch.float32)) for a in adv]
+
+
+def trained_count(row):
+    completion = len(row["tokens"]) - row["prompt_len"]
+    return sum(1 for m in row.get("loss_mask", [1] * completion) if m)
+
+
+def grpo_token_loss(args, lp, old, ref, advantage, seq_ratio):
+    """L_t of docs/algorithms.md (TIS off: w_t = 1) for one token: lp its float64 log-prob under
+    the model, old and ref the rows' numbers, seq_ratio GSPO's sg(s_i) (other losses: None)."""
+    eps_low, eps_high = args.clip_eps, args.clip_eps if args.clip_high is None else args.clip_high
+    ratio = torch.exp(lp - old)
+    if args.policy_loss == "cispo":  # MiniMax-M1: a clipped IS weight, detached, times log p
+        weight = torch.clamp(ratio, 1 - eps_low, 1 + eps_high).detach()
+        policy = -weight * advantage * lp
+        clipped = bool(weight != ratio)
+    else:
+        if args.policy_loss == "gspo":  # GSPO-token: s_i,t = sg(s_i) pi(y_t) / sg(pi(y_t))
+            ratio = seq_ratio * torch.exp(lp - lp.detach())
+        unclipped, clipped_term = ratio * advantage, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantage
+        policy = -torch.minimum(unclipped, clipped_term)
+        clipped = bool(clipped_term < unclipped)
+    loss = policy
+    if args.kl_coef:
+        d = ref - lp
+        kl = {"k1": -d, "k2": d * d / 2, "k3": torch.exp(d) - d - 1}[args.kl_estimator]
+        loss = loss + args.kl_coef * kl
+    return loss, clipped
+
+
+def sequence_weight(args, n_i, N, T):
+    """c_i of docs/algorithms.md's aggregation modes."""
+    return 1.0 / {"token-mean": lambda: T, "seq-mean-token-sum": lambda: N, "seq-mean-token-mean": lambda: N * n_i,
+                  "seq-mean-token-sum-norm": lambda: N * args.norm_tokens}[args.aggregation]()
+
+
 def grad(args):
-    model = load(args.dir)
+    model = load(args.dir, torch.float64 if args.float64 else torch.float32)
     model.train()  # no dropout in these models; router noise is off
     rows = lines(args.batch)
+    if args.loss == "grpo" and "reward" in rows[0]:
+        rows = [dict(r, advantage=a) for r, a in zip(rows, reference_advantages(rows, args.advantage))
+                if a is not None]
     B, T = len(rows), max(len(r["tokens"]) for r in rows)
     ids = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.long)
@@ -119,29 +195,37 @@ def grad(args):
         mask[b, :len(r["tokens"])] = 1
     out = model(ids, attention_mask=mask, output_router_logits=True)
     tau = args.temperature if args.loss == "grpo" else 1.0
-    logp = torch.log_softmax(out.logits / tau, dim=-1)
-    n_tok = sum(len(r["tokens"]) - r["prompt_len"] for r in rows)
-    total = 0.0
+    logp = torch.log_softmax(out.logits.double() / tau, dim=-1)
+    counts = [trained_count(r) for r in rows]
+    n_tok, n_seq = sum(counts), sum(1 for n in counts if n > 0)
+    total, clipped = 0.0, 0
     for b, r in enumerate(rows):
-        for t in range(r["prompt_len"] - 1, len(r["tokens"]) - 1):
-            target = r["tokens"][t + 1]
-            lp = logp[b, t, target]
-            if args.loss == "sft":
-                total = total - lp
-                continue
-            j = t + 1 - r["prompt_len"]
-            ratio = torch.exp(lp - r["old_logprobs"][j])
-            a = r["advantage"]
-            policy = -torch.minimum(ratio * a, torch.clamp(ratio, 1 - args.clip_eps, 1 + args.clip_eps) * a)
+        trained = [j for j in range(len(r["tokens"]) - r["prompt_len"])
+                   if r.get("loss_mask") is None or r["loss_mask"][j]]
+        lps = {j: logp[b, r["prompt_len"] - 1 + j, r["tokens"][r["prompt_len"] + j]] for j in trained}
+        if args.loss == "sft":
+            total = total - sum(lps.values()) / n_tok
+            continue
+        seq_ratio = None
+        if args.policy_loss == "gspo" and trained:  # s_i: the geometric mean of the token ratios
+            seq_ratio = torch.exp(sum(lps[j].detach() - r["old_logprobs"][j] for j in trained) / len(trained))
+        seq = 0.0
+        for j in trained:
+            t = r["prompt_len"] - 1 + j
+            ref = r["ref_logprobs"][j] if args.kl_coef else None
             entropy = -(logp[b, t].exp() * logp[b, t]).sum()
-            total = total + policy - args.entropy_coef * entropy
-    loss = total / n_tok + args.aux_coef * out.aux_loss
+            token, was_clipped = grpo_token_loss(args, lps[j], r["old_logprobs"][j], ref, r["advantage"], seq_ratio)
+            seq = seq + token - args.entropy_coef * entropy
+            clipped += was_clipped
+        if trained:
+            total = total + sequence_weight(args, len(trained), n_seq, n_tok) * seq
+    loss = total + args.aux_coef * out.aux_loss
     loss.backward()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.grad)
-    model.save_pretrained(args.out_dir)
-    print(json.dumps({"loss": loss.item(), "aux_loss": out.aux_loss.item()}))
+    model.float().save_pretrained(args.out_dir)
+    print(json.dumps({"loss": loss.item(), "aux_loss": out.aux_loss.item(), "clipped": clipped}))
 
 
 def tensors(path):
@@ -206,8 +290,18 @@ def main():
     p.add_argument("--loss", required=True, choices=["sft", "grpo"])
     p.add_argument("--aux-coef", type=float, default=0.0)
     p.add_argument("--clip-eps", type=float, default=0.2)
+    p.add_argument("--clip-high", type=float, default=None)
     p.add_argument("--entropy-coef", type=float, default=0.0)
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--policy-loss", default="ppo-clip", choices=["ppo-clip", "gspo", "cispo"])
+    p.add_argument("--aggregation", default="token-mean",
+                   choices=["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+    p.add_argument("--norm-tokens", type=float, default=0.0)
+    p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--kl-estimator", default="k3", choices=["k1", "k2", "k3"])
+    p.add_argument("--advantage", default="group-norm",
+                   choices=["group-norm", "group-mean", "rloo", "reinforce-pp-baseline"])
+    p.add_argument("--float64", action="store_true")
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b")

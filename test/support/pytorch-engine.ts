@@ -85,6 +85,12 @@ export function pytorchEngine() {
         rmSync(dir, { recursive: true, force: true });
       }
     },
+    /** tests/grad.py: the gradients of one step's loss on `batch`, saved as a model in `out`. */
+    async gradients(dir: string, batch: string, out: string, flags: string[]): Promise<{ loss: number }> {
+      const r = await run([join('tests', 'grad.py'), dir, batch, out, ...flags]);
+      if (r.code !== 0) throw new Error(`grad.py exited ${r.code}: ${r.stderr}`);
+      return JSON.parse(r.stdout.trim().split('\n').pop()!) as { loss: number };
+    },
     /** The engine's own unit tests (engines/pytorch/tests). */
     unitTests: () => run(['-m', 'unittest', 'discover', '-s', 'tests']),
     /** Two HF directories tensor by tensor, and their updates from `before` when given. */
