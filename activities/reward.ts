@@ -199,7 +199,7 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
       ? await iterationScoring(deps, store, input)
       : { reward: rewardFunction(input.spec, ctx.cancellationSignal), parse: {}, close: () => {} };
   const { reward, tally } = scoring;
-  const all: RewardRow[] = [];
+  const taskRows: RewardRow[] = [];
   const progress = { shard: 0, chunk: 0 };
   try {
     // A reward model may take longer per batch than the heartbeat timeout: beat on a timer.
@@ -212,11 +212,15 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
             Object.assign(progress, { shard, chunk });
             const chunkKey = keys.rolloutChunkKey(input.campaignId, input.iteration, shard, chunk);
             const lines = (await store.get(chunkKey)).toString('utf8').split('\n');
-            rows.push(...(await scoreRollouts(lines, chunkKey, reward, scoring.parse)).rows);
+            const scored = await scoreRollouts(lines, chunkKey, reward, {
+              ...scoring.parse,
+              ...(input.overlong ? { overlong: input.overlong } : {}),
+            });
+            rows.push(...scored.rows);
+            taskRows.push(...scored.taskRows);
           }
           const key = keys.rewardKey(input.campaignId, input.iteration, shard);
           await store.put(key, formatRewardsJsonl(rows), { contentType: 'application/x-ndjson' });
-          all.push(...rows);
         }
       },
     );
@@ -224,7 +228,7 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
     scoring.close();
   }
   throwIfAllFailing(tally, `iteration ${input.iteration}`);
-  const stats = rewardStats(all, reward.kind);
+  const stats = rewardStats(taskRows, reward.kind);
   return {
     meanReward: stats.meanReward,
     stdReward: stats.stdReward,

@@ -1,6 +1,7 @@
 // The contract between the campaign workflow and its activities: inputs and outputs carry keys
 // and small summaries only (each payload well under 64 KB); bulk data lives in the object store.
 import type { CampaignSpec, Hyperparameters } from '../workflows/spec.js';
+import type { OverlongShaping } from '../workflows/spec-algorithm.js';
 import type { ValidationSpec } from '../workflows/spec-validation.js';
 import type { StageName } from '../workflows/types.js';
 import type { DatasetIdentity, DatasetPosition } from './datasets/index.js';
@@ -164,6 +165,8 @@ export interface RewardInput {
   iterationPrompts?: IterationPrompts;
   /** Absent for a built-in task. */
   dataset?: IterationDataset;
+  /** DAPO's overlong penalty for this iteration (algorithm.overlong.bufferTokens); absent: none. */
+  overlong?: OverlongShaping;
 }
 /** One rewards file per shard, at `rewardKey(campaign, iteration, shard)`. */
 export interface RewardOutput extends ActivityOutcome {

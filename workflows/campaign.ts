@@ -24,6 +24,7 @@ import { addEpisodeStats, emptyEpisodeStats } from '../activities/agents/episode
 import { pauseSignal, resumeSignal, setHyperparametersUpdate, statusQuery } from './messages.js';
 import { campaignStatusKey, iterationKey, meanRewardKey } from './search-attributes.js';
 import { defaultCommitHeartbeatSeconds, validateHyperparameterChange } from './spec.js';
+import { overlongShaping } from './spec-algorithm.js';
 import { isHfModel } from './spec-model.js';
 import { campaignValidation, validatesCheckpoint, validationPromptCount } from './spec-validation.js';
 import type { ValidationSpec } from './spec-validation.js';
@@ -395,6 +396,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     );
     const rolloutSeconds = secondsSince(started);
     const rewardStarted = new Date();
+    const overlong = overlongShaping(spec, hyperparameters);
     const reward = await attemptStage(iteration, 'reward', () =>
       acts.rollout.computeRewards.executeWithOptions(
         { summary: summaries.rewardSummary(iteration, ranges.length) },
@@ -406,6 +408,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
             chunksPerShard: st.chunksPerShard(shards),
             iterationPrompts,
             ...dataset,
+            ...(overlong ? { overlong } : {}),
           },
         ],
       ),

@@ -29,6 +29,30 @@ export const algorithmSchema = z.strictObject({
     .enum(['k1', 'k2', 'k3'])
     .default('k3')
     .describe('estimator of the KL to the reference policy (weight: klCoef)'),
+  overlong: z
+    .strictObject({
+      bufferTokens: z
+        .number()
+        .int()
+        .positive()
+        .optional()
+        .describe(
+          "DAPO's soft overlong penalty: a sample whose policy tokens reach into the last bufferTokens " +
+            'before the longest it may have loses reward linearly, `penalty` at the limit',
+        ),
+      penalty: z.number().positive().max(100).default(1).describe('the penalty at the length limit'),
+      filter: z
+        .boolean()
+        .default(false)
+        .describe(
+          "DAPO's overlong filtering: samples cut at the length limit (finish_reason length) are not trained on",
+        ),
+    })
+    .refine((o) => o.bufferTokens !== undefined || o.filter, {
+      message: 'give bufferTokens (the soft penalty), filter: true, or both',
+    })
+    .optional()
+    .describe("DAPO's overlong handling (docs/algorithms.md)"),
 });
 export type AlgorithmSpec = z.output<typeof algorithmSchema>;
 
@@ -61,6 +85,26 @@ export function longestCompletion(spec: Pick<CampaignSpec, 'agent'>, hp: Hyperpa
   return Math.min(hp.maxNewTokens * spec.agent.maxTurns, spec.agent.maxEpisodeTokens ?? Infinity);
 }
 
+/** What the reward activity needs of DAPO's overlong penalty in one iteration (activities/rewards/overlong.ts). */
+export interface OverlongShaping {
+  /** L_max: the most policy tokens a sample can have (longestCompletion). */
+  maxTokens: number;
+  /** L_cache: the buffer before L_max over which the penalty grows. */
+  bufferTokens: number;
+  /** The penalty at L_max. */
+  penalty: number;
+}
+
+/** The iteration's overlong penalty, or undefined when the campaign has none. */
+export function overlongShaping(
+  spec: Pick<CampaignSpec, 'algorithm' | 'agent'>,
+  hp: Hyperparameters,
+): OverlongShaping | undefined {
+  const o = spec.algorithm?.overlong;
+  if (o?.bufferTokens === undefined) return undefined;
+  return { maxTokens: longestCompletion(spec, hp), bufferTokens: o.bufferTokens, penalty: o.penalty };
+}
+
 /** The trainers' loss flags for a campaign's algorithm and an iteration's hyperparameters. */
 export function algorithmFlags(
   spec: Pick<CampaignSpec, 'algorithm' | 'agent'>,
@@ -80,5 +124,6 @@ export function algorithmFlags(
     ...(aggregation === 'seq-mean-token-sum-norm'
       ? ['--norm-tokens', String(hp.lossNormTokens ?? longestCompletion(spec, hp))]
       : []),
+    ...(a.overlong?.filter ? ['--mask-truncated'] : []),
   ];
 }

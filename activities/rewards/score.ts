@@ -2,6 +2,8 @@
 // order, summary statistics, and the rewards JSONL that `moe_train grpo --rewards` reads.
 import { BadRolloutError } from './errors.js';
 import type { RewardFunction, RewardKind } from './reward-model.js';
+import type { OverlongShaping } from '../../workflows/spec-algorithm.js';
+import { overlongPenalty, policyTokens } from './overlong.js';
 import { parseRolloutLine, type ParseOptions, type RolloutRecord } from './rollout-record.js';
 
 /** One line of a rewards file (docs/native-model.md, "Rewards JSONL"). */
@@ -32,7 +34,10 @@ export interface RewardStats {
 }
 
 export interface ScoredRollouts {
+  /** What the trainer reads: the task's rewards, shaped when asked. */
   rows: RewardRow[];
+  /** The task's rewards before any shaping: what the statistics describe. */
+  taskRows: RewardRow[];
   stats: RewardStats;
 }
 
@@ -74,13 +79,15 @@ export function rewardStats(rows: readonly RewardRow[], kind: RewardKind, perGro
 /**
  * Parses every non-empty line of `source` (a file name or store key, for messages), scores all
  * samples with `reward` and returns one row per sample in input order, plus statistics.
- * Throws BadRolloutError for a malformed line or a (prompt id, sample index) seen twice.
+ * With `overlong`, each row's reward is shaped by DAPO's length penalty; the statistics stay the
+ * unshaped rewards (a pass is the task's). Throws BadRolloutError for a malformed line or a
+ * (prompt id, sample index) seen twice.
  */
 export async function scoreRollouts(
   lines: AsyncIterable<string> | Iterable<string>,
   source: string,
   reward: RewardFunction,
-  options: { perGroup?: boolean } & ParseOptions = {},
+  options: { perGroup?: boolean; overlong?: OverlongShaping } & ParseOptions = {},
 ): Promise<ScoredRollouts> {
   const records: RolloutRecord[] = [];
   const seen = new Map<string, number>();
@@ -119,14 +126,21 @@ export async function scoreRollouts(
       `reward ${reward.name} returned ${rewards.length} rewards for ${records.length} samples of ${source}`,
     );
   }
-  const rows = records.map((record, i) => {
+  const taskRows = records.map((record, i) => {
     const value = rewards[i] as number;
     if (typeof value !== 'number' || !Number.isFinite(value)) {
       throw new Error(`reward ${reward.name} returned ${String(value)} for sample ${i} of ${source}`);
     }
     return { prompt_id: record.prompt_id, sample_index: record.sample_index, reward: value };
   });
-  return { rows, stats: rewardStats(rows, reward.kind, options.perGroup ?? false) };
+  const { overlong } = options;
+  const rows = overlong
+    ? taskRows.map((row, i) => ({
+        ...row,
+        reward: row.reward + overlongPenalty(policyTokens(records[i] as RolloutRecord), overlong),
+      }))
+    : taskRows;
+  return { rows, taskRows, stats: rewardStats(taskRows, reward.kind, options.perGroup ?? false) };
 }
 
 /**

@@ -308,6 +308,7 @@ struct GrpoOptions {
   int64_t iteration = 0, minibatches = 1, epochs = 1;
   double progress_interval = 1.0;
   rl::AdvantageEstimator advantage = rl::AdvantageEstimator::GroupNorm;
+  bool mask_truncated = false;
   rl::LossConfig lc;
   rl::AdamWConfig ac;
 };
@@ -326,6 +327,9 @@ void add_grpo_options(CLI::App* cmd, GrpoOptions& o) {
   cmd->add_option("--entropy-coef", o.lc.entropy_coef, "entropy bonus weight");
   add_policy_loss_options(cmd, o.lc);
   add_advantage_option(cmd, o.advantage);
+  cmd->add_flag("--mask-truncated", o.mask_truncated,
+                "DAPO's overlong filtering: no loss on samples cut at the length limit "
+                "(finish_reason length); they still count in their group's advantages");
   cmd->add_option("--tis-clip", o.lc.tis_clip,
                   "truncated importance sampling cap on p_train / p_rollout, 0 = off")
       ->check(kNonNegative);
@@ -369,9 +373,15 @@ int cmd_grpo(const GrpoOptions& o) {
   std::sort(rollouts.begin(), rollouts.end(), [](const RolloutRecord& x, const RolloutRecord& y) {
     return std::make_pair(x.prompt_id, x.sample_index) < std::make_pair(y.prompt_id, y.sample_index);
   });
+  int64_t overlong_filtered = 0;
+  for (RolloutRecord& r : rollouts)
+    if (o.mask_truncated && r.finish_reason == "length") {
+      r.loss_mask.assign(r.tokens.size(), 0);
+      overlong_filtered++;
+    }
 
   // the prompts' groups of samples; a group whose rewards are all equal carries no signal and
-  // is skipped (rl::advantages), as is a sample with no completion token
+  // is skipped (rl::advantages), as is a sample with no trained token
   std::vector<std::pair<size_t, size_t>> spans;  // [first, end) of each group in rollouts
   std::vector<rl::RewardGroup> groups;
   double reward_sum = 0.0;
@@ -403,7 +413,9 @@ int cmd_grpo(const GrpoOptions& o) {
     }
     for (size_t k = spans[g].first; k < spans[g].second; k++) {
       const RolloutRecord& ro = rollouts[k];
-      if (ro.tokens.empty()) continue;
+      if (ro.tokens.empty() || (!ro.loss_mask.empty() &&
+                                std::count(ro.loss_mask.begin(), ro.loss_mask.end(), 1) == 0))
+        continue;
       rl::TrainSequence s;
       s.tokens = ro.prompt_tokens;
       s.prompt_len = (int)s.tokens.size();
@@ -450,7 +462,8 @@ int cmd_grpo(const GrpoOptions& o) {
       line.pop_back();
       line += ",\"iteration\":" + std::to_string(iteration) + ",\"mean_reward\":" +
               io::json_float(mean_reward) + ",\"groups\":" + std::to_string(num_groups) +
-              ",\"skipped_groups\":" + std::to_string(skipped_groups) + "}";
+              ",\"skipped_groups\":" + std::to_string(skipped_groups) +
+              ",\"overlong_filtered\":" + std::to_string(overlong_filtered) + "}";
       emit_metrics(rank.ep, metrics, line);
     }
   }

@@ -1,6 +1,7 @@
 // `moerl set promptsPerIteration` on a running dataset campaign, on the real Temporal dev server
 // with recording test activities: each iteration's shards, prompt ids and dataset position follow
-// the schedule, a change applies from the next rollout, and continue-as-new carries it on.
+// the schedule, a change applies from the next rollout, and continue-as-new carries it on. And
+// DAPO's overlong window, which follows `moerl set maxNewTokens` the same way.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import type { RewardInput, RolloutShardInput } from '../../activities/types.js';
@@ -119,6 +120,38 @@ describe('set promptsPerIteration (recording activities on the dev server)', () 
           [4, { promptsPerIteration: 1 }],
         ],
       );
+    });
+  });
+});
+
+describe("DAPO's overlong penalty (recording activities on the dev server)", () => {
+  test('each reward activity gets the window of its own iteration: a set maxNewTokens moves it', async () => {
+    const { activities, calls, release, started } = createRecordingTestActivities({
+      datasets,
+      holdWhen: (c) => c.activity === 'rolloutShard' && c.iteration === 1,
+    });
+    await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
+      const spec = parseCampaignSpec({
+        ...hfSpecDoc(),
+        iterations: 2,
+        promptsPerIteration: 2,
+        rolloutShards: 1,
+        chunkSize: 2,
+        algorithm: { loss: 'dapo', overlong: { bufferTokens: 4, penalty: 0.5 } },
+        hyperparameters: { maxNewTokens: 16 },
+      });
+      const handle = await startCampaign(t.client, spec, queues);
+      await started('rolloutShard', 1);
+      await handle.executeUpdate(setHyperparametersUpdate, { args: [{ changes: { maxNewTokens: 24 } }] });
+      release('rolloutShard', 1);
+      assert.equal((await handle.result()).status, 'completed');
+      const overlong = [1, 2].map(
+        (i) => (okCalls(calls, 'computeRewards', i)[0]!.input as RewardInput).overlong,
+      );
+      assert.deepEqual(overlong, [
+        { maxTokens: 16, bufferTokens: 4, penalty: 0.5 },
+        { maxTokens: 24, bufferTokens: 4, penalty: 0.5 },
+      ]);
     });
   });
 });

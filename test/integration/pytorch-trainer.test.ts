@@ -131,6 +131,22 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
       jsonl(recs.map((r) => ({ prompt_id: r.prompt_id, sample_index: r.sample_index, reward: reward(r) }))),
     );
     writeFileSync(at('rewards.txt'), at('rewards.jsonl') + '\n');
+    // the same samples, every other one cut at the length limit: DAPO's overlong filtering
+    const cut = chunks.map((c, k) => {
+      const path = join(at('rollouts'), `cut-${k}.jsonl`);
+      const records = readJsonl<Rec & Record<string, unknown>>(readFileSync(c, 'utf8'));
+      writeFileSync(
+        path,
+        jsonl(
+          records.map((r) => ({
+            ...r,
+            finish_reason: (r.prompt_id + r.sample_index) % 2 ? 'length' : 'stop',
+          })),
+        ),
+      );
+      return path;
+    });
+    writeFileSync(at('rollouts-cut.txt'), cut.join('\n') + '\n');
     writeFileSync(at('sft-text.jsonl'), jsonl(sftExamples.map(([prompt, answer]) => ({ prompt, answer }))));
     writeFileSync(
       at('sft-ids.jsonl'),
@@ -336,18 +352,24 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
       ],
     ],
     [
-      'DAPO clip-higher (seq-mean-token-sum, group mean, k2)',
+      'DAPO clip-higher and overlong filtering (seq-mean-token-sum, group mean, k2)',
       [
         ...['--clip-high', '0.28', '--aggregation', 'seq-mean-token-sum', '--advantage', 'group-mean'],
-        ...['--kl-estimator', 'k2'],
+        ...['--kl-estimator', 'k2', '--mask-truncated'],
       ],
     ],
   ];
   for (const [name, flags] of algorithms) {
     it(`${name} agrees with moe_train grpo to 1e-4 per tensor`, async (t) => {
       const tag = `alg-${algorithms.findIndex(([n]) => n === name)}`;
+      const cut = flags.includes('--mask-truncated');
       const common = [
-        ...['--rollouts-file', at('rollouts.txt'), '--rewards-file', at('rewards.txt')],
+        ...[
+          '--rollouts-file',
+          at(cut ? 'rollouts-cut.txt' : 'rollouts.txt'),
+          '--rewards-file',
+          at('rewards.txt'),
+        ],
         ...[...grpoFlags, ...flags, '--micro-batch', '4', '--epochs', '2', '--iteration', '1'],
       ];
       const nat = stepLines(
@@ -368,6 +390,8 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
       );
       sameMetrics(mine, nat);
       assert.equal(nat.length, 4, '2 minibatches, 2 epochs');
+      // 15 of the 30 samples are cut; both trainers leave them out alike (sameMetrics: tokens, sequences)
+      for (const m of [...nat, ...mine]) assert.equal(m.overlong_filtered, cut ? 15 : 0);
       const c = await engine.compare(at(`${tag}-pt`), at(`${tag}-native-hf`), at('hf'));
       t.diagnostic(
         `${name}: parameters ${c.max_rel_l2} (${c.worst}), updates ${c.max_update_rel_l2}; ` +

@@ -11,6 +11,7 @@ import { verifierReward, type RewardFunction } from '../../activities/rewards/re
 import type { RolloutRecord } from '../../activities/rewards/rollout-record.js';
 import { nativeTools } from '../support/native-tools.js';
 import { formatRewardsJsonl, passes, scoreRollouts } from '../../activities/rewards/score.js';
+import { overlongPenalty, policyTokens } from '../../activities/rewards/overlong.js';
 
 function line(promptId: number, sampleIndex: number, prompt: string, text: string, finish = 'stop'): string {
   const tokens = finish === 'stop' ? [...Array.from(text, () => 2), 1] : Array.from(text, () => 2);
@@ -49,6 +50,37 @@ function fixedReward(values: number[]): RewardFunction & { batches: RolloutRecor
     },
   };
 }
+
+describe("DAPO's overlong penalty", () => {
+  const o = { maxTokens: 20, bufferTokens: 8, penalty: 1 };
+  it('is 0 up to L_max - L_cache, then falls linearly to -penalty at L_max', () => {
+    assert.deepEqual(
+      [0, 12, 13, 16, 20].map((n) => overlongPenalty(n, o)),
+      [0, 0, -1 / 8, -0.5, -1],
+    );
+    assert.equal(overlongPenalty(16, { ...o, penalty: 0.5 }), -0.25);
+    // a buffer longer than L_max starts at 0 tokens
+    assert.equal(overlongPenalty(5, { ...o, bufferTokens: 40 }), -5 / 40);
+  });
+
+  it("counts an episode's own tokens, not its environment's", () => {
+    assert.equal(policyTokens({ tokens: [1, 2, 3, 4], loss_mask: [1, 0, 0, 1] }), 2);
+    assert.equal(policyTokens({ tokens: [1, 2, 3] }), 3);
+  });
+
+  it('shapes the rows the trainer reads; the statistics stay the task rewards', async () => {
+    // 2, 3, 2 and 3 tokens (the cut one has no <eos>); the penalty starts after 1
+    const shaping = { maxTokens: 3, bufferTokens: 2, penalty: 0.5 };
+    const plain = await scoreRollouts(lines, 'chunk-0.jsonl', verifierReward('add'));
+    const shaped = await scoreRollouts(lines, 'chunk-0.jsonl', verifierReward('add'), { overlong: shaping });
+    assert.deepEqual(
+      shaped.rows.map((r) => r.reward),
+      plain.rows.map((r, i) => r.reward + [-0.25, -0.5, -0.25, -0.5][i]!),
+    );
+    assert.deepEqual(shaped.taskRows, plain.rows);
+    assert.deepEqual(shaped.stats, plain.stats);
+  });
+});
 
 describe('scoreRollouts', () => {
   it('returns rows in input order with binary statistics and per-group statistics', async () => {

@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { parseCampaignSpec, SpecError, validateHyperparameterChange } from '../../workflows/spec.js';
-import { algorithmFlags } from '../../workflows/spec-algorithm.js';
+import { algorithmFlags, overlongShaping } from '../../workflows/spec-algorithm.js';
 import { validSpecDoc } from '../support/spec-docs.js';
 
 const spec = (extra: Record<string, unknown>) => parseCampaignSpec({ ...validSpecDoc(), ...extra });
@@ -15,6 +15,25 @@ const flags = (extra: Record<string, unknown>) => {
 };
 
 describe('algorithm (spec)', () => {
+  it("DAPO's overlong handling: the penalty's window per iteration, filtering as a trainer flag", () => {
+    const s = spec({
+      algorithm: { loss: 'dapo', overlong: { bufferTokens: 8, filter: true } },
+      hyperparameters: { maxNewTokens: 24 },
+    });
+    assert.deepEqual(overlongShaping(s, s.hyperparameters), { maxTokens: 24, bufferTokens: 8, penalty: 1 });
+    // maxNewTokens is a hyperparameter: the window follows a `moerl set`
+    assert.equal(overlongShaping(s, { ...s.hyperparameters, maxNewTokens: 40 })?.maxTokens, 40);
+    assert.ok(algorithmFlags(s, s.hyperparameters).includes('--mask-truncated'));
+    const penaltyOnly = spec({ algorithm: { loss: 'dapo', overlong: { bufferTokens: 4, penalty: 0.5 } } });
+    assert.ok(!algorithmFlags(penaltyOnly, penaltyOnly.hyperparameters).includes('--mask-truncated'));
+    assert.equal(overlongShaping(penaltyOnly, penaltyOnly.hyperparameters)?.penalty, 0.5);
+    assert.equal(overlongShaping(spec({}), spec({}).hyperparameters), undefined);
+    assert.throws(
+      () => spec({ algorithm: { loss: 'dapo', overlong: {} } }),
+      (e: unknown) => e instanceof SpecError && /algorithm\.overlong.*bufferTokens.*filter/s.test(e.message),
+    );
+  });
+
   it("a spec without the section, or one of a campaign started before it, trains today's GRPO", () => {
     const want = {
       'policy-loss': 'ppo-clip',

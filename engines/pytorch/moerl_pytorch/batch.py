@@ -6,7 +6,7 @@ input fails every rank alike (exit 2) instead of leaving peers waiting."""
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -177,6 +177,7 @@ class Rollout:
     # [tokens] 1 = the policy's token (trained), 0 = an environment's (an episode's tool result);
     # None (no "loss_mask" key) = all the policy's: a one-shot completion
     loss_mask: list[int] | None = None
+    finish_reason: str = "stop"  # "length": cut at the length limit
 
 
 def read_rollouts(path: str) -> list[Rollout]:
@@ -191,8 +192,9 @@ def read_rollouts(path: str) -> list[Rollout]:
             tokens=token_field(j, "tokens", what),
             logprobs=[float(np.float32(x)) for x in numbers_field(j, "logprobs", what)],
         )
-        for key in ("prompt", "text", "finish_reason"):
+        for key in ("prompt", "text"):
             string_field(j, key, what)
+        r.finish_reason = string_field(j, "finish_reason", what)
         if len(r.logprobs) != len(r.tokens):
             raise BadInput(f"{what}: {len(r.logprobs)} logprobs for {len(r.tokens)} tokens")
         r.loss_mask = loss_mask_field(j, len(r.tokens), what)
@@ -219,6 +221,7 @@ class GrpoBatch:
     groups: int
     skipped_groups: int
     samples: int
+    overlong_filtered: int = 0
 
 
 def group_advantages(groups: list[list[float]], trained_tokens: list[list[int]], estimator: str):
@@ -258,11 +261,16 @@ def group_advantages(groups: list[list[float]], trained_tokens: list[list[int]],
 
 
 def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float],
-               estimator: str = "group-norm") -> GrpoBatch:
+               estimator: str = "group-norm", mask_truncated: bool = False) -> GrpoBatch:
     """Samples sorted by (prompt id, sample index), grouped by prompt, advantages by
-    group_advantages; a group with no signal is skipped, a sample with no completion tokens left
-    out."""
+    group_advantages; a group with no signal is skipped, a sample with no trained token left
+    out. mask_truncated (DAPO's overlong filtering): a sample cut at the length limit is masked
+    whole, so it counts in its group's advantages but is not trained on."""
     rollouts = sorted(rollouts, key=lambda r: (r.prompt_id, r.sample_index))
+    filtered = sum(1 for ro in rollouts if ro.finish_reason == "length") if mask_truncated else 0
+    if mask_truncated:
+        rollouts = [replace(ro, loss_mask=[0] * len(ro.tokens)) if ro.finish_reason == "length" else ro
+                    for ro in rollouts]
     spans, groups, tokens, reward_sum = [], [], [], 0.0
     i = 0
     while i < len(rollouts):
@@ -287,12 +295,12 @@ def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float],
             skipped += 1
             continue
         for k, ro in enumerate(rollouts[i:j]):
-            if not ro.tokens:
+            if not ro.tokens or (ro.loss_mask is not None and 1 not in ro.loss_mask):
                 continue
             seqs.append(Sequence(tokens=ro.prompt_tokens + ro.tokens, prompt_len=len(ro.prompt_tokens),
                                  old_logprobs=ro.logprobs, advantage=adv[k], loss_mask=ro.loss_mask))
     mean_reward = reward_sum / len(rollouts) if rollouts else 0.0
-    return GrpoBatch(seqs, mean_reward, len(groups), skipped, len(rollouts))
+    return GrpoBatch(seqs, mean_reward, len(groups), skipped, len(rollouts), filtered)
 
 
 def read_sft_examples(path: str) -> list[Sequence]:

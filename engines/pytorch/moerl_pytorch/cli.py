@@ -101,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--clip-high", type=nonneg_f32, default=None, help="ratio clip above, 1 + eps [default: --clip-eps]")
     g.add_argument("--norm-tokens", type=nonneg_f32, default=0.0,
                    help="seq-mean-token-sum-norm's constant token count")
+    g.add_argument("--mask-truncated", action="store_true",
+                   help="DAPO's overlong filtering: no loss on samples cut at the length limit (finish_reason "
+                        "length); they still count in their group's advantages")
     g.add_argument("--tis-clip", type=nonneg_f32, default=0.0,
                    help="truncated importance sampling cap on p_train / p_rollout, 0 = off")
     g.add_argument("--temperature", type=positive_f32, default=1.0, help="sampling temperature of the rollouts")
@@ -164,7 +167,7 @@ def grpo(a) -> int:
     for i, path in enumerate(rollout_files):
         rollouts += read_rollouts(path)
         out.progress("read_rollouts", files=i + 1, of=len(rollout_files))
-    batch = grpo_batch(rollouts, rewards, a.advantage)
+    batch = grpo_batch(rollouts, rewards, a.advantage, a.mask_truncated)
     policy = HfDir(a.checkpoint, "--checkpoint")
     ref = HfDir(a.ref_checkpoint, "--ref-checkpoint") if a.kl_coef != 0.0 else None
     check_tokens(batch.sequences, policy.vocab_size, policy.max_len, a.rollouts_file)

@@ -115,7 +115,7 @@ def run_grpo(a, contract: RankContract, out, batch: GrpoBatch, policy_dir: HfDir
             out.line({"iteration": a.iteration, "skipped": True, "mean_reward": batch.mean_reward,
                       "groups": batch.groups}, True)
         extra = {"iteration": a.iteration, "mean_reward": batch.mean_reward, "groups": batch.groups,
-                 "skipped_groups": batch.skipped_groups}
+                 "skipped_groups": batch.skipped_groups, "overlong_filtered": batch.overlong_filtered}
         steps, step = sum(a.epochs for mb in mbs if mb), 0
         for _ in range(a.epochs if batch.sequences else 0):
             for mb in mbs:

@@ -150,6 +150,20 @@ class Advantages(unittest.TestCase):
         self.assertEqual([s.loss_mask for s in b.sequences], [[0, 1], None])
         self.assertEqual([s.trained_tokens for s in b.sequences], [1, 1])
 
+    def test_mask_truncated_trains_no_cut_sample_but_keeps_it_in_its_group(self):
+        rollouts = [Rollout(1, 0, [9], [4, 5], [-1.0] * 2, None, "length"), Rollout(1, 1, [9], [4], [-1.0]),
+                    Rollout(1, 2, [9], [6], [-1.0]), Rollout(2, 0, [9], [8], [-1.0], None, "length"),
+                    Rollout(2, 1, [9], [7], [-1.0], None, "length")]
+        rewards = {(1, 0): 0.0, (1, 1): 1.0, (1, 2): 0.5, (2, 0): 1.0, (2, 1): 0.0}
+        plain = grpo_batch(rollouts, rewards, "group-mean")
+        masked = grpo_batch(rollouts, rewards, "group-mean", mask_truncated=True)
+        self.assertEqual((plain.overlong_filtered, masked.overlong_filtered), (0, 3))
+        self.assertEqual(len(plain.sequences), 5)
+        # group 1's mean still counts the cut sample's 0: the others keep their advantages
+        self.assertEqual([(s.tokens, round(s.advantage, 6)) for s in masked.sequences], [([9, 4], 0.5), ([9, 6], 0.0)])
+        self.assertEqual(masked.sequences, [s for s in plain.sequences if s.tokens in ([9, 4], [9, 6])])
+        self.assertEqual(rollouts[0].loss_mask, None)  # the caller's records are left as they were
+
     def test_each_estimator_from_its_formula(self):
         groups = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.5], [2.0, 0.0, 1.0]]
         tokens = [[3, 5, 2, 2], [1, 1], [4, 4, 0]]
