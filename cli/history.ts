@@ -3,9 +3,11 @@
 // the reward and rollout figures, and the hyperparameter changes accepted through updates; plus
 // the runs, pauses and (for `moerl report`) every activity record.
 import { defaultPayloadConverter, type Client, type WorkflowHandle } from '@temporalio/client';
+import { addEpisodeStats, emptyEpisodeStats } from '../activities/agents/episode-stats.js';
 import type {
   CampaignActivities,
   CheckpointOutput,
+  EpisodeStats,
   PrepareInput,
   RewardOutput,
   RolloutShardOutput,
@@ -82,6 +84,8 @@ export interface IterationHistory {
   tokens: number | null;
   rolloutTokensPerSecond: number | null;
   chunksRedone: number | null;
+  /** An agentic campaign's episodes, summed over the shards; null without any, or until every shard completed. */
+  episodes: EpisodeStats | null;
   /** The update's scalar metrics (its last optimizer step); null until the update completed. */
   trainMetrics: Record<string, number> | null;
   /** This iteration's checkpoint's validation scores; null when it was not validated (yet). */
@@ -381,6 +385,13 @@ function rolloutFigures(records: readonly ActivityRecord[]) {
     tokens: sum((s) => s.tokens),
     rolloutTokensPerSecond: sum((s) => s.tokensPerSecond),
     chunksRedone: sum((s) => s.chunksRedone),
+    episodes:
+      open || !shards.some((s) => s.episodes)
+        ? null
+        : shards.reduce(
+            (acc, s) => (s.episodes ? addEpisodeStats(acc, s.episodes) : acc),
+            emptyEpisodeStats(),
+          ),
   };
 }
 

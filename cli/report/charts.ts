@@ -1,5 +1,6 @@
 // The report's charts as Vega-Lite specs, each carrying its own data (the page needs nothing
 // else). Marks that tests and readers look for have names: hpChange, pause, runStart.
+import type { EpisodeStats } from '../../activities/types.js';
 import type { ReportModel } from './model.js';
 import { loopStages } from './model.js';
 
@@ -107,6 +108,40 @@ export function charts(model: ReportModel): Chart[] {
         ]
       : [],
   );
+  // agent episodes: counts by name per iteration, and each iteration's means per episode
+  const episodeRows = (pick: (e: EpisodeStats) => Record<string, number>) =>
+    its.flatMap((it) =>
+      Object.entries(it.episodes ? pick(it.episodes) : {}).map(([name, count]) => ({
+        iteration: it.iteration,
+        name,
+        count,
+      })),
+    );
+  const endReasons = episodeRows((e) => e.endReasons);
+  const toolCalls = episodeRows((e) => e.toolCalls);
+  const toolErrors = episodeRows((e) => e.toolErrors);
+  const perEpisode = its.flatMap(({ iteration, episodes: e }) =>
+    e && e.episodes > 0
+      ? [
+          { iteration, what: 'policy turns', value: e.policyTurns / e.episodes },
+          { iteration, what: 'tool seconds', value: e.toolSeconds / e.episodes },
+          { iteration, what: 'generation seconds', value: e.generationSeconds / e.episodes },
+        ]
+      : [],
+  );
+  const countBars = (title: string, values: unknown[]): Spec => ({
+    title,
+    width: 340,
+    height: 140,
+    data: { values },
+    mark: 'bar',
+    encoding: {
+      x: { ...iterationAxis, type: 'ordinal' },
+      y: { field: 'count', type: 'quantitative', stack: 'zero', title: null, axis: { format: 'd' } },
+      color: { field: 'name', type: 'nominal', title: null },
+      tooltip: [{ field: 'iteration' }, { field: 'name' }, { field: 'count' }],
+    },
+  });
   const t0 = new Date(model.header.startedAt).getTime();
   const rel = (iso: string) => (new Date(iso).getTime() - t0) / 1000;
   const end = model.header.wallSeconds;
@@ -386,6 +421,36 @@ export function charts(model: ReportModel): Chart[] {
                 ],
               },
             },
+          }
+        : null,
+    },
+    {
+      id: 'episodes',
+      title: 'Agent episodes',
+      caption:
+        "An agentic campaign's episodes per iteration (docs/agents.md): how they ended, the tool calls by tool and the errors by kind, and per episode its policy turns and the seconds spent waiting on tools and generating.",
+      spec: has(perEpisode)
+        ? {
+            columns: 2,
+            concat: [
+              countBars('episode end reasons', endReasons),
+              {
+                title: 'per episode',
+                width: 340,
+                height: 140,
+                data: { values: perEpisode },
+                mark: { type: 'line', point: true },
+                encoding: {
+                  x: iterationAxis,
+                  y: { field: 'value', type: 'quantitative', title: null },
+                  color: { field: 'what', type: 'nominal', title: null },
+                  tooltip: [{ field: 'iteration' }, { field: 'what' }, { field: 'value', format: '.3g' }],
+                },
+              },
+              countBars('tool calls by tool', toolCalls),
+              ...(has(toolErrors) ? [countBars('tool errors', toolErrors)] : []),
+            ],
+            resolve: { scale: { color: 'independent' } },
           }
         : null,
     },

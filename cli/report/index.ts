@@ -61,8 +61,16 @@ const csvColumns: [string, (it: ReportModel['iterations'][number]) => unknown][]
   ['update_step_s', (it) => it.train?.seconds],
   ['ep_s', (it) => it.train?.epSeconds],
   ['ep_bytes', (it) => it.train?.epBytes],
+  ['episodes', (it) => it.episodes?.episodes],
+  ['policy_turns', (it) => it.episodes?.policyTurns],
+  ['tool_calls', (it) => it.episodes && total(it.episodes.toolCalls)],
+  ['tool_errors', (it) => it.episodes && total(it.episodes.toolErrors)],
+  ['tool_s', (it) => it.episodes?.toolSeconds],
+  ['generation_s', (it) => it.episodes?.generationSeconds],
   ['hyperparameter_changes', (it) => it.hyperparameterChanges.join(' ')],
 ];
+
+const total = (counts: Record<string, number>) => Object.values(counts).reduce((a, b) => a + b, 0);
 
 function csvCell(value: unknown): string {
   if (value === null || value === undefined) return '';

@@ -1,6 +1,7 @@
 // The report's data: one row per iteration (from the history, plus the store's training
 // metrics), the markers the charts draw (hyperparameter changes, pauses, workflow runs), a
 // timeline of every activity, and the header. Pure: the same source gives the same report.
+import type { EpisodeStats } from '../../activities/types.js';
 import type { ActivityRecord, IterationHistory, PauseRecord, RunSpan } from '../history.js';
 import { specSummary, type SpecSummary } from '../campaigns.js';
 import { keyValues } from '../format.js';
@@ -43,6 +44,8 @@ export interface ReportIteration {
   tokens: number | null;
   rolloutTokensPerSecond: number | null;
   chunksRedone: number | null;
+  /** An agentic campaign's episodes (turns, end reasons, tool calls and time); null without any. */
+  episodes: EpisodeStats | null;
   stageSeconds: Record<LoopStage, number | null>;
   /** Span of the iteration (previous commit closed → its own commit closed) not in any stage. */
   waitingSeconds: number | null;
@@ -213,6 +216,7 @@ export function buildModel(source: ReportSource, temporalUi: string | null): Rep
       tokens: it.tokens,
       rolloutTokensPerSecond: it.rolloutTokensPerSecond,
       chunksRedone: it.chunksRedone,
+      episodes: it.episodes,
       stageSeconds,
       waitingSeconds: span === null ? null : Math.max(0, span - busy),
       retries: own.reduce((acc, a) => acc + a.attempts - 1, 0),

@@ -123,6 +123,7 @@ describe('terminal output holds no control characters from reasons and failure m
           tokens: null,
           rolloutTokensPerSecond: null,
           chunksRedone: null,
+          episodes: null,
           trainMetrics: null,
           validation: {
             iteration: 1,

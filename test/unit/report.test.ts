@@ -271,6 +271,82 @@ describe('report formulas', () => {
     );
   });
 
+  it("an agentic campaign's episodes become the episodes chart and CSV columns; one-shot rollouts draw none", async () => {
+    const episodes = (
+      ends: Record<string, number>,
+      calls: Record<string, number>,
+      errors: Record<string, number>,
+    ) => ({
+      episodes: Object.values(ends).reduce((a, b) => a + b, 0),
+      policyTurns: 10,
+      endReasons: ends,
+      toolCalls: calls,
+      toolErrors: errors,
+      toolSeconds: 2,
+      generationSeconds: 6,
+    });
+    const withEpisodes = {
+      ...records,
+      activities: activities.map((a) =>
+        a.activity !== 'rolloutShard'
+          ? a
+          : {
+              ...a,
+              result: {
+                ...(a.result as object),
+                episodes:
+                  a.shard === 0
+                    ? episodes({ eos: 3 }, { calculator: 4 }, {})
+                    : episodes({ eos: 1, 'max-turns': 1 }, { calculator: 1, python: 2 }, { timeout: 1 }),
+              },
+            },
+      ),
+    };
+    const r = buildReport(
+      { ...source, records: withEpisodes, history: historyFromRecords(withEpisodes) },
+      resolvePrices({}, spec),
+      null,
+    );
+    // the two shards' stats add up
+    assert.deepEqual(r.iterations[0]!.episodes, {
+      episodes: 5,
+      policyTurns: 20,
+      endReasons: { eos: 4, 'max-turns': 1 },
+      toolCalls: { calculator: 5, python: 2 },
+      toolErrors: { timeout: 1 },
+      toolSeconds: 4,
+      generationSeconds: 12,
+    });
+    assert.match(iterationsCsv(r).split('\n')[1] ?? '', /,5,20,7,1,4,12,$/);
+    const chart = charts(r).find((c) => c.id === 'episodes');
+    const panels = (chart?.spec?.concat ?? []) as {
+      title: string;
+      data: { values: Record<string, unknown>[] };
+    }[];
+    assert.deepEqual(
+      panels.map((p) => p.title),
+      ['episode end reasons', 'per episode', 'tool calls by tool', 'tool errors'],
+    );
+    assert.deepEqual(
+      panels[1]!.data.values.map((v) => [v.what, v.value]),
+      [
+        ['policy turns', 4],
+        ['tool seconds', 0.8],
+        ['generation seconds', 2.4],
+      ],
+    );
+    // Vega-Lite compiles it and Vega draws it: a bar per (iteration, name) of the three count panels
+    const view = new View(parse(compile(chart!.spec as never).spec), { renderer: 'none' });
+    await view.runAsync();
+    const svg = await view.toSVG();
+    assert.equal(svg.match(/aria-roledescription="bar"/g)?.length, 2 + 2 + 1);
+    assert.ok(svg.includes('max-turns') && svg.includes('python'), 'the names are in the legends');
+    const oneShot = buildReport(source, resolvePrices({}, spec), null);
+    assert.equal(oneShot.iterations[0]!.episodes, null);
+    assert.equal(charts(oneShot).find((c) => c.id === 'episodes')?.spec, null);
+    assert.match(iterationsCsv(oneShot).split('\n')[1] ?? '', /,,,,,,,$/);
+  });
+
   it('bad prices name the flag or the file and field', () => {
     const file = join(dir, 'p.yaml');
     writeFileSync(file, 'train: { nodeHourPrice: -1 }\n');
