@@ -14,7 +14,7 @@ import { BadInputError, BadRolloutError } from './rewards/errors.js';
 import { RewardFunctions, type RewardChoice, type RewardFunctionsSpec } from './rewards/functions.js';
 import { httpRewardModel, verifierReward } from './rewards/reward-model.js';
 import type { RewardFunction } from './rewards/reward-model.js';
-import { formatRewardsJsonl, rewardStats, scoreRollouts } from './rewards/score.js';
+import { formatRewardsJsonl, groupsWithSignal, rewardStats, scoreRollouts } from './rewards/score.js';
 import type { RewardRow } from './rewards/score.js';
 import type { ParseOptions } from './rewards/rollout-record.js';
 import type { SandboxOptions } from './rewards/user-function.js';
@@ -200,6 +200,7 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
       : { reward: rewardFunction(input.spec, ctx.cancellationSignal), parse: {}, close: () => {} };
   const { reward, tally } = scoring;
   const taskRows: RewardRow[] = [];
+  const trainerRows: RewardRow[] = [];
   const progress = { shard: 0, chunk: 0 };
   try {
     // A reward model may take longer per batch than the heartbeat timeout: beat on a timer.
@@ -207,6 +208,7 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
       () => progress,
       async () => {
         for (const [shard, chunks] of input.chunksPerShard.entries()) {
+          if (shard < (input.firstShard ?? 0)) continue;
           const rows: RewardRow[] = [];
           for (let chunk = 0; chunk < chunks; chunk++) {
             Object.assign(progress, { shard, chunk });
@@ -221,6 +223,7 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
           }
           const key = keys.rewardKey(input.campaignId, input.iteration, shard);
           await store.put(key, formatRewardsJsonl(rows), { contentType: 'application/x-ndjson' });
+          trainerRows.push(...rows);
         }
       },
     );
@@ -229,10 +232,13 @@ export async function computeRewards(deps: ActivityDeps, input: RewardInput): Pr
   }
   throwIfAllFailing(tally, `iteration ${input.iteration}`);
   const stats = rewardStats(taskRows, reward.kind);
+  const signal = groupsWithSignal(trainerRows);
   return {
     meanReward: stats.meanReward,
     stdReward: stats.stdReward,
     passRate: stats.passRate,
+    groups: signal.groups,
+    groupsWithSignal: signal.withSignal,
     ...(tally && tally.failed > 0 ? { failedSamples: tally.failed, failuresByReason: tally.byReason } : {}),
     attempt: ctx.info.attempt,
   };

@@ -167,6 +167,8 @@ export interface RewardInput {
   dataset?: IterationDataset;
   /** DAPO's overlong penalty for this iteration (algorithm.overlong.bufferTokens); absent: none. */
   overlong?: OverlongShaping;
+  /** Dynamic sampling's further draws: the shards before this one were scored by an earlier reward. */
+  firstShard?: number;
 }
 /** One rewards file per shard, at `rewardKey(campaign, iteration, shard)`. */
 export interface RewardOutput extends ActivityOutcome {
@@ -176,6 +178,9 @@ export interface RewardOutput extends ActivityOutcome {
   /** Samples whose reward function failed (scored 0), and why; absent when none did. */
   failedSamples?: number;
   failuresByReason?: Partial<Record<string, number>>;
+  /** Prompt groups scored, and those whose rewards (as the trainer reads them) are not all equal. */
+  groups?: number;
+  groupsWithSignal?: number;
 }
 
 export interface UpdateInput {
@@ -234,6 +239,9 @@ export interface ValidationOutput extends ActivityOutcome, ValidationScores {
   /** Samples whose reward function failed (scored 0), and why; absent when none did. */
   failedSamples?: number;
   failuresByReason?: Partial<Record<string, number>>;
+  /** Prompt groups scored, and those whose rewards (as the trainer reads them) are not all equal. */
+  groups?: number;
+  groupsWithSignal?: number;
 }
 
 export interface CheckpointInput {

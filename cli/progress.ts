@@ -6,7 +6,12 @@ import type { Client, WorkflowExecutionDescription } from '@temporalio/client';
 import { printable } from '../activities/printable.js';
 import { stageOfActivity } from '../activities/types.js';
 import type { CampaignActivities, EpisodeStats, RolloutHeartbeat } from '../activities/types.js';
-import type { CampaignState, IterationSummary, StageName } from '../workflows/types.js';
+import type {
+  CampaignState,
+  DynamicSamplingSummary,
+  IterationSummary,
+  StageName,
+} from '../workflows/types.js';
 import { stageNames } from '../workflows/types.js';
 import { describeCampaign, executionStatus, queryState, type CampaignMemo } from './campaigns.js';
 import { reasonOf } from './command.js';
@@ -144,8 +149,18 @@ export function iterationLine(it: IterationSummary, total: number): string {
   return (
     `${progressBar(it.iteration, total)} iteration ${String(it.iteration).padStart(3)}/${total}  reward ${decimal(it.meanReward)}  rollout ${Math.round(it.rolloutTokensPerSecond)} tok/s  ` +
     iterationStages.map((s) => `${s} ${seconds(it.stageSeconds[s])}`).join('  ') +
-    (it.episodes ? `  ${episodesText(it.episodes)}` : '')
+    (it.episodes ? `  ${episodesText(it.episodes)}` : '') +
+    (it.dynamicSampling ? `  ${dynamicSamplingText(it.dynamicSampling)}` : '')
   );
+}
+
+/** "drew 64 more prompts in 2 rounds, 57 groups with signal, 71 filtered". */
+export function dynamicSamplingText(d: DynamicSamplingSummary): string {
+  const drew =
+    d.rounds > 0
+      ? `drew ${d.drawnPrompts} more prompts in ${d.rounds} round${d.rounds > 1 ? 's' : ''}, `
+      : '';
+  return `${drew}${d.groupsWithSignal} groups with signal, ${d.filteredGroups} filtered`;
 }
 
 /** "64 episodes, 2.3 turns each, 3 tool errors, tools 21% of their time". */

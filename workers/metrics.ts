@@ -13,6 +13,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import type {
   CampaignActivities,
   CheckpointInput,
+  RewardOutput,
   RolloutShardOutput,
   UpdateOutput,
   ValidationOutput,
@@ -216,6 +217,12 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
     help: "Time episodes waited on their policy turns' generation, summed over episodes.",
     registers,
   });
+  const rewardGroups = new Counter({
+    name: 'moerl_reward_groups_total',
+    help: 'Prompt groups scored by completed reward activities, by whether their rewards carry signal (not all equal).',
+    labelNames: ['signal'] as const,
+    registers,
+  });
   const commitBytes = new Counter({
     name: 'moerl_checkpoint_commit_bytes_total',
     help: 'Bytes of the files of committed checkpoints (by their manifests).',
@@ -398,6 +405,12 @@ export function createWorkerMetrics(describe?: DescribeWorkflow): WorkerMetrics 
       for (const [error, n] of Object.entries(e.toolErrors)) toolErrors.inc({ error }, n);
       toolSeconds.inc(e.toolSeconds);
       generationSeconds.inc(e.generationSeconds);
+    },
+    computeRewards: (_input, output) => {
+      const { groups, groupsWithSignal } = output as RewardOutput;
+      if (groups === undefined || groupsWithSignal === undefined) return;
+      rewardGroups.inc({ signal: 'yes' }, groupsWithSignal);
+      rewardGroups.inc({ signal: 'no' }, groups - groupsWithSignal);
     },
     updatePolicy: (_input, output) => {
       const m = (output as UpdateOutput).metrics;

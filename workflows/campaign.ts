@@ -19,7 +19,13 @@ import {
 import type { ActivityOptions } from '@temporalio/workflow';
 import { badInputErrorType } from '../activities/types.js';
 import type { DatasetIdentity } from '../activities/datasets/index.js';
-import type { CampaignActivities, CheckpointRef, StagedCheckpoint } from '../activities/types.js';
+import type {
+  CampaignActivities,
+  CheckpointRef,
+  IterationPrompts,
+  RewardOutput,
+  StagedCheckpoint,
+} from '../activities/types.js';
 import { addEpisodeStats, emptyEpisodeStats } from '../activities/agents/episode-stats.js';
 import { pauseSignal, resumeSignal, setHyperparametersUpdate, statusQuery } from './messages.js';
 import { campaignStatusKey, iterationKey, meanRewardKey } from './search-attributes.js';
@@ -360,11 +366,63 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     hyperparameters: RolloutPhaseResult['hyperparameters'],
   ): Promise<RolloutPhaseResult | null> {
     const started = new Date();
+    const own = st.iterationPrompts(st.promptSchedule(state, spec), iteration);
+    const first = await drawPrompts(iteration, policy, hyperparameters, own, []);
+    if (!first) return null;
+    const sampling = spec.algorithm?.dynamicSampling;
+    let { shards } = first;
+    let dynamicSampling: RolloutPhaseResult['dynamicSampling'];
+    if (sampling) {
+      // DAPO: draw from the iteration's reserve while fewer groups than prompts carry signal
+      const summary = { rounds: 0, drawnPrompts: 0, groupsWithSignal: 0, filteredGroups: 0 };
+      const tally = (r: RewardOutput) => {
+        summary.groupsWithSignal += r.groupsWithSignal ?? 0;
+        summary.filteredGroups += (r.groups ?? 0) - (r.groupsWithSignal ?? 0);
+      };
+      tally(first.reward);
+      const perRound = sampling.promptsPerRound ?? own.count;
+      while (summary.rounds < sampling.maxRounds && summary.groupsWithSignal < own.count) {
+        const reserve = st.reservePrompts(iteration, summary.drawnPrompts, perRound);
+        const more = await drawPrompts(iteration, policy, hyperparameters, reserve, shards);
+        if (!more) return null;
+        shards = more.shards;
+        summary.rounds++;
+        summary.drawnPrompts += perRound;
+        tally(more.reward);
+      }
+      dynamicSampling = summary;
+    }
+    return {
+      iteration,
+      policy,
+      hyperparameters,
+      shards,
+      reward: first.reward,
+      stageSeconds: { rollout: first.rolloutSeconds, reward: secondsSince(started) - first.rolloutSeconds },
+      ...(dynamicSampling ? { dynamicSampling } : {}),
+    };
+  }
+
+  /**
+   * Rollout of `prompts` over shards numbered after `before`'s, then the reward of those shards;
+   * every shard so far, or null when the reward failed for good.
+   */
+  async function drawPrompts(
+    iteration: number,
+    policy: CheckpointRef,
+    hyperparameters: RolloutPhaseResult['hyperparameters'],
+    iterationPrompts: IterationPrompts,
+    before: RolloutPhaseResult['shards'],
+  ) {
+    const started = new Date();
     const key = summaries.stageKey(iteration, 'rollout');
-    const iterationPrompts = st.iterationPrompts(st.promptSchedule(state, spec), iteration);
-    const ranges = st.splitPrompts(iterationPrompts.count, spec.rolloutShards);
+    const firstShard = before.length;
+    const ranges = st
+      .splitPrompts(iterationPrompts.count, spec.rolloutShards)
+      .map((r) => ({ ...r, shard: firstShard + r.shard }));
     const dataset = st.iterationDataset(state, iterationPrompts);
-    progress.set(key, { tries: progress.get(key)?.tries ?? 0, shardsDone: 0, shards: ranges.length });
+    const total = firstShard + ranges.length;
+    progress.set(key, { tries: progress.get(key)?.tries ?? 0, shardsDone: firstShard, shards: total });
     const shards = await Promise.all(
       ranges.map(async (range) => {
         const out = await runStage(
@@ -372,7 +430,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
           'rollout',
           () =>
             acts.rollout.rolloutShard.executeWithOptions(
-              { summary: summaries.rolloutSummary(iteration, range.shard, ranges.length) },
+              { summary: summaries.rolloutSummary(iteration, range.shard, total) },
               [
                 {
                   campaignId,
@@ -395,7 +453,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       }),
     );
     const rolloutSeconds = secondsSince(started);
-    const rewardStarted = new Date();
+    const all = [...before, ...shards];
     const overlong = overlongShaping(spec, hyperparameters);
     const reward = await attemptStage(iteration, 'reward', () =>
       acts.rollout.computeRewards.executeWithOptions(
@@ -405,23 +463,16 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
             campaignId,
             iteration,
             spec,
-            chunksPerShard: st.chunksPerShard(shards),
+            chunksPerShard: st.chunksPerShard(all),
             iterationPrompts,
             ...dataset,
             ...(overlong ? { overlong } : {}),
+            ...(firstShard > 0 ? { firstShard } : {}),
           },
         ],
       ),
     );
-    if (!reward) return null;
-    return {
-      iteration,
-      policy,
-      hyperparameters,
-      shards,
-      reward,
-      stageSeconds: { rollout: rolloutSeconds, reward: secondsSince(rewardStarted) },
-    };
+    return reward ? { shards: all, reward, rolloutSeconds } : null;
   }
 
   /**
@@ -479,6 +530,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       rolloutTokensPerSecond: sum((s) => s.tokensPerSecond),
       chunksRedone: sum((s) => s.chunksRedone),
       ...iterationEpisodes(phase.shards),
+      ...(phase.dynamicSampling ? { dynamicSampling: phase.dynamicSampling } : {}),
       stageSeconds: { ...phase.stageSeconds, update: updateSeconds, checkpoint: secondsSince(commitStarted) },
       attempts: {
         rollout: Math.max(...phase.shards.map((s) => s.attempt)),

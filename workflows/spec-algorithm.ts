@@ -53,6 +53,28 @@ export const algorithmSchema = z.strictObject({
     })
     .optional()
     .describe("DAPO's overlong handling (docs/algorithms.md)"),
+  dynamicSampling: z
+    .strictObject({
+      maxRounds: z
+        .number()
+        .int()
+        .min(1)
+        .max(16)
+        .default(4)
+        .describe('further draws per iteration at most, each a rollout and a reward of its own'),
+      promptsPerRound: z
+        .number()
+        .int()
+        .positive()
+        .max(1_000_000)
+        .optional()
+        .describe("prompts per further draw (default: the iteration's own count)"),
+    })
+    .optional()
+    .describe(
+      "DAPO's dynamic sampling: while fewer groups than the iteration's prompts carry signal, draw more " +
+        "prompts from the iteration's reserve (docs/algorithms.md)",
+    ),
 });
 export type AlgorithmSpec = z.output<typeof algorithmSchema>;
 

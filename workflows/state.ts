@@ -215,6 +215,22 @@ export function iterationDataset(
   return { dataset: { identity, position: advancePosition(startPosition, prompts.first, identity.rows) } };
 }
 
+/**
+ * Prompt ids of iteration `iteration`'s reserve for dynamic sampling: a block of its own, far past
+ * any prompt the main order reaches (2^44), so drawing from it shifts no later iteration's prompts;
+ * `drawn` reserve prompts came before. A dataset task reads them where the prompt stream would be
+ * (an epoch of its own seeded shuffle), a built-in task generates them from the seed and the id:
+ * a resumed, continued-as-new or forked campaign draws the same ones.
+ */
+export function reservePrompts(iteration: number, drawn: number, count: number): IterationPrompts {
+  if (drawn + count > reservePromptsPerIteration)
+    throw new Error(`iteration ${iteration}'s reserve holds ${reservePromptsPerIteration} prompts`);
+  return { first: reservePromptBase + iteration * reservePromptsPerIteration + drawn, count };
+}
+const reservePromptBase = 2 ** 44;
+/** 16 rounds of 1,000,000 prompts fit (algorithm.dynamicSampling's bounds). */
+const reservePromptsPerIteration = 2 ** 24;
+
 /** Splits `prompts` prompts into at most `shards` contiguous ranges, sizes differing by at most one. */
 export function splitPrompts(
   prompts: number,

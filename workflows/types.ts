@@ -83,6 +83,8 @@ export interface IterationSummary {
   chunksRedone: number;
   /** An agentic campaign's episodes (absent for one-shot completions). */
   episodes?: EpisodeStats;
+  /** Dynamic sampling's further draws (absent without algorithm.dynamicSampling). */
+  dynamicSampling?: DynamicSamplingSummary;
   stageSeconds: Partial<Record<StageName, number>>;
   attempts: Partial<Record<StageName, number>>;
   trainMetrics: Record<string, number>;
@@ -95,8 +97,22 @@ export interface RolloutPhaseResult {
   /** Snapshot taken when the rollout started; the update of the same iteration uses it too. */
   hyperparameters: Hyperparameters;
   shards: RolloutShardOutput[];
+  /** The reward of the iteration's own prompts: its figures are the iteration's. */
   reward: RewardOutput;
   stageSeconds: Partial<Record<StageName, number>>;
+  dynamicSampling?: DynamicSamplingSummary;
+}
+
+/** What dynamic sampling drew for one iteration beyond its own prompts. */
+export interface DynamicSamplingSummary {
+  /** Further draws made (0: the iteration's own prompts had enough groups with signal). */
+  rounds: number;
+  /** Reserve prompts drawn over those rounds. */
+  drawnPrompts: number;
+  /** Groups with signal, over every draw: what the update trains on. */
+  groupsWithSignal: number;
+  /** Groups whose rewards were all equal, over every draw: filtered out of training. */
+  filteredGroups: number;
 }
 
 /** A validated checkpoint's scores (the activity's output less its attempt). */

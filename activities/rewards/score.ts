@@ -55,6 +55,25 @@ function summarise(rewards: readonly number[], kind: RewardKind) {
   return { samples: n, meanReward: mean, stdReward: Math.sqrt(variance), passRate: passed / n };
 }
 
+/**
+ * Of reward rows, the prompt groups and those whose rewards carry signal for the trainer: their
+ * population standard deviation, of the float32 values the trainers read, is at least 1e-6
+ * (native/rl/advantages.cc skips the others).
+ */
+export function groupsWithSignal(rows: readonly RewardRow[]): { groups: number; withSignal: number } {
+  const groups = new Map<number, number[]>();
+  for (const row of rows)
+    groups.set(row.prompt_id, [...(groups.get(row.prompt_id) ?? []), Math.fround(row.reward)]);
+  let withSignal = 0;
+  for (const r of groups.values()) {
+    let mean = 0;
+    for (const x of r) mean += x / r.length;
+    const variance = r.reduce((a, x) => a + (x - mean) ** 2, 0) / r.length;
+    if (Math.sqrt(variance) >= 1e-6) withSignal++;
+  }
+  return { groups: groups.size, withSignal };
+}
+
 /** Statistics of reward rows; `perGroup` adds one entry per prompt id. */
 export function rewardStats(rows: readonly RewardRow[], kind: RewardKind, perGroup = false): RewardStats {
   const stats: RewardStats = summarise(

@@ -15,7 +15,12 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { workerActivityDeps } from '../../activities/deps.js';
 import { createActivities } from '../../activities/index.js';
-import { drawPrompts, iterationPosition } from '../../activities/datasets/index.js';
+import {
+  advancePosition,
+  drawPrompts,
+  iterationPosition,
+  startPosition,
+} from '../../activities/datasets/index.js';
 import { committedCheckpoint } from '../../activities/checkpoints.js';
 import * as keys from '../../activities/layout.js';
 import { exportCheckpoint } from '../../activities/models/export.js';
@@ -158,6 +163,48 @@ describe('campaigns on a Hugging Face model and a dataset', { skip: pyref.skip |
         );
       }
     }
+  });
+
+  test("dynamic sampling draws the iteration's reserve: rows at the reserve's stream position, scored and trained on", async (t2) => {
+    const s = spec('hf-dynamic', {
+      iterations: 1,
+      algorithm: { loss: 'dapo', dynamicSampling: { maxRounds: 2, promptsPerRound: 4 } },
+    });
+    const { id, state } = await withWorkers(t.nativeConnection, t.namespace, activities(), async (queues) => {
+      const handle = await startCampaign(t.client, s, queues);
+      await handle.result();
+      return { id: handle.workflowId, state: await handle.query<CampaignState>('status') };
+    });
+    assert.equal(state.status, 'completed');
+    const sampling = state.recentIterations[0]?.dynamicSampling;
+    t2.diagnostic(`dynamic sampling: ${JSON.stringify(sampling)}`);
+    assert.ok(sampling && sampling.rounds >= 1, `a further draw was made: ${JSON.stringify(sampling)}`);
+    assert.equal(sampling.drawnPrompts, 4 * sampling.rounds);
+    const reserveFirst = 2 ** 44 + 2 ** 24; // iteration 1's reserve
+    const drawn = drawPrompts(
+      { seed: s.seed, rows },
+      advancePosition(startPosition, reserveFirst, rows),
+      sampling.drawnPrompts,
+    ).prompts;
+    const tokenizer = await loadTokenizer(join(dir, 'qwen3'));
+    const found = await artifacts(store, id);
+    const records = [...found]
+      .filter(([k]) => k.startsWith('rollouts/000001/'))
+      .flatMap(([, text]) => text.split('\n').filter(Boolean))
+      .map((l) => JSON.parse(l) as { prompt_id: number; prompt: string })
+      .filter((r) => r.prompt_id >= reserveFirst);
+    assert.equal(records.length, sampling.drawnPrompts * s.groupSize);
+    for (const r of records) {
+      const row = arithmeticRow(drawn[r.prompt_id - reserveFirst]!.row);
+      assert.equal(r.prompt, tokenizer.renderChat(row.prompt, { addGenerationPrompt: true }).text);
+    }
+    const rewarded = [...found].filter(([k]) => k.startsWith('rewards/000001/')).length;
+    assert.equal(rewarded, 2 + 2 * sampling.rounds, 'a rewards file per shard, the draws included');
+    const metrics = JSON.parse((await store.get(keys.metricsKey(id, 1))).toString('utf8')) as {
+      steps: { groups: number; skipped_groups: number }[];
+    };
+    assert.equal(metrics.steps[0]!.groups, 8 + sampling.drawnPrompts, 'the update read every draw');
+    assert.equal(metrics.steps[0]!.skipped_groups, sampling.filteredGroups);
   });
 
   test("its checkpoint exports for transformers, which scores iteration 2's samples as the rollout engine did", async () => {

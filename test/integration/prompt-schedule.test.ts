@@ -4,7 +4,7 @@
 // DAPO's overlong window, which follows `moerl set maxNewTokens` the same way.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import type { RewardInput, RolloutShardInput } from '../../activities/types.js';
+import type { RewardInput, RolloutShardInput, UpdateInput } from '../../activities/types.js';
 import { setHyperparametersUpdate } from '../../workflows/messages.js';
 import { parseCampaignSpec } from '../../workflows/spec.js';
 import type { CampaignState } from '../../workflows/types.js';
@@ -152,6 +152,78 @@ describe("DAPO's overlong penalty (recording activities on the dev server)", () 
         { maxTokens: 16, bufferTokens: 4, penalty: 0.5 },
         { maxTokens: 24, bufferTokens: 4, penalty: 0.5 },
       ]);
+    });
+  });
+});
+
+describe("DAPO's dynamic sampling (recording activities on the dev server)", () => {
+  test('draws reserve prompts while too few groups carry signal, up to the bound, across continue-as-new', async () => {
+    // the iteration's own 4 prompts give 1 group with signal; each draw of 2 reserve prompts 2
+    // more in iteration 1 (full after 2 draws), none in iteration 2 (the bound of 3 draws)
+    const { activities, calls } = createRecordingTestActivities({
+      datasets,
+      rewardExtra: (input) => {
+        const count = input.iterationPrompts!.count;
+        const reserve = input.firstShard !== undefined;
+        return { groups: count, groupsWithSignal: !reserve ? 1 : input.iteration === 1 ? 2 : 0 };
+      },
+    });
+    await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
+      const spec = parseCampaignSpec({
+        ...hfSpecDoc(),
+        iterations: 2,
+        promptsPerIteration: 4,
+        rolloutShards: 2,
+        chunkSize: 2,
+        algorithm: { loss: 'dapo', dynamicSampling: { maxRounds: 3, promptsPerRound: 2 } },
+        orchestration: { continueAsNewEvery: 1 },
+      });
+      const handle = await startCampaign(t.client, spec, queues);
+      assert.equal((await handle.result()).status, 'completed');
+      const reserveFirst = (iteration: number) => 2 ** 44 + iteration * 2 ** 24;
+      for (const [iteration, draws] of [
+        [1, 2],
+        [2, 3],
+      ] as const) {
+        const shards = okCalls(calls, 'rolloutShard', iteration)
+          .map((c) => c.input as RolloutShardInput)
+          .sort((a, b) => a.shard - b.shard);
+        // 2 shards of the iteration's own prompts, then 2 shards (a prompt each) per draw
+        assert.deepEqual(
+          shards.map((s) => [s.shard, s.iterationPrompts?.first, s.promptStart, s.promptCount]),
+          [
+            [0, 4 * (iteration - 1), 0, 2],
+            [1, 4 * (iteration - 1), 2, 2],
+            ...Array.from({ length: draws }, (_, k) => [
+              [2 + 2 * k, reserveFirst(iteration) + 2 * k, 0, 1],
+              [3 + 2 * k, reserveFirst(iteration) + 2 * k, 1, 1],
+            ]).flat(),
+          ],
+          `iteration ${iteration}'s shards`,
+        );
+        // a reserve prompt's dataset position is where the stream would put that id
+        const drawn = shards[2]!;
+        assert.deepEqual(drawn.dataset?.position, {
+          epoch: Math.floor(reserveFirst(iteration) / rows),
+          offset: reserveFirst(iteration) % rows,
+        });
+        const rewards = okCalls(calls, 'computeRewards', iteration).map((c) => c.input as RewardInput);
+        assert.deepEqual(
+          rewards.map((r) => [r.firstShard, r.chunksPerShard.length]),
+          [[undefined, 2], ...Array.from({ length: draws }, (_, k) => [2 + 2 * k, 4 + 2 * k])],
+        );
+        const update = okCalls(calls, 'updatePolicy', iteration)[0]!.input as UpdateInput;
+        assert.equal(update.chunksPerShard.length, 2 + 2 * draws, 'the update reads every draw');
+      }
+      const state = await handle.query<CampaignState>('status');
+      assert.deepEqual(
+        state.recentIterations.map((i) => i.dynamicSampling),
+        [
+          { rounds: 2, drawnPrompts: 4, groupsWithSignal: 5, filteredGroups: 3 + 0 + 0 },
+          { rounds: 3, drawnPrompts: 6, groupsWithSignal: 1, filteredGroups: 3 + 2 + 2 + 2 },
+        ],
+      );
+      assert.ok(state.runs >= 2, 'continued as new');
     });
   });
 });

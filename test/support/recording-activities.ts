@@ -59,6 +59,8 @@ export interface RecordingOptions {
   silentMsWhen?: (call: RecordedCall) => number | undefined;
   /** Mean reward reported for an iteration; default rises with the iteration. */
   rewardFor?: (iteration: number) => number;
+  /** More of computeRewards' output for a call (its groups, say); default none. */
+  rewardExtra?: (input: RewardInput) => Partial<RewardOutput>;
   /** What prepareInputs reports of a dataset task's files; default none (a built-in task). */
   datasets?: { train: DatasetIdentity; validation?: DatasetIdentity };
 }
@@ -163,6 +165,7 @@ export function createRecordingTestActivities(opts: RecordingOptions = {}) {
         meanReward: rewardFor(input.iteration),
         stdReward: 0.1,
         passRate: rewardFor(input.iteration),
+        ...opts.rewardExtra?.(input),
       })),
     validationShard: (input: ValidationShardInput): Promise<RolloutShardOutput> =>
       record('validationShard', { ...input, iteration: input.policy.iteration }, input, () => ({

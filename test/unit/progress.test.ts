@@ -4,7 +4,14 @@ import assert from 'node:assert/strict';
 import { defaultPayloadConverter } from '@temporalio/common';
 import { describe, it } from 'node:test';
 import type { WorkflowExecutionDescription } from '@temporalio/client';
-import { episodesText, etaSeconds, progressBar, progressLine, snapshotOf } from '../../cli/progress.js';
+import {
+  dynamicSamplingText,
+  episodesText,
+  etaSeconds,
+  progressBar,
+  progressLine,
+  snapshotOf,
+} from '../../cli/progress.js';
 import { currentDetails, stageKey } from '../../workflows/summaries.js';
 import type { CampaignState, IterationSummary } from '../../workflows/types.js';
 import { testSpec } from '../support/campaign-harness.js';
@@ -150,6 +157,18 @@ describe('campaign progress rendering', () => {
       generationSeconds: 79,
     };
     assert.equal(episodesText(stats), '64 episodes, 2.3 turns each, 3 tool errors, tools 21% of their time');
+  });
+
+  it("dynamic sampling's line says what it drew and what it filtered", () => {
+    const d = { rounds: 2, drawnPrompts: 64, groupsWithSignal: 57, filteredGroups: 71 };
+    assert.equal(
+      dynamicSamplingText(d),
+      'drew 64 more prompts in 2 rounds, 57 groups with signal, 71 filtered',
+    );
+    assert.equal(
+      dynamicSamplingText({ ...d, rounds: 0, drawnPrompts: 0, filteredGroups: 3 }),
+      '57 groups with signal, 3 filtered',
+    );
   });
 
   it('a pause shows its reason and no ETA; a closed execution shows how it ended', () => {

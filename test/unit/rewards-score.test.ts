@@ -10,7 +10,12 @@ import { BadRolloutError } from '../../activities/rewards/errors.js';
 import { verifierReward, type RewardFunction } from '../../activities/rewards/reward-model.js';
 import type { RolloutRecord } from '../../activities/rewards/rollout-record.js';
 import { nativeTools } from '../support/native-tools.js';
-import { formatRewardsJsonl, passes, scoreRollouts } from '../../activities/rewards/score.js';
+import {
+  formatRewardsJsonl,
+  groupsWithSignal,
+  passes,
+  scoreRollouts,
+} from '../../activities/rewards/score.js';
 import { overlongPenalty, policyTokens } from '../../activities/rewards/overlong.js';
 
 function line(promptId: number, sampleIndex: number, prompt: string, text: string, finish = 'stop'): string {
@@ -79,6 +84,23 @@ describe("DAPO's overlong penalty", () => {
     );
     assert.deepEqual(shaped.taskRows, plain.rows);
     assert.deepEqual(shaped.stats, plain.stats);
+  });
+});
+
+describe('groupsWithSignal', () => {
+  it("counts the prompt groups whose rewards, as float32, are not all equal (dynamic sampling's filter)", () => {
+    const rows = (promptId: number, rewards: number[]) =>
+      rewards.map((reward, i) => ({ prompt_id: promptId, sample_index: i, reward }));
+    assert.deepEqual(
+      groupsWithSignal([
+        ...rows(1, [1, 0, 1]),
+        ...rows(2, [0.5, 0.5, 0.5]),
+        ...rows(3, [0.1, 0.1 + 1e-9]), // equal once rounded to float32, as the trainer reads them
+        ...rows(4, [-0.25, 0.75]),
+      ]),
+      { groups: 4, withSignal: 2 },
+    );
+    assert.deepEqual(groupsWithSignal([]), { groups: 0, withSignal: 0 });
   });
 });
 

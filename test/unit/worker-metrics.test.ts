@@ -40,7 +40,7 @@ function fakeActivities(failure: { current: unknown }): CampaignActivities {
         },
       }
     ),
-    computeRewards: async () => (maybeFail(), {}) as never,
+    computeRewards: async () => (maybeFail(), { groups: 8, groupsWithSignal: 5 }) as never,
     updatePolicy: async () =>
       (maybeFail(),
       {
@@ -108,6 +108,7 @@ describe('worker metrics wrapper (fake activities)', () => {
     const a = m.instrument(fakeActivities(failure));
     await new MockActivityEnvironment({ attempt: 1 }).run(a.rolloutShard, {} as never);
     await new MockActivityEnvironment({ attempt: 1 }).run(a.updatePolicy, {} as never);
+    await new MockActivityEnvironment({ attempt: 1 }).run(a.computeRewards, {} as never);
 
     failure.current = ApplicationFailure.create({
       type: 'TrainerRankFailed',
@@ -141,6 +142,8 @@ describe('worker metrics wrapper (fake activities)', () => {
     assert.equal(await value(m, 'moerl_rollout_episodes_total', { end_reason: 'answered' }), 3);
     assert.equal(await value(m, 'moerl_rollout_episodes_total', { end_reason: 'max-turns' }), 1);
     assert.equal(await value(m, 'moerl_rollout_episode_turns_total'), 9);
+    assert.equal(await value(m, 'moerl_reward_groups_total', { signal: 'yes' }), 5);
+    assert.equal(await value(m, 'moerl_reward_groups_total', { signal: 'no' }), 3);
     assert.equal(await value(m, 'moerl_rollout_tool_calls_total', { tool: 'calculator' }), 5);
     assert.equal(await value(m, 'moerl_rollout_tool_errors_total', { error: 'unknown-tool' }), 1);
     assert.equal(await value(m, 'moerl_rollout_tool_seconds_total'), 2.5);
