@@ -29,6 +29,12 @@ export const algorithmSchema = z.strictObject({
     .enum(['k1', 'k2', 'k3'])
     .default('k3')
     .describe('estimator of the KL to the reference policy (weight: klCoef)'),
+  klPenalty: z
+    .enum(['loss', 'reward'])
+    .default('loss')
+    .describe(
+      "where the KL goes: a term of the loss, or a penalty on each sample's reward before its advantage",
+    ),
   overlong: z
     .strictObject({
       bufferTokens: z
@@ -79,7 +85,7 @@ export const algorithmSchema = z.strictObject({
 export type AlgorithmSpec = z.output<typeof algorithmSchema>;
 
 /** Also the section of campaigns started before it existed: today's GRPO. */
-export const defaultAlgorithm: AlgorithmSpec = { loss: 'grpo', klEstimator: 'k3' };
+export const defaultAlgorithm: AlgorithmSpec = { loss: 'grpo', klEstimator: 'k3', klPenalty: 'loss' };
 
 /** Each recipe's policy loss and defaults (docs/algorithms.md gives the formulas and papers). */
 const recipes: Record<
@@ -147,5 +153,7 @@ export function algorithmFlags(
       ? ['--norm-tokens', String(hp.lossNormTokens ?? longestCompletion(spec, hp))]
       : []),
     ...(a.overlong?.filter ? ['--mask-truncated'] : []),
+    // a klCoef of 0 (moerl set) runs without the reference at all
+    ...(a.klPenalty === 'reward' && hp.klCoef > 0 ? ['--kl-in-reward'] : []),
   ];
 }

@@ -170,20 +170,8 @@ GrpoTokenTerms grpo_token(const float* logits, int V, int target, float old_logp
   }
   if (lc.kl_coef != 0.0f) {
     const double d = ref_logprob - lp;  // log p_ref / p
-    switch (lc.kl_estimator) {
-      case KlEstimator::K1:
-        t.kl = -d;
-        g_lp += lc.kl_coef;
-        break;
-      case KlEstimator::K2:
-        t.kl = 0.5 * d * d;
-        g_lp += lc.kl_coef * -d;
-        break;
-      case KlEstimator::K3:
-        t.kl = std::exp(d) - d - 1.0;
-        g_lp += lc.kl_coef * (1.0 - std::exp(d));
-        break;
-    }
+    t.kl = kl_value(d, lc.kl_estimator);
+    g_lp += lc.kl_coef * kl_gradient(d, lc.kl_estimator);
   }
   t.entropy = st.entropy;
   t.loss = t.policy + lc.kl_coef * t.kl - lc.entropy_coef * st.entropy;
@@ -338,6 +326,33 @@ StepMetrics train_step(model::ParamStore& ps, io::OptimizerState& opt, model::Ex
   m.lr = lr;
   m.seconds = now_s() - t0;
   return m;
+}
+
+double kl_value(double d, KlEstimator estimator) {
+  switch (estimator) {
+    case KlEstimator::K1: return -d;
+    case KlEstimator::K2: return 0.5 * d * d;
+    case KlEstimator::K3: return std::exp(d) - d - 1.0;
+  }
+  MOERL_FAIL(Internal, "unknown KL estimator");
+}
+
+double kl_gradient(double d, KlEstimator estimator) {
+  switch (estimator) {
+    case KlEstimator::K1: return 1.0;
+    case KlEstimator::K2: return -d;
+    case KlEstimator::K3: return 1.0 - std::exp(d);
+  }
+  MOERL_FAIL(Internal, "unknown KL estimator");
+}
+
+double sequence_kl(const TrainSequence& s, KlEstimator estimator) {
+  MOERL_CHECK(s.ref_logprobs.size() == s.old_logprobs.size(),
+              "sequence_kl needs the sequence's ref_logprobs (fill_ref_logprobs first)");
+  double sum = 0.0;
+  for (size_t j = 0; j < s.old_logprobs.size(); j++)
+    if (s.trained((int)j)) sum += kl_value((double)s.ref_logprobs[j] - s.old_logprobs[j], estimator);
+  return sum;
 }
 
 void fill_ref_logprobs(model::ParamStore& ps, model::ExpertComm& comm,

@@ -115,4 +115,12 @@ void fill_ref_logprobs(model::ParamStore& ps, model::ExpertComm& comm,
                        std::vector<TrainSequence>& batch, const LossConfig& lc,
                        const MicroBatchProgress& progress = nullptr);
 
+// The estimator's KL of one token from d = log p_ref - log p, and its derivative in log p.
+double kl_value(double d, KlEstimator estimator);
+double kl_gradient(double d, KlEstimator estimator);
+
+// The KL as a reward penalty (docs/algorithms.md): Σ over the trained tokens of kl_value at
+// d = ref_logprobs - old_logprobs, the behaviour policy's distance from the reference.
+double sequence_kl(const TrainSequence& s, KlEstimator estimator);
+
 }  // namespace moerl::rl

@@ -199,6 +199,22 @@ TEST(Advantages, EachEstimatorFromItsFormulaAndEqualGroupsSkipped) {
   EXPECT_NEAR(pp[2][0], (1.0 - mu) / std::sqrt(var + 1e-8), 1e-5);
 }
 
+// The KL as a reward penalty: the estimator at d = ref - old over the trained tokens only.
+TEST(SequenceKl, SumsTheEstimatorOverTheTrainedTokens) {
+  TrainSequence s;
+  s.tokens = {5, 6, 7, 8};
+  s.prompt_len = 1;
+  s.old_logprobs = {-1.0f, -2.0f, -0.5f};
+  s.ref_logprobs = {-1.5f, -1.0f, -3.0f};
+  s.loss_mask = {1, 0, 1};  // the middle token is an environment's
+  const double d0 = -0.5, d2 = -2.5;
+  EXPECT_NEAR(sequence_kl(s, KlEstimator::K1), -d0 - d2, 1e-12);
+  EXPECT_NEAR(sequence_kl(s, KlEstimator::K2), 0.5 * (d0 * d0 + d2 * d2), 1e-12);
+  EXPECT_NEAR(sequence_kl(s, KlEstimator::K3), std::exp(d0) - d0 - 1 + std::exp(d2) - d2 - 1, 1e-12);
+  s.ref_logprobs.clear();  // not scored under the reference: a bug, not a zero penalty
+  EXPECT_THROW(sequence_kl(s, KlEstimator::K1), moerl::Error);
+}
+
 // The token's first forward: the trainer's old log-prob is its own, so the ratio is 1 and the
 // policy term is -w A with w = min(p_train / p_rollout, C).
 TEST(GrpoTis, FirstForwardWeighsByTheTruncatedRatioToTheRollout) {

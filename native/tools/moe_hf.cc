@@ -11,8 +11,8 @@
 //       Teacher-forced log-probs: FILE has JSONL lines {"tokens":[...]} (with "prompt_len",
 //       "old_logprobs" and "advantage" for --loss grpo, or "group" and "reward" for advantages
 //       by --advantage (a group of equal rewards is left out, as moe_train grpo does),
-//       "ref_logprobs" for its --kl-coef, and an optional "loss_mask"); prints one line per
-//       sequence,
+//       "ref_logprobs" for its --kl-coef (or its --kl-in-reward), and an optional "loss_mask");
+//       prints one line per sequence,
 //       {"logprobs":[log p(tokens[t] | tokens[<t]) for t >= 1]}, p = softmax(logits / T) as
 //       moe_generate samples and records it (default T = 1); with --completions only the
 //       tokens t >= prompt_len. --max-batch-tokens N forwards the sequences in order in batches
@@ -85,11 +85,15 @@ struct ScoreOptions {
   int64_t max_batch_tokens = 0;
   rl::LossConfig lc;
   rl::AdvantageEstimator advantage = rl::AdvantageEstimator::GroupNorm;
+  bool kl_in_reward = false;
 };
 
-// GRPO lines give their "advantage", or all give "group" and "reward" for `estimator`.
+// GRPO lines give their "advantage", or all give "group" and "reward" for `estimator`; a
+// `kl_penalty` > 0 (--kl-in-reward) takes kl_penalty x rl::sequence_kl from each reward first.
 std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo,
-                                              rl::AdvantageEstimator estimator) {
+                                              rl::AdvantageEstimator estimator,
+                                              float kl_penalty = 0.0f,
+                                              rl::KlEstimator kl_estimator = rl::KlEstimator::K3) {
   std::vector<rl::TrainSequence> out;
   std::vector<rl::RewardGroup> groups;       // in order of first appearance
   std::map<int64_t, size_t> group_of;        // "group" -> index in groups
@@ -140,6 +144,15 @@ std::vector<rl::TrainSequence> read_sequences(const std::string& path, bool grpo
   MOERL_CHECK_INPUT(!out.empty(), path, ": no sequences");
   if (groups.empty()) return out;
   // advantages as moe_train grpo makes them; a group without signal is not trained on
+  for (size_t g = 0; g < groups.size() && kl_penalty > 0.0f; g++)
+    for (size_t k = 0; k < members[g].size(); k++) {
+      const rl::TrainSequence& s = out[members[g][k]];
+      MOERL_CHECK_INPUT(s.ref_logprobs.size() == s.old_logprobs.size(), path,
+                        ": --kl-in-reward needs every line's ref_logprobs");
+      const float kl = (float)rl::sequence_kl(s, kl_estimator);
+      float& r = groups[g].rewards[k];
+      r = (float)((double)r - (double)kl_penalty * kl);
+    }
   const std::vector<std::vector<float>> adv = rl::advantages(groups, estimator);
   std::vector<rl::TrainSequence> kept;
   for (size_t g = 0; g < groups.size(); g++)
@@ -212,7 +225,9 @@ int cmd_score(ScoreOptions& o) {
   }
   const bool grpo = o.loss == "grpo";
   std::vector<rl::TrainSequence> seqs;
-  if (!o.serve) seqs = read_sequences(o.sequences, grpo, o.advantage);
+  if (!o.serve)
+    seqs = read_sequences(o.sequences, grpo, o.advantage, o.kl_in_reward ? o.lc.kl_coef : 0.0f,
+                          o.lc.kl_estimator);
   Rank rank(transport::Config::from_env(), cfg.num_experts);
   MOERL_CHECK_INPUT(!o.serve || rank.ep.world_size() == 1, "--serve runs on one rank");
   model::ParamStore ps(model::make_layout(cfg, rank.ep.first_expert(), rank.ep.num_local_experts()));
@@ -240,6 +255,7 @@ int cmd_score(ScoreOptions& o) {
   MOERL_CHECK_INPUT(rank.ep.world_size() == 1 && !o.hf.empty(),
                     "--grad-out needs one rank and --hf (it writes every tensor under HF names)");
   o.lc.objective = grpo ? rl::Objective::Grpo : rl::Objective::Sft;
+  if (o.kl_in_reward) o.lc.kl_coef = 0.0f;  // the KL went into the rewards
   for (size_t i = 0; i < seqs.size() && grpo && o.lc.kl_coef != 0.0f; i++)
     MOERL_CHECK_INPUT(!seqs[i].ref_logprobs.empty(), o.sequences, " line ", i + 1,
                       ": --kl-coef needs its ref_logprobs");
@@ -299,6 +315,9 @@ int main(int argc, char** argv) {
   sc_cmd->add_option("--z-coef", sc.lc.z_coef, "router z-loss weight");
   add_policy_loss_options(sc_cmd, sc.lc);
   add_advantage_option(sc_cmd, sc.advantage);
+  sc_cmd->add_flag("--kl-in-reward", sc.kl_in_reward,
+                   "rows by reward: --kl-coef x the rows' KL (ref_logprobs - old_logprobs) off each "
+                   "reward before its advantage, no KL term in the loss");
   sc_cmd->add_option("--kl-coef", sc.lc.kl_coef, "KL weight (rows give ref_logprobs)")
       ->check(kNonNegative);
   sc_cmd->add_option("--entropy-coef", sc.lc.entropy_coef, "GRPO entropy bonus");

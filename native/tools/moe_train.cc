@@ -308,7 +308,7 @@ struct GrpoOptions {
   int64_t iteration = 0, minibatches = 1, epochs = 1;
   double progress_interval = 1.0;
   rl::AdvantageEstimator advantage = rl::AdvantageEstimator::GroupNorm;
-  bool mask_truncated = false;
+  bool mask_truncated = false, kl_in_reward = false;
   rl::LossConfig lc;
   rl::AdamWConfig ac;
 };
@@ -323,7 +323,10 @@ void add_grpo_options(CLI::App* cmd, GrpoOptions& o) {
   add_path_list(cmd, "rewards", "rewards JSONL", o.rewards);
   cmd->add_option("--iteration", o.iteration, "campaign iteration (copied into metrics)");
   cmd->add_option("--ref-checkpoint", o.ref, "reference policy of the KL term");
-  cmd->add_option("--kl-coef", o.lc.kl_coef, "k3 KL weight (needs --ref-checkpoint)");
+  cmd->add_option("--kl-coef", o.lc.kl_coef, "KL weight (needs --ref-checkpoint)");
+  cmd->add_flag("--kl-in-reward", o.kl_in_reward,
+                "the KL is a penalty on each sample's reward before its advantage, not a loss term: "
+                "reward - kl-coef * Σ_t kl(rollout log-prob, reference log-prob)");
   cmd->add_option("--entropy-coef", o.lc.entropy_coef, "entropy bonus weight");
   add_policy_loss_options(cmd, o.lc);
   add_advantage_option(cmd, o.advantage);
@@ -346,12 +349,41 @@ void add_grpo_options(CLI::App* cmd, GrpoOptions& o) {
       ->check(kNonNegative);
 }
 
+// --kl-in-reward: each sample's KL to the reference, summed over its trained tokens (zeros for
+// samples with none). Every sample's is needed before any advantage: this rank scores its share
+// of them under the reference policy and the sums are allreduced (one rank holds each).
+std::vector<float> sample_kls(const std::vector<RolloutRecord>& rollouts, model::ParamStore& ref_ps,
+                              Rank& rank, const rl::LossConfig& lc, PhaseProgress& progress) {
+  std::vector<rl::TrainSequence> seqs;
+  std::vector<size_t> sample;  // index in rollouts of each of seqs
+  for (size_t k = 0; k < rollouts.size(); k++) {
+    const RolloutRecord& ro = rollouts[k];
+    if (ro.tokens.empty()) continue;
+    rl::TrainSequence s;
+    s.tokens = ro.prompt_tokens;
+    s.prompt_len = (int)s.tokens.size();
+    s.tokens.insert(s.tokens.end(), ro.tokens.begin(), ro.tokens.end());
+    s.old_logprobs = ro.logprobs;
+    s.loss_mask = ro.loss_mask;
+    seqs.push_back(std::move(s));
+    sample.push_back(k);
+  }
+  if (!seqs.empty()) rl::fill_ref_logprobs(ref_ps, rank.ep, seqs, lc, progress.step("ref_logprobs", 0, 1));
+  std::vector<float> kl(rollouts.size(), 0.0f);
+  for (size_t i = 0; i < seqs.size(); i++)
+    if (!seqs[i].ref_logprobs.empty()) kl[sample[i]] = (float)rl::sequence_kl(seqs[i], lc.kl_estimator);
+  rank.ep.allreduce_sum(kl.data(), kl.size());
+  return kl;
+}
+
 int cmd_grpo(const GrpoOptions& o) {
   const std::string &in = o.in, &out = o.out, &ref = o.ref, &metrics = o.metrics;
   const int64_t iteration = o.iteration, minibatches = o.minibatches, epochs = o.epochs;
-  const rl::LossConfig& lc = o.lc;
+  rl::LossConfig lc = o.lc;  // with --kl-in-reward the loss has no KL term
+  if (o.kl_in_reward) lc.kl_coef = 0.0f;
   const rl::AdamWConfig& ac = o.ac;
-  MOERL_CHECK_INPUT(lc.kl_coef == 0.0f || !ref.empty(), "--kl-coef > 0 needs --ref-checkpoint");
+  MOERL_CHECK_INPUT(o.lc.kl_coef == 0.0f || !ref.empty(), "--kl-coef > 0 needs --ref-checkpoint");
+  MOERL_CHECK_INPUT(!o.kl_in_reward || o.lc.kl_coef > 0.0f, "--kl-in-reward needs --kl-coef > 0");
   const std::vector<std::string> rollout_files = o.rollouts.paths(), reward_files = o.rewards.paths();
   transport::Config tc = transport::Config::from_env();
   PhaseProgress progress(tc, o.progress_interval);
@@ -403,6 +435,23 @@ int cmd_grpo(const GrpoOptions& o) {
     spans.emplace_back(i, j);
     i = j;
   }
+
+  // every input is read and checked: the ranks meet
+  model::ModelConfig cfg = io::read_checkpoint_config(in);
+  Rank rank(tc, cfg.num_experts);
+  double reward_kl = 0.0, reward_kl_tokens = 0.0;  // --kl-in-reward's per-token mean, a metric
+  if (o.kl_in_reward) {
+    auto ref_ps = make_store(cfg, rank.ep);
+    io::load_weights(ref, *ref_ps);
+    const std::vector<float> kl = sample_kls(rollouts, *ref_ps, rank, o.lc, progress);
+    for (size_t g = 0; g < groups.size(); g++)
+      for (size_t k = spans[g].first; k < spans[g].second; k++) {
+        float& r = groups[g].rewards[k - spans[g].first];
+        r = (float)((double)r - (double)o.lc.kl_coef * kl[k]);
+        reward_kl += kl[k];
+        reward_kl_tokens += groups[g].trained_tokens[k - spans[g].first];
+      }
+  }
   const std::vector<std::vector<float>> adv = rl::advantages(groups, o.advantage);
   std::vector<rl::TrainSequence> seqs;
   int64_t skipped_groups = 0;
@@ -428,8 +477,6 @@ int cmd_grpo(const GrpoOptions& o) {
   }
   const int64_t num_groups = (int64_t)groups.size();
 
-  model::ModelConfig cfg = io::read_checkpoint_config(in);
-  Rank rank(tc, cfg.num_experts);
   auto ps = make_store(cfg, rank.ep);
   io::OptimizerState opt;
   io::load_checkpoint(in, *ps, opt);
@@ -463,7 +510,10 @@ int cmd_grpo(const GrpoOptions& o) {
       line += ",\"iteration\":" + std::to_string(iteration) + ",\"mean_reward\":" +
               io::json_float(mean_reward) + ",\"groups\":" + std::to_string(num_groups) +
               ",\"skipped_groups\":" + std::to_string(skipped_groups) +
-              ",\"overlong_filtered\":" + std::to_string(overlong_filtered) + "}";
+              ",\"overlong_filtered\":" + std::to_string(overlong_filtered) +
+              (o.kl_in_reward ? ",\"reward_kl\":" + io::json_float(reward_kl / std::max(1.0, reward_kl_tokens))
+                              : std::string()) +
+              "}";
       emit_metrics(rank.ep, metrics, line);
     }
   }

@@ -58,6 +58,10 @@ const recipes: { name: string; flags: string[] }[] = [
     flags: ['--policy-loss', 'cispo', '--clip-eps', '0.1', '--clip-high', '0.15', '--advantage', 'rloo'],
   },
   {
+    name: 'the KL as a reward penalty (k3, group-norm)',
+    flags: ['--kl-in-reward'],
+  },
+  {
     name: 'REINFORCE++ baseline (ppo-clip, seq-mean-token-sum, k2)',
     flags: [
       ...['--advantage', 'reinforce-pp-baseline', '--aggregation', 'seq-mean-token-sum'],

@@ -358,6 +358,7 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
         ...['--kl-estimator', 'k2', '--mask-truncated'],
       ],
     ],
+    ['the KL as a reward penalty (k1)', ['--kl-in-reward', '--kl-estimator', 'k1']],
   ];
   for (const [name, flags] of algorithms) {
     it(`${name} agrees with moe_train grpo to 1e-4 per tensor`, async (t) => {
@@ -392,6 +393,14 @@ describe('PyTorch trainer rank against the native trainer', { skip: tools.skip |
       assert.equal(nat.length, 4, '2 minibatches, 2 epochs');
       // 15 of the 30 samples are cut; both trainers leave them out alike (sameMetrics: tokens, sequences)
       for (const m of [...nat, ...mine]) assert.equal(m.overlong_filtered, cut ? 15 : 0);
+      if (flags.includes('--kl-in-reward'))
+        mine.forEach((m, i) => {
+          const theirs = nat[i]!;
+          assert.ok((theirs.reward_kl as number) > 0, `native reward_kl ${theirs.reward_kl}`);
+          assert.ok(Math.abs((m.reward_kl as number) - (theirs.reward_kl as number)) <= 1e-5, 'reward_kl');
+          // the penalties part prompt 0's equal rewards: its group is trained on too
+          assert.deepEqual([m.skipped_groups, theirs.skipped_groups], [0, 0]);
+        });
       const c = await engine.compare(at(`${tag}-pt`), at(`${tag}-native-hf`), at('hf'));
       t.diagnostic(
         `${name}: parameters ${c.max_rel_l2} (${c.worst}), updates ${c.max_update_rel_l2}; ` +

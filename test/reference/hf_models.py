@@ -15,13 +15,14 @@
   hf_models.py grad DIR BATCH.jsonl OUT_DIR --loss sft|grpo [--aux-coef C] [--clip-eps E]
                     [--clip-high E] [--entropy-coef H] [--temperature T] [--policy-loss P]
                     [--aggregation A] [--norm-tokens M] [--kl-coef K --kl-estimator k1|k2|k3]
-                    [--advantage EST] [--float64]
+                    [--kl-in-reward] [--advantage EST] [--float64]
       The loss moerl's trainers define (docs/native-model.md, docs/algorithms.md), written here
       from those formulas, by torch autograd over the whole batch in one forward: gradients
       saved as a model (save_pretrained: the on-disk tensor names) in OUT_DIR, and {"loss":...}
       printed (and "clipped": the tokens whose clip took effect). GRPO rows give "old_logprobs", "advantage" (or "group" and "reward": advantages
       by --advantage, a group of equal rewards left out), "ref_logprobs" with --kl-coef, and an
-      optional "loss_mask". --float64 runs the model in float64: a reference for fp32 trainers.
+      optional "loss_mask". --kl-in-reward: the KL goes off each row's reward instead of into the
+      loss. --float64 runs the model in float64: a reference for fp32 trainers.
   hf_models.py compare A B
       Two safetensors files or HF directories, tensor by tensor: {"tensors":n, "missing":[names in
       one only], "bitwise":bool (same dtype, shape and bytes), "max_rel_l2":x, "worst":name}.
@@ -167,11 +168,15 @@ def grpo_token_loss(args, lp, old, ref, advantage, seq_ratio):
         policy = -torch.minimum(unclipped, clipped_term)
         clipped = bool(clipped_term < unclipped)
     loss = policy
-    if args.kl_coef:
-        d = ref - lp
-        kl = {"k1": -d, "k2": d * d / 2, "k3": torch.exp(d) - d - 1}[args.kl_estimator]
-        loss = loss + args.kl_coef * kl
+    if args.kl_coef and not args.kl_in_reward:
+        loss = loss + args.kl_coef * reference_kl(ref - lp, args.kl_estimator)
     return loss, clipped
+
+
+def reference_kl(d, estimator):
+    """Schulman's estimators of KL(p || p_ref) from d = log p_ref - log p (a tensor or a float)."""
+    exp = torch.exp if torch.is_tensor(d) else math.exp
+    return {"k1": lambda: -d, "k2": lambda: d * d / 2, "k3": lambda: exp(d) - d - 1}[estimator]()
 
 
 def sequence_weight(args, n_i, N, T):
@@ -184,6 +189,11 @@ def grad(args):
     model = load(args.dir, torch.float64 if args.float64 else torch.float32)
     model.train()  # no dropout in these models; router noise is off
     rows = lines(args.batch)
+    if args.kl_in_reward:  # the KL of the behaviour policy to the reference, off each reward
+        rows = [dict(r, reward=r["reward"] - args.kl_coef * sum(
+            reference_kl(r["ref_logprobs"][j] - r["old_logprobs"][j], args.kl_estimator)
+            for j in range(len(r["old_logprobs"])) if r.get("loss_mask") is None or r["loss_mask"][j]))
+            for r in rows]
     if args.loss == "grpo" and "reward" in rows[0]:
         rows = [dict(r, advantage=a) for r, a in zip(rows, reference_advantages(rows, args.advantage))
                 if a is not None]
@@ -212,7 +222,7 @@ def grad(args):
         seq = 0.0
         for j in trained:
             t = r["prompt_len"] - 1 + j
-            ref = r["ref_logprobs"][j] if args.kl_coef else None
+            ref = r["ref_logprobs"][j] if args.kl_coef and not args.kl_in_reward else None
             entropy = -(logp[b, t].exp() * logp[b, t]).sum()
             token, was_clipped = grpo_token_loss(args, lps[j], r["old_logprobs"][j], ref, r["advantage"], seq_ratio)
             seq = seq + token - args.entropy_coef * entropy
@@ -299,6 +309,7 @@ def main():
     p.add_argument("--norm-tokens", type=float, default=0.0)
     p.add_argument("--kl-coef", type=float, default=0.0)
     p.add_argument("--kl-estimator", default="k3", choices=["k1", "k2", "k3"])
+    p.add_argument("--kl-in-reward", action="store_true")
     p.add_argument("--advantage", default="group-norm",
                    choices=["group-norm", "group-mean", "rloo", "reinforce-pp-baseline"])
     p.add_argument("--float64", action="store_true")

@@ -15,6 +15,25 @@ const flags = (extra: Record<string, unknown>) => {
 };
 
 describe('algorithm (spec)', () => {
+  it('the KL goes in the loss by default, or on the rewards (only while klCoef > 0)', () => {
+    const list = (extra: Record<string, unknown>) => {
+      const s = spec(extra);
+      return algorithmFlags(s, s.hyperparameters);
+    };
+    assert.ok(!list({ hyperparameters: { klCoef: 0.05 } }).includes('--kl-in-reward'));
+    assert.ok(
+      list({ algorithm: { klPenalty: 'reward' }, hyperparameters: { klCoef: 0.05 } }).includes(
+        '--kl-in-reward',
+      ),
+    );
+    assert.ok(
+      !list({ algorithm: { klPenalty: 'reward' }, hyperparameters: { klCoef: 0 } }).includes(
+        '--kl-in-reward',
+      ),
+    );
+    assert.throws(() => spec({ algorithm: { klPenalty: 'advantage' } }), /klPenalty/);
+  });
+
   it("DAPO's overlong handling: the penalty's window per iteration, filtering as a trainer flag", () => {
     const s = spec({
       algorithm: { loss: 'dapo', overlong: { bufferTokens: 8, filter: true } },

@@ -260,17 +260,45 @@ def group_advantages(groups: list[list[float]], trained_tokens: list[list[int]],
             for adv in out]
 
 
-def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float],
-               estimator: str = "group-norm", mask_truncated: bool = False) -> GrpoBatch:
-    """Samples sorted by (prompt id, sample index), grouped by prompt, advantages by
-    group_advantages; a group with no signal is skipped, a sample with no trained token left
-    out. mask_truncated (DAPO's overlong filtering): a sample cut at the length limit is masked
-    whole, so it counts in its group's advantages but is not trained on."""
+def sorted_rollouts(rollouts: list[Rollout], mask_truncated: bool = False) -> list[Rollout]:
+    """Sorted by (prompt id, sample index). mask_truncated (DAPO's overlong filtering): a sample
+    cut at the length limit is masked whole (new records; the caller's stay as they are)."""
     rollouts = sorted(rollouts, key=lambda r: (r.prompt_id, r.sample_index))
+    if not mask_truncated:
+        return rollouts
+    return [replace(ro, loss_mask=[0] * len(ro.tokens)) if ro.finish_reason == "length" else ro for ro in rollouts]
+
+
+def kl_samples(rollouts: list[Rollout], mask_truncated: bool = False) -> list[tuple[tuple[int, int], Sequence]]:
+    """The KL as a reward penalty: every sample with tokens, sorted_rollouts' order, as a sequence
+    for the reference policy to score, with its (prompt id, sample index)."""
+    return [((ro.prompt_id, ro.sample_index),
+             Sequence(tokens=ro.prompt_tokens + ro.tokens, prompt_len=len(ro.prompt_tokens),
+                      old_logprobs=ro.logprobs, loss_mask=ro.loss_mask))
+            for ro in sorted_rollouts(rollouts, mask_truncated) if ro.tokens]
+
+
+def sequence_kl(s: Sequence, estimator: str) -> float:
+    """native rl::sequence_kl: Σ over the trained tokens of the estimator's KL at
+    d = ref_logprobs - old_logprobs (docs/algorithms.md), in float64."""
+    total = 0.0
+    for j in range(s.completion_len):
+        if s.trained(j):
+            d = s.ref_logprobs[j] - s.old_logprobs[j]
+            total += -d if estimator == "k1" else d * d / 2 if estimator == "k2" else math.exp(d) - d - 1
+    return total
+
+
+def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float],
+               estimator: str = "group-norm", mask_truncated: bool = False,
+               penalties: dict[tuple[int, int], float] | None = None) -> GrpoBatch:
+    """Samples sorted_rollouts, grouped by prompt, advantages by group_advantages; a group with
+    no signal is skipped, a sample with no trained token left out. A sample cut short under
+    mask_truncated counts in its group's advantages but is not trained on. penalties (the KL as
+    a reward penalty): subtracted from the samples' rewards before their advantages, the result
+    a float32 value; mean_reward stays the rewards' own."""
     filtered = sum(1 for ro in rollouts if ro.finish_reason == "length") if mask_truncated else 0
-    if mask_truncated:
-        rollouts = [replace(ro, loss_mask=[0] * len(ro.tokens)) if ro.finish_reason == "length" else ro
-                    for ro in rollouts]
+    rollouts = sorted_rollouts(rollouts, mask_truncated)
     spans, groups, tokens, reward_sum = [], [], [], 0.0
     i = 0
     while i < len(rollouts):
@@ -282,7 +310,8 @@ def grpo_batch(rollouts: list[Rollout], rewards: dict[tuple[int, int], float],
             key = (ro.prompt_id, ro.sample_index)
             if key not in rewards:
                 raise BadInput(f"no reward for prompt {ro.prompt_id} sample {ro.sample_index}")
-            r.append(rewards[key])
+            r.append(rewards[key] if penalties is None
+                     else float(np.float32(rewards[key] - penalties.get(key, 0.0))))
             reward_sum += rewards[key]
         spans.append((i, j))
         groups.append(r)

@@ -20,7 +20,8 @@ import numpy as np
 
 from . import ENGINE_CONTRACT_VERSION
 from .algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from .batch import check_tokens, grpo_batch, read_list_file, read_rewards, read_rollouts, read_sft_examples
+from .batch import (check_tokens, grpo_batch, kl_samples, read_list_file, read_rewards, read_rollouts,
+                    read_sft_examples)
 from .errors import BadInput
 from .hfdir import HfDir
 from .contract import read_contract
@@ -89,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--iteration", type=nonneg_int, default=0, help="campaign iteration (copied into metrics)")
     g.add_argument("--ref-checkpoint", default="", help="reference policy of the KL term (HF directory)")
     g.add_argument("--kl-coef", type=f32, default=0.0, help="KL weight (needs --ref-checkpoint)")
+    g.add_argument("--kl-in-reward", action="store_true",
+                   help="the KL is a penalty on each sample's reward before its advantage, not a loss term: "
+                        "reward - kl-coef * Σ_t kl(rollout log-prob, reference log-prob)")
     g.add_argument("--kl-estimator", choices=KL_ESTIMATORS, default="k3", help="estimator of the KL term")
     g.add_argument("--entropy-coef", type=f32, default=0.0, help="entropy bonus weight")
     g.add_argument("--policy-loss", choices=POLICY_LOSSES, default="ppo-clip", help="policy term of each token")
@@ -157,6 +161,8 @@ def grpo(a) -> int:
     out = Output(contract.rank == 0, a.metrics, a.progress_interval)
     if a.kl_coef != 0.0 and not a.ref_checkpoint:
         raise BadInput("--kl-coef > 0 needs --ref-checkpoint")
+    if a.kl_in_reward and a.kl_coef <= 0.0:
+        raise BadInput("--kl-in-reward needs --kl-coef > 0")
     if a.aggregation == "seq-mean-token-sum-norm" and a.norm_tokens <= 0:
         raise BadInput("--aggregation seq-mean-token-sum-norm needs --norm-tokens > 0")
     if a.clip_high is None:
@@ -170,10 +176,15 @@ def grpo(a) -> int:
     batch = grpo_batch(rollouts, rewards, a.advantage, a.mask_truncated)
     policy = HfDir(a.checkpoint, "--checkpoint")
     ref = HfDir(a.ref_checkpoint, "--ref-checkpoint") if a.kl_coef != 0.0 else None
-    check_tokens(batch.sequences, policy.vocab_size, policy.max_len, a.rollouts_file)
+    # the KL as a reward penalty: every sample is scored under the reference, then batched again
+    scored = kl_samples(rollouts, a.mask_truncated) if a.kl_in_reward else []
+    check_tokens(batch.sequences + [s for _, s in scored], policy.vocab_size, policy.max_len, a.rollouts_file)
     from .runner import run_grpo  # torch and transformers: only once the inputs are good
 
-    return run_grpo(a, contract, out, batch, policy, ref)
+    def rebatch(penalties):
+        return grpo_batch(rollouts, rewards, a.advantage, a.mask_truncated, penalties)
+
+    return run_grpo(a, contract, out, batch, policy, ref, scored, rebatch)
 
 
 def sft(a) -> int:

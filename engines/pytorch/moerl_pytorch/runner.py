@@ -4,9 +4,10 @@ write the HF directory."""
 
 import math
 
+import numpy as np
 import torch
 
-from .batch import GrpoBatch, Sequence, minibatches, sft_step_batch
+from .batch import GrpoBatch, Sequence, minibatches, sequence_kl, sft_step_batch
 from .contract import RankContract
 from .hf import load_model, moe_layers, read_optimizer_state, save_hf
 from .hfdir import HfDir
@@ -90,23 +91,42 @@ def metrics_line(m, step: int, extra: dict) -> dict:
     return {**line, **extra}
 
 
-def run_grpo(a, contract: RankContract, out, batch: GrpoBatch, policy_dir: HfDir, ref_dir: HfDir | None) -> int:
+def reward_kl_penalties(ref, scored: list[tuple[tuple[int, int], Sequence]], a, lc: LossConfig, group: Group, out):
+    """--kl-in-reward (moe_train's sample_kls): each sample's KL to the reference, this rank's
+    share scored and the float32 sums allreduced; the penalties kl-coef x KL by (prompt id,
+    sample index), and the KL per trained token (the reward_kl metric)."""
+    seqs = [s for _, s in scored]
+    if seqs:
+        fill_ref_logprobs(ref, seqs, lc, group, out.step_progress("ref_logprobs", 0, 1))
+    kl = torch.tensor([float(np.float32(sequence_kl(s, a.kl_estimator))) if s.ref_logprobs is not None else 0.0
+                       for s in seqs], dtype=torch.float64)
+    kl = group.all_reduce_sum(kl).tolist()
+    penalties = {key: a.kl_coef * k for (key, _), k in zip(scored, kl)}
+    return penalties, sum(kl) / max(1, sum(s.trained_tokens for s in seqs))
+
+
+def run_grpo(a, contract: RankContract, out, batch: GrpoBatch, policy_dir: HfDir, ref_dir: HfDir | None,
+             scored: list[tuple[tuple[int, int], Sequence]], rebatch) -> int:
     lc = LossConfig(objective="grpo", policy_loss=a.policy_loss, aggregation=a.aggregation,
                     kl_estimator=a.kl_estimator, clip_eps=a.clip_eps, clip_high=a.clip_high,
-                    norm_tokens=a.norm_tokens, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-                    aux_coef=a.aux_coef, z_coef=a.z_coef, temperature=a.temperature, tis_clip=a.tis_clip,
-                    micro_batch=a.micro_batch)
+                    norm_tokens=a.norm_tokens, kl_coef=0.0 if a.kl_in_reward else a.kl_coef,
+                    entropy_coef=a.entropy_coef, aux_coef=a.aux_coef, z_coef=a.z_coef, temperature=a.temperature,
+                    tis_clip=a.tis_clip, micro_batch=a.micro_batch)
     device = pick_device(a.device, contract.rank)
     policy = Policy(policy_dir, device, a.attn_implementation)
-    ref = load_model(ref_dir, device, a.attn_implementation) if ref_dir and batch.sequences else None
+    ref = load_model(ref_dir, device, a.attn_implementation) if ref_dir and (batch.sequences or scored) else None
     group = Group(contract, device)
     try:
         # GRPO's schedule counts the optimizer's whole life (moe_train grpo: schedule_start 0)
         policy.shard(group, adamw_config(a, schedule_start=0))
+        if ref is not None and group.sharded:
+            shard_model(ref)
+        reward_kl = {}
+        if a.kl_in_reward:
+            penalties, reward_kl["reward_kl"] = reward_kl_penalties(ref, scored, a, lc, group, out)
+            batch = rebatch(penalties)
         mbs = minibatches(batch.sequences, a.minibatches)
-        if ref is not None:
-            if group.sharded:
-                shard_model(ref)
+        if ref is not None and not a.kl_in_reward:
             for m, mb in enumerate(mbs):
                 if mb:
                     fill_ref_logprobs(ref, mb, lc, group, out.step_progress("ref_logprobs", m, a.minibatches))
@@ -115,7 +135,7 @@ def run_grpo(a, contract: RankContract, out, batch: GrpoBatch, policy_dir: HfDir
             out.line({"iteration": a.iteration, "skipped": True, "mean_reward": batch.mean_reward,
                       "groups": batch.groups}, True)
         extra = {"iteration": a.iteration, "mean_reward": batch.mean_reward, "groups": batch.groups,
-                 "skipped_groups": batch.skipped_groups, "overlong_filtered": batch.overlong_filtered}
+                 "skipped_groups": batch.skipped_groups, "overlong_filtered": batch.overlong_filtered, **reward_kl}
         steps, step = sum(a.epochs for mb in mbs if mb), 0
         for _ in range(a.epochs if batch.sequences else 0):
             for mb in mbs:

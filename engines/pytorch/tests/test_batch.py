@@ -2,12 +2,14 @@
 into minibatches, ranks and micro-batches, SFT cycling; bad input names the file and line."""
 
 import json
+import math
 import os
 import tempfile
 import unittest
 
-from moerl_pytorch.batch import (Rollout, group_advantages, grpo_batch, micro_batches, minibatches, read_list_file, read_rewards,
-                                 read_rollouts, read_sft_examples, sft_step_batch)
+from moerl_pytorch.batch import (Rollout, Sequence, group_advantages, grpo_batch, micro_batches, minibatches,
+                                 read_list_file, read_rewards, read_rollouts, read_sft_examples, sequence_kl,
+                                 sft_step_batch)
 from moerl_pytorch.errors import BadInput
 
 
@@ -163,6 +165,23 @@ class Advantages(unittest.TestCase):
         self.assertEqual([(s.tokens, round(s.advantage, 6)) for s in masked.sequences], [([9, 4], 0.5), ([9, 6], 0.0)])
         self.assertEqual(masked.sequences, [s for s in plain.sequences if s.tokens in ([9, 4], [9, 6])])
         self.assertEqual(rollouts[0].loss_mask, None)  # the caller's records are left as they were
+
+    def test_kl_penalties_move_rewards_before_advantages(self):
+        rollouts = [Rollout(1, 0, [9], [4], [-1.0]), Rollout(1, 1, [9], [5], [-1.0])]
+        rewards = {(1, 0): 1.0, (1, 1): 1.0}
+        self.assertEqual(grpo_batch(rollouts, rewards).skipped_groups, 1)
+        b = grpo_batch(rollouts, rewards, "group-mean", penalties={(1, 0): 0.5})
+        # 1 - 0.5 and 1: mean 0.75; the mean reward stays the rewards' own
+        self.assertEqual([s.advantage for s in b.sequences], [-0.25, 0.25])
+        self.assertEqual((b.skipped_groups, b.mean_reward), (0, 1.0))
+
+    def test_sequence_kl_sums_the_estimator_over_trained_tokens(self):
+        s = Sequence(tokens=[5, 6, 7, 8], prompt_len=1, old_logprobs=[-1.0, -2.0, -0.5],
+                     ref_logprobs=[-1.5, -1.0, -3.0], loss_mask=[1, 0, 1])
+        d0, d2 = -0.5, -2.5
+        self.assertAlmostEqual(sequence_kl(s, "k1"), -d0 - d2)
+        self.assertAlmostEqual(sequence_kl(s, "k2"), (d0 * d0 + d2 * d2) / 2)
+        self.assertAlmostEqual(sequence_kl(s, "k3"), math.exp(d0) - d0 - 1 + math.exp(d2) - d2 - 1)
 
     def test_each_estimator_from_its_formula(self):
         groups = [[1.0, 0.0, 0.0, 1.0], [0.5, 0.5], [2.0, 0.0, 1.0]]
