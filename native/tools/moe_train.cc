@@ -349,6 +349,17 @@ void add_grpo_options(CLI::App* cmd, GrpoOptions& o) {
       ->check(kNonNegative);
 }
 
+// A rollout record as the trainer's sequence: the prompt, then the completion.
+rl::TrainSequence train_sequence(const RolloutRecord& ro) {
+  rl::TrainSequence s;
+  s.tokens = ro.prompt_tokens;
+  s.prompt_len = (int)s.tokens.size();
+  s.tokens.insert(s.tokens.end(), ro.tokens.begin(), ro.tokens.end());
+  s.old_logprobs = ro.logprobs;
+  s.loss_mask = ro.loss_mask;
+  return s;
+}
+
 // --kl-in-reward: each sample's KL to the reference, summed over its trained tokens (zeros for
 // samples with none). Every sample's is needed before any advantage: this rank scores its share
 // of them under the reference policy and the sums are allreduced (one rank holds each).
@@ -359,13 +370,7 @@ std::vector<float> sample_kls(const std::vector<RolloutRecord>& rollouts, model:
   for (size_t k = 0; k < rollouts.size(); k++) {
     const RolloutRecord& ro = rollouts[k];
     if (ro.tokens.empty()) continue;
-    rl::TrainSequence s;
-    s.tokens = ro.prompt_tokens;
-    s.prompt_len = (int)s.tokens.size();
-    s.tokens.insert(s.tokens.end(), ro.tokens.begin(), ro.tokens.end());
-    s.old_logprobs = ro.logprobs;
-    s.loss_mask = ro.loss_mask;
-    seqs.push_back(std::move(s));
+    seqs.push_back(train_sequence(ro));
     sample.push_back(k);
   }
   if (!seqs.empty()) rl::fill_ref_logprobs(ref_ps, rank.ep, seqs, lc, progress.step("ref_logprobs", 0, 1));
@@ -465,12 +470,7 @@ int cmd_grpo(const GrpoOptions& o) {
       if (ro.tokens.empty() || (!ro.loss_mask.empty() &&
                                 std::count(ro.loss_mask.begin(), ro.loss_mask.end(), 1) == 0))
         continue;
-      rl::TrainSequence s;
-      s.tokens = ro.prompt_tokens;
-      s.prompt_len = (int)s.tokens.size();
-      s.tokens.insert(s.tokens.end(), ro.tokens.begin(), ro.tokens.end());
-      s.old_logprobs = ro.logprobs;
-      s.loss_mask = ro.loss_mask;
+      rl::TrainSequence s = train_sequence(ro);
       s.advantage = adv[g][k - spans[g].first];
       seqs.push_back(std::move(s));
     }
