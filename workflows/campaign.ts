@@ -365,12 +365,12 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     policy: CheckpointRef,
     hyperparameters: RolloutPhaseResult['hyperparameters'],
   ): Promise<RolloutPhaseResult | null> {
-    const started = new Date();
     const own = st.iterationPrompts(st.promptSchedule(state, spec), iteration);
-    const first = await drawPrompts(iteration, policy, hyperparameters, own, []);
+    const first = await drawRound(iteration, policy, hyperparameters, own, []);
     if (!first) return null;
     const sampling = spec.algorithm?.dynamicSampling;
     let { shards } = first;
+    const stageSeconds = { rollout: first.rolloutSeconds, reward: first.rewardSeconds };
     let dynamicSampling: RolloutPhaseResult['dynamicSampling'];
     if (sampling) {
       // DAPO: draw from the iteration's reserve while fewer groups than prompts carry signal
@@ -383,9 +383,11 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       const perRound = sampling.promptsPerRound ?? own.count;
       while (summary.rounds < sampling.maxRounds && summary.groupsWithSignal < own.count) {
         const reserve = st.reservePrompts(iteration, summary.drawnPrompts, perRound);
-        const more = await drawPrompts(iteration, policy, hyperparameters, reserve, shards);
+        const more = await drawRound(iteration, policy, hyperparameters, reserve, shards);
         if (!more) return null;
         shards = more.shards;
+        stageSeconds.rollout += more.rolloutSeconds;
+        stageSeconds.reward += more.rewardSeconds;
         summary.rounds++;
         summary.drawnPrompts += perRound;
         tally(more.reward);
@@ -398,7 +400,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       hyperparameters,
       shards,
       reward: first.reward,
-      stageSeconds: { rollout: first.rolloutSeconds, reward: secondsSince(started) - first.rolloutSeconds },
+      stageSeconds,
       ...(dynamicSampling ? { dynamicSampling } : {}),
     };
   }
@@ -407,7 +409,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
    * Rollout of `prompts` over shards numbered after `before`'s, then the reward of those shards;
    * every shard so far, or null when the reward failed for good.
    */
-  async function drawPrompts(
+  async function drawRound(
     iteration: number,
     policy: CheckpointRef,
     hyperparameters: RolloutPhaseResult['hyperparameters'],
@@ -453,6 +455,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       }),
     );
     const rolloutSeconds = secondsSince(started);
+    const rewardStarted = new Date();
     const all = [...before, ...shards];
     const overlong = overlongShaping(spec, hyperparameters);
     const reward = await attemptStage(iteration, 'reward', () =>
@@ -472,7 +475,9 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
         ],
       ),
     );
-    return reward ? { shards: all, reward, rolloutSeconds } : null;
+    return reward
+      ? { shards: all, reward, rolloutSeconds, rewardSeconds: secondsSince(rewardStarted) }
+      : null;
   }
 
   /**
