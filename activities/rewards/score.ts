@@ -55,17 +55,27 @@ function summarise(rewards: readonly number[], kind: RewardKind) {
   return { samples: n, meanReward: mean, stdReward: Math.sqrt(variance), passRate: passed / n };
 }
 
+/** The rows' rewards by prompt id, in order of first appearance. */
+function rewardsByPrompt(rows: readonly RewardRow[]): Map<number, number[]> {
+  const groups = new Map<number, number[]>();
+  for (const row of rows) {
+    const group = groups.get(row.prompt_id);
+    if (group) group.push(row.reward);
+    else groups.set(row.prompt_id, [row.reward]);
+  }
+  return groups;
+}
+
 /**
  * Of reward rows, the prompt groups and those whose rewards carry signal for the trainer: their
  * population standard deviation, of the float32 values the trainers read, is at least 1e-6
  * (native/rl/advantages.cc skips the others).
  */
 export function groupsWithSignal(rows: readonly RewardRow[]): { groups: number; withSignal: number } {
-  const groups = new Map<number, number[]>();
-  for (const row of rows)
-    groups.set(row.prompt_id, [...(groups.get(row.prompt_id) ?? []), Math.fround(row.reward)]);
+  const groups = rewardsByPrompt(rows);
   let withSignal = 0;
-  for (const r of groups.values()) {
+  for (const rewards of groups.values()) {
+    const r = rewards.map(Math.fround);
     let mean = 0;
     for (const x of r) mean += x / r.length;
     const variance = r.reduce((a, x) => a + (x - mean) ** 2, 0) / r.length;
@@ -81,13 +91,7 @@ export function rewardStats(rows: readonly RewardRow[], kind: RewardKind, perGro
     kind,
   );
   if (perGroup) {
-    const groups = new Map<number, number[]>();
-    for (const row of rows) {
-      const group = groups.get(row.prompt_id);
-      if (group) group.push(row.reward);
-      else groups.set(row.prompt_id, [row.reward]);
-    }
-    stats.perGroup = [...groups].map(([promptId, rewards]) => ({
+    stats.perGroup = [...rewardsByPrompt(rows)].map(([promptId, rewards]) => ({
       prompt_id: promptId,
       ...summarise(rewards, kind),
     }));
