@@ -76,8 +76,6 @@ interface Compared {
   max_rel_l2: number;
   worst: string;
 }
-const compare = async (a: string, b: string) =>
-  JSON.parse(await pyref.run('hf_models.py', ['compare', a, b])) as Compared;
 const lastJson = <T>(text: string) => JSON.parse(text.trim().split('\n').pop()!) as T;
 
 describe('RL recipes against an independent float64 reference', { skip: tools.skip || engine.skip }, () => {
@@ -124,23 +122,68 @@ describe('RL recipes against an independent float64 reference', { skip: tools.sk
     writeFileSync(batch, jsonl(full));
   });
 
+  // One process per implementation for all recipes (torch is imported once in each); moe_hf
+  // starts in milliseconds, so it runs once per recipe.
+  type Outcome = {
+    reference: { loss: number; clipped: number };
+    native: { loss: number };
+    pytorch: { loss: number };
+    compared: { native: Compared; pytorch: Compared };
+  };
+  let outcomes: Outcome[] = [];
+  before(async () => {
+    const cases = (who: string) =>
+      recipes.map((r, i) => ({ out: join(work, `${who}-${i}`), flags: [...shared, ...r.flags] }));
+    writeFileSync(
+      join(work, 'reference-cases.jsonl'),
+      jsonl(cases('ref').map((c) => ({ ...c, flags: ['--loss', 'grpo', '--float64', ...c.flags] }))),
+    );
+    writeFileSync(join(work, 'pytorch-cases.jsonl'), jsonl(cases('pytorch')));
+    const native = async () => {
+      const out: { loss: number }[] = [];
+      for (const [i, r] of recipes.entries()) {
+        const grad = ['--grad-out', join(work, `native-${i}.safetensors`), '--loss', 'grpo', '--z-coef', '0'];
+        const run = await tools.run(
+          tools.bin('moe_hf'),
+          ['score', '--hf', model, '--sequences', batch, ...grad, ...shared, ...r.flags],
+          { env: tools.env, maxBuffer: 1 << 26 },
+        );
+        out.push(lastJson<{ loss: number }>(run.stdout));
+      }
+      return out;
+    };
+    const [refOut, nativeOut, pytorchOut] = await Promise.all([
+      pyref.run('hf_models.py', ['grad-cases', model, batch, join(work, 'reference-cases.jsonl')]),
+      native(),
+      engine.gradients(model, batch, join(work, 'pytorch-cases.jsonl')),
+    ]);
+    const refs = refOut
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Outcome['reference']);
+    const pairs = recipes.flatMap((_, i) => [
+      join(work, `native-${i}.safetensors`),
+      join(work, `ref-${i}`),
+      join(work, `pytorch-${i}`),
+      join(work, `ref-${i}`),
+    ]);
+    const compared = (await pyref.run('hf_models.py', ['compare', ...pairs]))
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Compared);
+    assert.equal(refs.length, recipes.length);
+    assert.equal(compared.length, 2 * recipes.length);
+    outcomes = recipes.map((_, i) => ({
+      reference: refs[i]!,
+      native: nativeOut[i]!,
+      pytorch: pytorchOut[i]!,
+      compared: { native: compared[2 * i]!, pytorch: compared[2 * i + 1]! },
+    }));
+  });
+
   for (const [i, recipe] of recipes.entries()) {
-    it(`${recipe.name}: native and PyTorch gradients equal the reference to 1e-5 per tensor`, async (t) => {
-      const flags = [...shared, ...recipe.flags];
-      const reference = join(work, `ref-${i}`);
-      const native = join(work, `native-${i}.safetensors`);
-      const pytorch = join(work, `pytorch-${i}`);
-      const grad = ['--grad-out', native, '--loss', 'grpo', '--z-coef', '0'];
-      const [refOut, nativeOut, p] = await Promise.all([
-        pyref.run('hf_models.py', ['grad', model, batch, reference, '--loss', 'grpo', '--float64', ...flags]),
-        tools.run(tools.bin('moe_hf'), ['score', '--hf', model, '--sequences', batch, ...grad, ...flags], {
-          env: tools.env,
-          maxBuffer: 1 << 26,
-        }),
-        engine.gradients(model, batch, pytorch, flags),
-      ]);
-      const r = lastJson<{ loss: number; clipped: number }>(refOut);
-      const n = lastJson<{ loss: number }>(nativeOut.stdout);
+    it(`${recipe.name}: native and PyTorch gradients equal the reference to 1e-5 per tensor`, (t) => {
+      const { reference: r, native: n, pytorch: p, compared } = outcomes[i]!;
       assert.ok(r.clipped > 0, `no token's clip took effect (${r.clipped}): the case would not test it`);
       for (const [who, loss] of [
         ['native', n.loss],
@@ -150,11 +193,10 @@ describe('RL recipes against an independent float64 reference', { skip: tools.sk
           Math.abs(loss - r.loss) <= 1e-6 * Math.max(1, Math.abs(r.loss)),
           `${who} loss ${loss} vs ${r.loss}`,
         );
-      for (const [who, dir] of [
-        ['native', native],
-        ['PyTorch', pytorch],
+      for (const [who, c] of [
+        ['native', compared.native],
+        ['PyTorch', compared.pytorch],
       ] as const) {
-        const c = await compare(dir, reference);
         t.diagnostic(
           `${who}: worst ${c.worst} ${c.max_rel_l2.toExponential(2)}; clipped tokens ${r.clipped}`,
         );

@@ -23,9 +23,13 @@
       by --advantage, a group of equal rewards left out), "ref_logprobs" with --kl-coef, and an
       optional "loss_mask". --kl-in-reward: the KL goes off each row's reward instead of into the
       loss. --float64 runs the model in float64: a reference for fp32 trainers.
-  hf_models.py compare A B
-      Two safetensors files or HF directories, tensor by tensor: {"tensors":n, "missing":[names in
-      one only], "bitwise":bool (same dtype, shape and bytes), "max_rel_l2":x, "worst":name}.
+  hf_models.py grad-cases DIR BATCH.jsonl CASES.jsonl
+      grad once per line {"out": OUT_DIR, "flags": [grad's flags]}, in one process (torch is
+      imported once), one printed line per case.
+  hf_models.py compare A B [A B ...]
+      Per pair, two safetensors files or HF directories, tensor by tensor: one line
+      {"tensors":n, "missing":[names in one only], "bitwise":bool (same dtype, shape and bytes),
+      "max_rel_l2":x, "worst":name}.
 """
 import argparse
 import json
@@ -256,7 +260,14 @@ def tensors(path):
 
 
 def compare(args):
-    a, b = tensors(args.a), tensors(args.b)
+    if len(args.paths) % 2:
+        sys.exit(f"compare: {len(args.paths)} paths given, want pairs A B [A B ...]")
+    for i in range(0, len(args.paths), 2):
+        compare_pair(args.paths[i], args.paths[i + 1])
+
+
+def compare_pair(path_a, path_b):
+    a, b = tensors(path_a), tensors(path_b)
     common = sorted(set(a) & set(b))
     bitwise = set(a) == set(b)
     worst, worst_name = 0.0, ""
@@ -313,10 +324,19 @@ def main():
     p.add_argument("--advantage", default="group-norm",
                    choices=["group-norm", "group-mean", "rloo", "reinforce-pp-baseline"])
     p.add_argument("--float64", action="store_true")
-    p = sub.add_parser("compare")
-    p.add_argument("a")
-    p.add_argument("b")
+    grad_parser = p
+    p = sub.add_parser("grad-cases", help="grad once per line of CASES.jsonl ({\"out\": DIR, \"flags\": [...]}), "
+                       "in one process")
+    p.add_argument("dir")
+    p.add_argument("batch")
+    p.add_argument("cases")
+    p = sub.add_parser("compare", help="one line per pair A B")
+    p.add_argument("paths", nargs="+")
     args = parser.parse_args()
+    if args.cmd == "grad-cases":
+        for case in lines(args.cases):
+            grad(grad_parser.parse_args([args.dir, args.batch, case["out"], *case["flags"]]))
+        return
     {"make": make, "score": score, "generate": generate, "grad": grad, "compare": compare}[args.cmd](args)
 
 

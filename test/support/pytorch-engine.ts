@@ -85,11 +85,18 @@ export function pytorchEngine() {
         rmSync(dir, { recursive: true, force: true });
       }
     },
-    /** tests/grad.py: the gradients of one step's loss on `batch`, saved as a model in `out`. */
-    async gradients(dir: string, batch: string, out: string, flags: string[]): Promise<{ loss: number }> {
-      const r = await run([join('tests', 'grad.py'), dir, batch, out, ...flags]);
+    /**
+     * tests/grad.py: per line of `cases` ({out, flags}), the gradients of one step's loss on
+     * `batch`, saved as a model in `out`; one {loss} per case, in order.
+     */
+    async gradients(dir: string, batch: string, cases: string): Promise<{ loss: number }[]> {
+      const r = await run([join('tests', 'grad.py'), dir, batch, cases]);
       if (r.code !== 0) throw new Error(`grad.py exited ${r.code}: ${r.stderr}`);
-      return JSON.parse(r.stdout.trim().split('\n').pop()!) as { loss: number };
+      return r.stdout
+        .trim()
+        .split('\n')
+        .filter((l) => l.startsWith('{'))
+        .map((l) => JSON.parse(l) as { loss: number });
     },
     /** The engine's own unit tests (engines/pytorch/tests). */
     unitTests: () => run(['-m', 'unittest', 'discover', '-s', 'tests']),

@@ -3,7 +3,9 @@
 (test/integration/algorithm-reference.test.ts), as `moe_hf score --grad-out` gives the native
 core's:
 
-  grad.py DIR BATCH.jsonl OUT_DIR [trainer flags of `grpo`]
+  grad.py DIR BATCH.jsonl CASES.jsonl
+
+one case per line {"out": OUT_DIR, "flags": [trainer flags of `grpo`]}, all in one process.
 
 BATCH.jsonl has moe_hf score's GRPO lines: "tokens", "prompt_len", "old_logprobs", "group" and
 "reward" (advantages by --advantage through batch.group_advantages, a group of equal rewards
@@ -53,10 +55,17 @@ def batch(path: str, estimator: str, kl_penalty: float, kl_estimator: str) -> li
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dir")
-    p.add_argument("batch")
-    p.add_argument("out_dir")
+    cases = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    cases.add_argument("dir")
+    cases.add_argument("batch")
+    cases.add_argument("cases")
+    c = cases.parse_args()
+    for _, case in json_lines(c.cases):
+        gradients(c.dir, c.batch, case["out"], case["flags"])
+
+
+def gradients(model_dir: str, batch_path: str, out_dir: str, flags: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="grad.py case flags")
     p.add_argument("--policy-loss", choices=POLICY_LOSSES, default="ppo-clip")
     p.add_argument("--aggregation", choices=AGGREGATIONS, default="token-mean")
     p.add_argument("--kl-estimator", choices=KL_ESTIMATORS, default="k3")
@@ -69,20 +78,20 @@ def main() -> None:
     p.add_argument("--entropy-coef", type=float, default=0.0)
     p.add_argument("--aux-coef", type=float, default=0.0)
     p.add_argument("--temperature", type=float, default=1.0)
-    a = p.parse_args()
+    a = p.parse_args(flags)
     kl_coef = float(np.float32(a.kl_coef))
-    seqs = batch(a.batch, a.advantage, kl_coef if a.kl_in_reward else 0.0, a.kl_estimator)
+    seqs = batch(batch_path, a.advantage, kl_coef if a.kl_in_reward else 0.0, a.kl_estimator)
     lc = LossConfig(objective="grpo", policy_loss=a.policy_loss, aggregation=a.aggregation,
                     kl_estimator=a.kl_estimator, clip_eps=float(np.float32(a.clip_eps)),
                     clip_high=float(np.float32(a.clip_eps if a.clip_high is None else a.clip_high)),
                     norm_tokens=float(np.float32(a.norm_tokens)), kl_coef=0.0 if a.kl_in_reward else kl_coef,
                     entropy_coef=float(np.float32(a.entropy_coef)), aux_coef=float(np.float32(a.aux_coef)),
                     z_coef=0.0, temperature=float(np.float32(a.temperature)), micro_batch=len(seqs))
-    policy = Policy(HfDir(a.dir, "DIR"), torch.device("cpu"), "eager")
+    policy = Policy(HfDir(model_dir, "DIR"), torch.device("cpu"), "eager")
     m = compute_gradients(policy.model, policy.moe_layer_ids, policy.num_layers, seqs, lc,
                           Group(RankContract(), torch.device("cpu")))
     grads = {n: q.grad if q.grad is not None else torch.zeros_like(q) for n, q in policy.model.named_parameters()}
-    policy.model.save_pretrained(a.out_dir, state_dict=grads, safe_serialization=True)
+    policy.model.save_pretrained(out_dir, state_dict=grads, safe_serialization=True)
     print(json.dumps({"loss": m.loss, "aux_loss": m.aux_loss}))
 
 
