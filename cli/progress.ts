@@ -67,8 +67,8 @@ export function progressBar(done: number, total: number, width = 24): string {
 }
 
 /**
- * Seconds per iteration from the recent ones: the sum of the stages, or with staleness 1 (the
- * next rollout runs during the update) the longer of rollout + reward and update + checkpoint.
+ * Seconds per iteration from the recent ones: the sum of the stages, or with staleness 1 or more
+ * (the next rollouts run during the update) the longer of rollout + reward and update + checkpoint.
  */
 export function etaSeconds(state: CampaignState, total: number, staleness: number): number | null {
   const recent = state.recentIterations;
@@ -77,7 +77,7 @@ export function etaSeconds(state: CampaignState, total: number, staleness: numbe
     const s = (k: StageName) => it.stageSeconds[k] ?? 0;
     const sampling = s('rollout') + s('reward');
     const training = s('update') + s('checkpoint');
-    return staleness === 1 ? Math.max(sampling, training) : sampling + training;
+    return staleness >= 1 ? Math.max(sampling, training) : sampling + training;
   };
   const perIteration = recent.reduce((sum, it) => sum + wall(it), 0) / recent.length;
   return Math.max(0, total - Math.max(0, state.committedIteration)) * perIteration;

@@ -219,8 +219,11 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     }
   }
 
-  /** Iteration of the checkpoint the rollout running ahead (staleness 1) samples from. */
-  let aheadPolicy: number | null = null;
+  /**
+   * Rollout phases running ahead of their update (staleness k ≥ 1), by iteration, each with the
+   * iteration of the checkpoint it samples from: retention keeps those until they are updated on.
+   */
+  const ahead = new Map<number, { phase: Promise<RolloutPhaseResult>; policy: number }>();
 
   /** `protect`: checkpoints that rollout phases not yet updated on still sample from. */
   async function commit(staged: StagedCheckpoint, meanReward: number | null, protect: number[] = []) {
@@ -506,7 +509,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     const commitStarted = new Date();
     const protect = [
       phase.policy.iteration,
-      ...(aheadPolicy === null ? [] : [aheadPolicy]),
+      ...[...ahead.values()].map((a) => a.policy),
       ...validating.keys(),
     ];
     const committed = await commit(update.staged, phase.reward.meanReward, protect);
@@ -563,21 +566,28 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
 
   try {
     if (state.latestCheckpoint === null) await prepare();
-    let ahead: Promise<RolloutPhaseResult> | null = null;
-    let carried = state.carriedRollout;
-    state.carriedRollout = null;
+    for (const phase of st.takeCarriedRollouts(state))
+      ahead.set(phase.iteration, { phase: Promise.resolve(phase), policy: phase.policy.iteration });
     let iterationsThisRun = 0;
     for (let i = state.committedIteration + 1; i <= spec.iterations; i++) {
-      let phase: RolloutPhaseResult = carried ?? (await (ahead ?? rolloutPhase(i, state.latestCheckpoint!)));
-      carried = null;
-      // One-step off-policy: sample iteration i+1 from the checkpoint update i starts from.
-      aheadPolicy = spec.staleness === 1 && i < spec.iterations ? state.latestCheckpoint!.iteration : null;
-      ahead = aheadPolicy === null ? null : rolloutPhase(i + 1, state.latestCheckpoint!);
-      ahead?.catch(() => undefined); // its failure surfaces where it is awaited
+      const running = ahead.get(i);
+      ahead.delete(i);
+      let phase = await (running?.phase ?? rolloutPhase(i, state.latestCheckpoint!));
+      // Bounded staleness k: iterations up to i+k sample from the checkpoint update i starts
+      // from, so iteration j's policy is at most k checkpoints older than an on-policy one's.
+      const policy = state.latestCheckpoint!;
+      for (let j = i + 1; j <= Math.min(i + spec.staleness, spec.iterations); j++) {
+        if (ahead.has(j)) continue;
+        const started = rolloutPhase(j, policy);
+        started.catch(() => undefined); // its failure surfaces where it is awaited
+        ahead.set(j, { phase: started, policy: policy.iteration });
+      }
       while (!(await updatePhase(phase))) phase = await rolloutPhase(i, phase.policy);
       iterationsThisRun++;
       if (i < spec.iterations && shouldContinueAsNew(iterationsThisRun)) {
-        state.carriedRollout = ahead ? await ahead : null;
+        state.carriedRollouts = await Promise.all(
+          [...ahead.keys()].sort((a, b) => a - b).map((j) => ahead.get(j)!.phase),
+        );
         await Promise.all(validating.values());
         await condition(allHandlersFinished);
         await continueAsNew<typeof campaign>({ ...input, state });

@@ -173,6 +173,9 @@ const orchestrationSchema = z.strictObject({
   stageTimeoutMinutes: positiveInt(7 * 24 * 60).default(240),
 });
 
+/** The most iterations a rollout may run ahead (prime-rl's max_off_policy_steps defaults to 8). */
+export const maxStaleness = 8;
+
 export const campaignSpecSchema = z
   .strictObject({
     name: z
@@ -231,7 +234,15 @@ export const campaignSpecSchema = z
         'loss, advantage estimator, aggregation and KL estimator (docs/algorithms.md; default: GRPO)',
       ),
     hyperparameters: hyperparametersSchema.partial().default({}),
-    staleness: z.union([z.literal(0), z.literal(1)]).default(0),
+    staleness: z
+      .number()
+      .int()
+      .min(0)
+      .max(maxStaleness)
+      .default(0)
+      .describe(
+        'iterations a rollout may run ahead of the update it trains: iteration i samples from a checkpoint at least i-1-staleness',
+      ),
     retention: z
       .strictObject({ keepLast: positiveInt(10000).default(3), keepBest: z.boolean().default(true) })
       .default({ keepLast: 3, keepBest: true }),
@@ -314,17 +325,17 @@ export const campaignSpecSchema = z
         path: ['rolloutShards'],
         message: `rolloutShards (${s.rolloutShards}) must be at most promptsPerIteration (${s.promptsPerIteration})`,
       });
-    // With staleness 1 two checkpoints are in use at once (the update's and the one the next
-    // rollout samples from); retention protects both anyway, so a smaller keepLast only misleads.
+    // With staleness k, 1 + k checkpoints are in use at once (the update's and those the rollouts
+    // running ahead sample from); retention protects them anyway, so a smaller keepLast only misleads.
     if (s.retention.keepLast < 1 + s.staleness)
       ctx.addIssue({
         code: 'custom',
         path: ['retention', 'keepLast'],
-        message: `keepLast (${s.retention.keepLast}) must be at least ${1 + s.staleness} with staleness ${s.staleness}: the rollout running ahead samples from the checkpoint before the latest`,
+        message: `keepLast (${s.retention.keepLast}) must be at least ${1 + s.staleness} with staleness ${s.staleness}: the rollouts running ahead sample from checkpoints up to ${s.staleness} before the latest`,
       });
     // Temporal fails every workflow task that would schedule past this many pending activities.
-    // With staleness 1 a rollout phase re-run after a failed update overlaps the phase running
-    // ahead, so two iterations' shards can be in flight, plus a reward and an update or commit.
+    // With staleness k a rollout phase re-run after a failed update overlaps the k phases running
+    // ahead, so 1 + k iterations' shards can be in flight, plus a reward and an update or commit.
     const pending = maxPendingActivities(s.rolloutShards, s.staleness);
     if (pending > temporalPendingActivityLimit)
       ctx.addIssue({
@@ -341,12 +352,12 @@ export const campaignSpecSchema = z
 export const temporalPendingActivityLimit = 2000;
 
 /** Activities a campaign can have pending at once: shards of 1 + staleness iterations, a reward, an update or commit. */
-export function maxPendingActivities(rolloutShards: number, staleness: 0 | 1): number {
+export function maxPendingActivities(rolloutShards: number, staleness: number): number {
   return (1 + staleness) * rolloutShards + 2;
 }
 
 /** The most rollout shards a campaign with this staleness may have. */
-export function maxRolloutShards(staleness: 0 | 1): number {
+export function maxRolloutShards(staleness: number): number {
   return Math.floor((temporalPendingActivityLimit - 2) / (1 + staleness));
 }
 

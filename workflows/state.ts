@@ -16,6 +16,7 @@ import type {
   HyperparameterChange,
   IterationSummary,
   PromptSegment,
+  RolloutPhaseResult,
   StageFailure,
   StageName,
   ValidationSummary,
@@ -42,7 +43,7 @@ export function initialState(input: CampaignInput): CampaignState {
     retries: { prepare: 0, rollout: 0, reward: 0, update: 0, checkpoint: 0, validation: 0 },
     lastFailure: null,
     recentIterations: [],
-    carriedRollout: null,
+    carriedRollouts: [],
     promptSchedule: input.promptSchedule ?? [
       { fromIteration: 1, promptsPerIteration: input.spec.promptsPerIteration },
     ],
@@ -193,6 +194,18 @@ export function checkpointCommitted(state: CampaignState, out: CheckpointOutput)
   state.committedIteration = out.checkpoint.iteration;
   const removed = new Set(out.removed);
   state.checkpoints = [...state.checkpoints.filter((c) => !removed.has(c.key)), out.checkpoint];
+}
+
+/**
+ * The rollout phases the previous run finished ahead of their updates, taken out of the state
+ * (the run holds them until each is updated on). A run before bounded staleness k carried at
+ * most one, as `carriedRollout`.
+ */
+export function takeCarriedRollouts(state: CampaignState): RolloutPhaseResult[] {
+  const carried = [...(state.carriedRollouts ?? []), ...(state.carriedRollout ? [state.carriedRollout] : [])];
+  state.carriedRollouts = [];
+  delete state.carriedRollout;
+  return carried;
 }
 
 export function iterationFinished(state: CampaignState, summary: IterationSummary): void {

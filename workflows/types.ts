@@ -90,7 +90,7 @@ export interface IterationSummary {
   trainMetrics: Record<string, number>;
 }
 
-/** Rollout + reward of one iteration, finished ahead of its update when staleness is 1. */
+/** Rollout + reward of one iteration, finished ahead of its update when staleness is 1 or more. */
 export interface RolloutPhaseResult {
   iteration: number;
   policy: CheckpointRef;
@@ -142,8 +142,10 @@ export interface CampaignState {
   lastFailure: StageFailure | null;
   /** The last few iterations (older ones are in the workflow history). */
   recentIterations: IterationSummary[];
-  /** A rollout phase finished ahead of its update, carried across continue-as-new. */
-  carriedRollout: RolloutPhaseResult | null;
+  /** Rollout phases finished ahead of their updates (staleness k: up to k), carried across continue-as-new. */
+  carriedRollouts: RolloutPhaseResult[];
+  /** The one phase a run before bounded staleness k carried; read once by takeCarriedRollouts. */
+  carriedRollout?: RolloutPhaseResult | null;
   /** Number of workflow runs so far (1 + continue-as-new count). */
   runs: number;
   forkedFrom: { campaignId: string; iteration: number } | null;

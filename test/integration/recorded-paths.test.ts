@@ -187,7 +187,7 @@ describe('campaign paths recorded for replay', () => {
       }
       const state = await status(t.client.workflow.getHandle<typeof campaign>(handle.workflowId));
       assert.equal(state.runs, 3, 'iterations 1-2, 3-4, 5');
-      assert.equal(state.carriedRollout, null);
+      assert.deepEqual(state.carriedRollouts, []);
       assert.deepEqual(
         state.recentIterations.map((r) => [r.iteration, r.policyIteration]),
         [1, 2, 3, 4, 5].map((i) => [i, policyOf(i)]),
@@ -201,7 +201,8 @@ describe('campaign paths recorded for replay', () => {
         [runs[1]!, 3],
         [runs[2]!, 5],
       ] as const) {
-        const carried = run.input.state?.carriedRollout;
+        const [carried, ...more] = run.input.state?.carriedRollouts ?? [];
+        assert.deepEqual(more, []);
         assert.equal(carried?.iteration, iteration);
         assert.equal(carried?.policy.iteration, policyOf(iteration));
         assert.deepEqual(
@@ -233,6 +234,83 @@ describe('campaign paths recorded for replay', () => {
         }
       for (const [n, { run }] of runs.entries())
         await maybeRecordHistory(run, `continue-as-new-staleness-1-run-${n + 1}`);
+    });
+  });
+
+  test('staleness 3 runs three iterations ahead, across continue-as-new, each shard once', async () => {
+    const { activities, calls } = createRecordingTestActivities({
+      delayMs: { rolloutShard: 200, updatePolicy: 400 },
+    });
+    await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
+      const k = 3;
+      const spec = testSpec({
+        iterations: 6,
+        staleness: k,
+        retention: { keepLast: 1 + k, keepBest: false },
+        orchestration: { continueAsNewEvery: 2 },
+      });
+      const handle = await startCampaign(t.client, spec, queues);
+      const result = await handle.result();
+      assert.equal(result.status, 'completed');
+      assert.equal(result.committedIteration, 6);
+
+      // Iterations up to i+k sample from the checkpoint update i starts from (i-1): iteration j
+      // samples from checkpoint j-1-k, or 0 while there is none that old.
+      const policyOf = (j: number) => Math.max(0, j - 1 - k);
+      for (let i = 1; i <= 6; i++) {
+        assert.equal((only(calls, 'updatePolicy', i).input as UpdateInput).policy.iteration, i - 1);
+        const protect = (only(calls, 'commitCheckpoint', i).input as CheckpointInput).protectIterations ?? [];
+        // every rollout still to be updated on keeps its checkpoint
+        for (let j = i; j <= Math.min(6, i + k); j++)
+          assert.ok(
+            protect.includes(policyOf(j)),
+            `commit ${i} keeps checkpoint ${policyOf(j)} (rollout ${j})`,
+          );
+        const rollouts = of(calls, 'rolloutShard', i);
+        assert.deepEqual(
+          rollouts.map((c) => `${c.shard}:${c.outcome}`).sort(),
+          ['0:ok', '1:ok'],
+          `iteration ${i}`,
+        );
+        for (const r of rollouts)
+          assert.equal((r.input as RolloutShardInput).policy.iteration, policyOf(i), `rollout ${i} policy`);
+      }
+      const state = await status(t.client.workflow.getHandle<typeof campaign>(handle.workflowId));
+      assert.deepEqual(state.carriedRollouts, []);
+      assert.deepEqual(
+        state.recentIterations.map((r) => [r.iteration, r.policyIteration]),
+        [1, 2, 3, 4, 5, 6].map((i) => [i, policyOf(i)]),
+      );
+
+      const runs = await runsOf(handle);
+      assert.equal(runs.length, 3, 'iterations 1-2, 3-4, 5-6');
+      // Each run carries the k phases (fewer near the end) finished ahead of their updates.
+      assert.deepEqual(
+        runs.map((r) => (r.input.state?.carriedRollouts ?? []).map((c) => [c.iteration, c.policy.iteration])),
+        [
+          [],
+          [
+            [3, 0],
+            [4, 0],
+            [5, 1],
+          ],
+          [
+            [5, 1],
+            [6, 2],
+          ],
+        ],
+      );
+      assert.deepEqual(
+        runs.map((r) => r.activities.filter((a) => a.activity === 'rolloutShard').map((a) => a.iteration)),
+        [[1, 1, 2, 2, 3, 3, 4, 4, 5, 5], [6, 6], []],
+      );
+      // The overlap: rollouts 2 to 1+k are all scheduled before update 1 completes.
+      const first = runs[0]!.activities;
+      const update1 = first.find((a) => a.activity === 'updatePolicy' && a.iteration === 1)!;
+      for (let j = 2; j <= 1 + k; j++)
+        for (const r of first.filter((a) => a.activity === 'rolloutShard' && a.iteration === j))
+          assert.ok(r.eventId < update1.completedEventId!, `rollout ${j} starts before update 1 ends`);
+      for (const [n, { run }] of runs.entries()) await maybeRecordHistory(run, `staleness-3-run-${n + 1}`);
     });
   });
 

@@ -57,7 +57,7 @@ function state(overrides: Partial<CampaignState> = {}): CampaignState {
       iteration(1, { rollout: 2, reward: 1, update: 4, checkpoint: 1 }),
       iteration(2, { rollout: 4, reward: 1, update: 2, checkpoint: 1 }),
     ],
-    carriedRollout: null,
+    carriedRollouts: [],
     runs: 1,
     forkedFrom: null,
     ...overrides,

@@ -1,5 +1,5 @@
 // The spec rejects shapes whose rollout fan-out could pass Temporal's limit of pending
-// activities per workflow execution (with staleness 1 two iterations' shards can be in flight).
+// activities per workflow execution (with staleness k, 1 + k iterations' shards can be in flight).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import {
@@ -11,13 +11,13 @@ import {
 } from '../../workflows/spec.js';
 import { validSpecDoc } from '../support/spec-docs.js';
 
-function shape(rolloutShards: number, staleness: 0 | 1) {
+function shape(rolloutShards: number, staleness: number) {
   return {
     ...validSpecDoc(),
     promptsPerIteration: 4096,
     rolloutShards,
     staleness,
-    retention: { keepLast: 2, keepBest: true },
+    retention: { keepLast: 1 + Math.max(1, staleness), keepBest: true },
   };
 }
 
@@ -32,12 +32,14 @@ function problems(doc: unknown): string[] {
 }
 
 describe('spec: pending activity limit', () => {
-  it('counts two iterations of shards with staleness 1 and one with staleness 0', () => {
+  it('counts 1 + k iterations of shards with staleness k', () => {
     assert.equal(maxPendingActivities(32, 1), 66);
     assert.equal(maxPendingActivities(32, 0), 34);
+    assert.equal(maxPendingActivities(32, 8), 290);
     assert.equal(maxRolloutShards(1), 999);
     assert.equal(maxRolloutShards(0), 1998);
-    for (const staleness of [0, 1] as const) {
+    assert.equal(maxRolloutShards(8), 222);
+    for (const staleness of [0, 1, 4, 8]) {
       assert.ok(maxPendingActivities(maxRolloutShards(staleness), staleness) <= temporalPendingActivityLimit);
       assert.ok(
         maxPendingActivities(maxRolloutShards(staleness) + 1, staleness) > temporalPendingActivityLimit,
@@ -62,5 +64,10 @@ describe('spec: pending activity limit', () => {
     const fresh = problems(shape(1999, 0));
     assert.equal(fresh.length, 1, fresh.join('\n'));
     assert.match(fresh[0]!, /staleness 0 can keep 2001 activities pending.*at most 1998 shards/);
+
+    assert.deepEqual(problems(shape(222, 8)), []);
+    const deep = problems(shape(223, 8));
+    assert.equal(deep.length, 1, deep.join('\n'));
+    assert.match(deep[0]!, /staleness 8 can keep 2009 activities pending.*at most 222 shards/);
   });
 });

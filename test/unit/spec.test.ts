@@ -249,11 +249,18 @@ describe('malformed specs', () => {
     );
   });
 
-  it('15. staleness other than 0 or 1', () => {
-    assertOneProblem(
-      problemsAfter((d) => (d.staleness = 2)),
-      /staleness: got 2; expected one of 0, 1/,
-    );
+  it('15. staleness past 8 or not a whole number', () => {
+    for (const [staleness, problem] of [
+      [9, /staleness: got 9; .*<=8/],
+      [1.5, /staleness: got 1\.5; .*int/],
+    ] as const)
+      assertOneProblem(
+        problemsAfter((d) => {
+          d.staleness = staleness;
+          d.retention = { keepLast: 10 };
+        }),
+        problem,
+      );
   });
 
   it('16. an unknown launcher kind lists the allowed kinds', () => {
@@ -412,6 +419,19 @@ describe('JSON Schema export', () => {
 });
 
 describe('retention and staleness', () => {
+  it('staleness k needs keepLast ≥ 1 + k: rejects 4 with keepLast 4, takes keepLast 5', () => {
+    assert.throws(
+      () => parseCampaignSpec({ ...validSpecDoc(), staleness: 4, retention: { keepLast: 4 } }),
+      (err: unknown) =>
+        err instanceof SpecError &&
+        err.problems.some((p) => /^retention\.keepLast: .*must be at least 5 with staleness 4/.test(p)),
+    );
+    assert.equal(
+      parseCampaignSpec({ ...validSpecDoc(), staleness: 4, retention: { keepLast: 5 } }).staleness,
+      4,
+    );
+  });
+
   it('rejects keepLast 1 with staleness 1, naming the field and why', () => {
     assert.throws(
       () => parseCampaignSpec({ ...validSpecDoc(), staleness: 1, retention: { keepLast: 1 } }),
