@@ -570,18 +570,24 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       ahead.set(phase.iteration, { phase: Promise.resolve(phase), policy: phase.policy.iteration });
     let iterationsThisRun = 0;
     for (let i = state.committedIteration + 1; i <= spec.iterations; i++) {
-      const running = ahead.get(i);
-      ahead.delete(i);
-      let phase = await (running?.phase ?? rolloutPhase(i, state.latestCheckpoint!));
       // Bounded staleness k: iterations up to i+k sample from the checkpoint update i starts
       // from, so iteration j's policy is at most k checkpoints older than an on-policy one's.
       const policy = state.latestCheckpoint!;
-      for (let j = i + 1; j <= Math.min(i + spec.staleness, spec.iterations); j++) {
-        if (ahead.has(j)) continue;
-        const started = rolloutPhase(j, policy);
-        started.catch(() => undefined); // its failure surfaces where it is awaited
-        ahead.set(j, { phase: started, policy: policy.iteration });
-      }
+      const runAhead = () => {
+        for (let j = i + 1; j <= Math.min(i + spec.staleness, spec.iterations); j++) {
+          if (ahead.has(j)) continue;
+          const started = rolloutPhase(j, policy);
+          started.catch(() => undefined); // its failure surfaces where it is awaited
+          ahead.set(j, { phase: started, policy: policy.iteration });
+        }
+      };
+      // A deeper pipeline fills as soon as the checkpoint is there; staleness 1 starts the next
+      // rollout once this one is done, beside the update (the order its recorded histories hold).
+      if (spec.staleness > 1) runAhead();
+      const running = ahead.get(i);
+      ahead.delete(i);
+      let phase = await (running?.phase ?? rolloutPhase(i, policy));
+      runAhead();
       while (!(await updatePhase(phase))) phase = await rolloutPhase(i, phase.policy);
       iterationsThisRun++;
       if (i < spec.iterations && shouldContinueAsNew(iterationsThisRun)) {
