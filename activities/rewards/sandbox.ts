@@ -11,7 +11,9 @@
 // all and no_new_privs set, and new network, PID, IPC, UTS and cgroup namespaces, so no network
 // (not even loopback), no view of any other process (a fresh /proc of its own PID namespace:
 // not /proc/<worker>/environ, nothing to setns into), and every process it starts dies with the
-// jail. Its root is an empty tmpfs with only the interpreter's folders, the runner and the
+// jail. (Where the runtime masks parts of the worker's own /proc, as a container's default /proc
+// mount does, the kernel refuses a fresh procfs in the jail: the jail then has no /proc at all.)
+// Its root is an empty tmpfs with only the interpreter's folders, the runner and the
 // function's own files bound read-only, and a size-capped tmpfs as its scratch folder: no other
 // file of the worker's user is visible, nothing outside scratch is writable. CPU time is bounded
 // for the whole tree, a child forked from any thread included (process-pool.ts).
@@ -68,6 +70,8 @@ const enterCgroup =
   'while [ "$1" != -- ]; do echo $$ > "$1" || { echo "cannot join the cgroup of $1" >&2; exit 125; }; shift; done; shift; exec "$@"';
 
 let probed: { ok: true } | { ok: false; why: string } | undefined;
+/** Whether the jail mounts a /proc of its own (probed: a container's masked /proc forbids it). */
+let jailProc = true;
 
 /**
  * Whether this machine can make the jail, probed once per process: the reason it cannot
@@ -77,10 +81,13 @@ export function probeSandbox(): { ok: true } | { ok: false; why: string } {
   if (probed) return probed;
   if (process.platform !== 'linux')
     return (probed = { ok: false, why: `the jail needs Linux, not ${process.platform}` });
-  const probe = spawnSync('bwrap', [...jailArgs([]), '--', '/bin/true'], {
-    encoding: 'utf8',
-    timeout: 10_000,
-  });
+  const tryJail = () =>
+    spawnSync('bwrap', [...jailArgs([]), '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+  let probe = tryJail();
+  if (probe.status !== 0 && /Can't mount proc/.test(probe.stderr ?? '')) {
+    jailProc = false;
+    probe = tryJail();
+  }
   if (probe.error)
     probed = { ok: false, why: `bwrap could not run (${probe.error.message}; install bubblewrap)` };
   else if (probe.status !== 0)
@@ -139,8 +146,7 @@ function jailArgs(readOnly: string[], scratchBytes = 1024 ** 2): string[] {
     '--ro-bind',
     '/usr',
     '/usr',
-    '--proc',
-    '/proc',
+    ...(jailProc ? ['--proc', '/proc'] : []),
     '--dev',
     '/dev',
     '--size',

@@ -6,7 +6,7 @@
 // anything on the host.
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -15,9 +15,11 @@ import {
   BatchV1Api,
   CoreV1Api,
   Watch,
+  type V1Container,
   type V1EnvVar,
   type V1Pod,
   type V1PodSpec,
+  type V1SeccompProfile,
 } from '@kubernetes/client-node';
 import { repoRoot } from '../../cli/temporal-tools.js';
 import { startKubeCluster, waitFor, type KubeCluster } from '../support/kube-cluster.js';
@@ -225,6 +227,176 @@ describe('a real Kubernetes node', { skip }, () => {
     assert.equal(terminated?.message, 'got SIGTERM');
     // Well inside the 60 s grace period: the container ended on the signal, not on SIGKILL.
     assert.ok(elapsed < 30_000, `${elapsed} ms from delete to gone`);
+  });
+
+  it("runs reward code in bwrap's jail in a restricted pod with the shipped seccomp profile, and refuses it under RuntimeDefault", async () => {
+    // The kubelet reads Localhost profiles below its root; on a cluster the profile is installed
+    // there by k8s/seccomp (docs/operations.md).
+    const profiles = join(node.dir, 'kubelet', 'seccomp', 'moerl');
+    mkdirSync(profiles, { recursive: true });
+    writeFileSync(
+      join(profiles, 'rewards.json'),
+      readFileSync(join(repoRoot(), 'k8s', 'seccomp', 'rewards.json')),
+    );
+    const restricted = await cluster.createNamespace('restricted');
+    const label = await cluster.kubectl([
+      'label',
+      'namespace',
+      restricted,
+      'pod-security.kubernetes.io/enforce=restricted',
+    ]);
+    assert.equal(label.code, 0, label.stderr);
+    // What a campaign's JavaScript reward function would try, scored by the worker's own pool.
+    const behaviours = `import fs from 'node:fs';
+import net from 'node:net';
+import { spawn } from 'node:child_process';
+export async function compute_score(dataSource, solution, truth, extra) {
+  if (solution === 'jail')
+    throw new Error('jail ' + JSON.stringify({
+      uid: process.getuid(),
+      procs: fs.existsSync('/proc') ? fs.readdirSync('/proc').filter((p) => /^\\d+$/.test(p)) : [],
+      root: fs.readdirSync('/').sort(),
+      passwd: fs.existsSync('/etc/passwd'),
+      workerCode: fs.existsSync('/app/node_modules') || fs.existsSync('/app/dist/workers'),
+      neighbour: fs.existsSync('/tmp/runtime-default'),
+    }));
+  if (solution === 'connect')
+    await new Promise((done, fail) => net.connect(extra.port, '127.0.0.1', done).on('error', fail));
+  if (solution === 'secret') {
+    let seen = Object.values(process.env).join(' ');
+    for (const pid of fs.existsSync('/proc') ? fs.readdirSync('/proc') : [])
+      try { seen += fs.readFileSync('/proc/' + pid + '/environ', 'utf8'); } catch {}
+    return seen.includes(extra.secret) ? 1 : 0;
+  }
+  if (solution === 'fork-many')
+    for (let i = 0; i < 100; i++)
+      await new Promise((done, fail) => spawn('sleep', ['30']).on('spawn', done).on('error', fail));
+  if (solution === 'fork-spin') {
+    spawn(process.execPath, ['-e', 'for (;;);']);
+    await new Promise(() => {});
+  }
+  if (solution === 'fill-scratch') {
+    const fd = fs.openSync('fill', 'w');
+    for (let i = 0; i < 100; i++) fs.writeSync(fd, Buffer.alloc(1024 * 1024));
+  }
+  return solution === truth;
+}
+`;
+    const cases = ['good', 'jail', 'connect', 'secret', 'fork-many', 'fill-scratch', 'fork-spin'];
+    const script = `import { mkdirSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+const { RewardFunctions } = await import('/app/dist/activities/rewards/functions.js');
+const fn = '/tmp/' + process.env.MOERL_TEST_CONTAINER;
+mkdirSync(fn);
+writeFileSync(fn + '/behaviours.mjs', ${JSON.stringify(behaviours)});
+let connections = 0;
+const server = createServer((socket) => { connections++; socket.resume(); socket.end(); });
+await new Promise((done) => server.listen(0, '127.0.0.1', done));
+const extra = { port: server.address().port, secret: process.env.MOERL_TEST_SECRET };
+let report;
+try {
+  const rewards = new RewardFunctions(
+    { bySource: { js: { kind: 'js', file: fn + '/behaviours.mjs' } } },
+    { sandbox: { timeoutMs: 30000, cpuSeconds: 2, pids: 32, processes: 2 } },
+  );
+  const samples = ${JSON.stringify(cases)}.map((solutionStr) => ({ dataSource: 'js', solutionStr, groundTruth: 'good', extraInfo: extra }));
+  report = { results: (await rewards.scoreBatch(samples)).results };
+  await rewards.close();
+} catch (err) {
+  report = { refused: err.name + ': ' + err.message };
+}
+console.log('REPORT ' + JSON.stringify({ ...report, connections }));
+server.close();
+`;
+    const secret = `s3cret-${Date.now()}`;
+    // Both containers as the rollout worker's (k8s/base/workers/rollout/deployment.yaml), but
+    // for the seccomp profile.
+    const container = (name: string, seccompProfile: V1SeccompProfile): V1Container => ({
+      name,
+      image,
+      imagePullPolicy: 'Never',
+      command: ['/usr/local/bin/node', '--input-type=module', '-e', script],
+      env: [
+        { name: 'MOERL_TEST_SECRET', value: secret },
+        { name: 'MOERL_TEST_CONTAINER', value: name },
+      ],
+      securityContext: {
+        allowPrivilegeEscalation: false,
+        readOnlyRootFilesystem: true,
+        capabilities: { drop: ['ALL'] },
+        seccompProfile,
+      },
+      volumeMounts: [{ name: 'tmp', mountPath: '/tmp' }],
+    });
+    await core.createNamespacedPod({
+      namespace: restricted,
+      body: {
+        metadata: { name: 'rewards' },
+        spec: {
+          ...podSpec([]),
+          securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532 },
+          containers: [
+            container('localhost', { type: 'Localhost', localhostProfile: 'moerl/rewards.json' }),
+            container('runtime-default', { type: 'RuntimeDefault' }),
+          ],
+          volumes: [{ name: 'tmp', emptyDir: {} }],
+        },
+      },
+    });
+    let pod: V1Pod | undefined;
+    await waitFor('pod rewards to end', 180_000, async () => {
+      pod = await core.readNamespacedPod({ namespace: restricted, name: 'rewards' });
+      return ['Succeeded', 'Failed'].includes(pod.status?.phase ?? '') ? true : `phase ${pod.status?.phase}`;
+    });
+    const report = (name: string) => {
+      const log = node.containerLog(restricted, 'rewards', name);
+      const line = log.split('\n').find((l) => l.includes('REPORT '));
+      assert.ok(line, `container ${name} printed no report:\n${log}`);
+      return JSON.parse(line.slice(line.indexOf('REPORT ') + 7)) as {
+        refused?: string;
+        results?: { score: number; failure?: { reason: string; message: string } }[];
+        connections: number;
+      };
+    };
+    // The runtime's default profile refuses user namespaces: the worker refuses reward code and
+    // says why, rather than run it in a weaker jail.
+    const refused = report('runtime-default');
+    assert.match(
+      refused.refused ?? '',
+      /BadInputError: reward function js:.*the reward sandbox cannot start on this worker \(bwrap could not make the jail: .*namespace/,
+    );
+    assert.match(refused.refused ?? '', /MOERL_REWARD_ISOLATION=none/);
+
+    const jailed = report('localhost');
+    assert.ok(jailed.results, `refused with the shipped profile: ${jailed.refused}`);
+    const [good, jail, connect, leaked, forks, scratch, forkSpin] = jailed.results;
+    const where = JSON.stringify(jailed.results);
+    assert.equal(good?.score, 1, where);
+    // What the jail is, not only what fails in it: a silent fallback would fail here.
+    const facts = JSON.parse(/^Error: jail (\{.*\})/.exec(jail?.failure?.message ?? '')?.[1] ?? 'null') as {
+      uid: number;
+      procs: string[];
+      root: string[];
+      passwd: boolean;
+      workerCode: boolean;
+      neighbour: boolean;
+    } | null;
+    assert.ok(facts, `the jail's report: ${where}`);
+    assert.equal(facts.uid, 65534, 'uid 65534 of its own user namespace, not the image user 65532');
+    assert.ok(facts.procs.length <= 3, `processes seen: ${facts.procs.join(' ')}`);
+    // Its root holds the system's /usr, the runner's and the function's folders, read-only.
+    for (const top of ['home', 'var', 'proc', 'root'])
+      assert.ok(!facts.root.includes(top), `the jail's root has /${top}: ${facts.root.join(' ')}`);
+    assert.equal(facts.workerCode, false, "the worker's own code is visible");
+    assert.equal(facts.neighbour, false, 'a folder beside the function is visible');
+    assert.equal(facts.passwd, false, "the image's /etc/passwd is visible");
+    assert.equal(connect?.failure?.reason, 'exception', where);
+    assert.equal(jailed.connections, 0, "the worker's loopback server was reached");
+    assert.equal(leaked?.score, 0, "the worker's environment reached the function");
+    assert.match(forks?.failure?.message ?? '', /EAGAIN|spawn/, where);
+    assert.match(scratch?.failure?.message ?? '', /EFBIG|ENOSPC|File too large|no space/i, where);
+    // CPU time counts across the tree: a child's spin ends the sample.
+    assert.equal(forkSpin?.failure?.reason, 'cpu', where);
   });
 
   it('stop() removes the containers, mounts, network namespaces, bridge and cgroups', async () => {
