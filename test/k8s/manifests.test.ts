@@ -105,6 +105,7 @@ describe('every kustomization', () => {
   for (const name of names) {
     describe(name, () => {
       it('labels every object with app.kubernetes.io/name and part-of, and a component', () => {
+        const nodeSetup = seccompInstaller(rendered[name].objects);
         for (const o of rendered[name].objects) {
           const labels = o.metadata.labels ?? {};
           const what = `${o.kind} ${o.metadata.name}`;
@@ -113,7 +114,12 @@ describe('every kustomization', () => {
           if (!['Namespace', 'ConfigMap'].includes(o.kind))
             assert.ok(labels['app.kubernetes.io/component'], `${what} has a component`);
           if (clusterScoped.includes(o.kind)) assert.equal(o.metadata.namespace, undefined, what);
-          else assert.equal(o.metadata.namespace, 'moerl', `${what} namespace`);
+          else
+            assert.equal(
+              o.metadata.namespace,
+              nodeSetup.includes(o) ? 'moerl-node-setup' : 'moerl',
+              `${what} namespace`,
+            );
         }
       });
 
@@ -157,13 +163,20 @@ describe('every kustomization', () => {
         }
       });
 
-      it('hardens every worker pod: non-root 65532, read-only root, no capabilities, RuntimeDefault', () => {
+      it('hardens every worker pod: non-root 65532, read-only root, no capabilities, RuntimeDefault or the rewards profile', () => {
         for (const d of workerDeployments(rendered[name].objects)) {
           const pod: PodSpec = d.spec.template.spec;
           const what = d.metadata.name;
           assert.equal(pod.securityContext?.runAsNonRoot, true, what);
           assert.equal(pod.securityContext?.runAsUser, 65532, what);
-          assert.equal(pod.securityContext?.seccompProfile?.type, 'RuntimeDefault', what);
+          // eks's rollout workers run reward code: the profile that lets its jail start (k8s/seccomp).
+          assert.deepEqual(
+            pod.securityContext?.seccompProfile,
+            name === 'eks' && what === 'moerl-rollout'
+              ? { type: 'Localhost', localhostProfile: 'moerl/rewards.json' }
+              : { type: 'RuntimeDefault' },
+            what,
+          );
           for (const c of pod.containers) {
             assert.equal(c.securityContext?.readOnlyRootFilesystem, true, what);
             assert.equal(c.securityContext?.allowPrivilegeEscalation, false, what);
@@ -359,6 +372,63 @@ function groupFor(
   assert.equal(fits.length, 1, `one node group for ${JSON.stringify(selector)}: ${fits.map((g) => g.name)}`);
   return fits[0] as NodeGroup;
 }
+
+/** The objects of k8s/seccomp that install the profiles on the nodes (none where it is not used). */
+function seccompInstaller(objects: K8sObject[]): K8sObject[] {
+  return objects.filter(
+    (o) => o.metadata.name === 'moerl-node-setup' || o.metadata.namespace === 'moerl-node-setup',
+  );
+}
+
+describe('eks overlay: reward code under the seccomp profile of k8s/seccomp', () => {
+  it('installs the profile the rollout workers name, as it is in k8s/seccomp, on every node, where the kubelet reads it', () => {
+    const objects = rendered.eks.objects;
+    const installer = find(objects, 'DaemonSet', 'moerl-seccomp-installer') as K8sObject & {
+      spec: { template: { spec: PodSpec } };
+    };
+    const pod = installer.spec.template.spec;
+    assert.deepEqual(pod.tolerations, [{ operator: 'Exists' }], 'every node, whatever its taints');
+    const hostPath = pod.volumes?.find((v) => v.hostPath)?.hostPath?.path;
+    assert.equal(hostPath, '/var/lib/kubelet/seccomp');
+    const profiles = pod.volumes?.find((v) => v.configMap)?.configMap?.name;
+    const map = find(objects, 'ConfigMap', profiles ?? '') as K8sObject & { data: Record<string, string> };
+    const named = deploymentFor(objects, 'rollout').spec.template.spec.securityContext?.seccompProfile;
+    const [folder, file] = (named?.localhostProfile ?? '').split('/');
+    assert.equal(folder, 'moerl', 'the installer writes /host/seccomp/moerl/');
+    assert.equal(
+      map.data[file ?? ''],
+      readFileSync(join(repoRoot(), 'k8s', 'seccomp', 'rewards.json'), 'utf8'),
+    );
+    // Its own namespace: moerl's stays restricted, which forbids a hostPath volume.
+    const namespace = find(objects, 'Namespace', 'moerl-node-setup').metadata.labels ?? {};
+    assert.equal(namespace['pod-security.kubernetes.io/enforce'], 'privileged');
+    assert.equal(installer.metadata.namespace, 'moerl-node-setup');
+    for (const c of pod.containers) {
+      assert.deepEqual(c.securityContext?.capabilities?.drop, ['ALL']);
+      assert.equal(c.securityContext?.allowPrivilegeEscalation, false);
+    }
+  });
+
+  it('the profile refuses what a jail has no use for and names no syscall twice', () => {
+    const profile = JSON.parse(readFileSync(join(repoRoot(), 'k8s', 'seccomp', 'rewards.json'), 'utf8')) as {
+      syscalls: { names: string[]; action: string }[];
+    };
+    const refused = profile.syscalls.filter((r) => r.action === 'SCMP_ACT_ERRNO').flatMap((r) => r.names);
+    for (const call of [
+      'ptrace',
+      'bpf',
+      'setns',
+      'keyctl',
+      'init_module',
+      'io_uring_setup',
+      'process_vm_readv',
+    ])
+      assert.ok(refused.includes(call), `${call} is refused`);
+    for (const call of ['unshare', 'clone', 'mount', 'pivot_root'])
+      assert.ok(!refused.includes(call), `${call}: bwrap needs it`);
+    assert.equal(new Set(refused).size, refused.length);
+  });
+});
 
 describe('eks overlay, eksctl cluster config and examples/eks.yaml agree', () => {
   const cluster = () => readYaml('k8s/overlays/eks/cluster.yaml') as ClusterConfig;

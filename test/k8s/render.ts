@@ -112,10 +112,15 @@ export interface PodSpec {
     runAsNonRoot?: boolean;
     runAsUser?: number;
     runAsGroup?: number;
-    seccompProfile?: { type: string };
+    seccompProfile?: { type: string; localhostProfile?: string };
   };
   containers: Container[];
-  volumes?: { name: string; emptyDir?: { sizeLimit?: string } }[];
+  volumes?: {
+    name: string;
+    emptyDir?: { sizeLimit?: string };
+    hostPath?: { path: string };
+    configMap?: { name: string };
+  }[];
 }
 
 export interface Deployment extends K8sObject {
