@@ -140,7 +140,7 @@ export function snapshotOf(
           rolloutTokensPerSecond: last.rolloutTokensPerSecond,
         }
       : null,
-    etaSeconds: spec ? etaSeconds(state, spec.iterations, spec.staleness) : null,
+    etaSeconds: spec ? etaSeconds(state, spec.iterations, state.staleness ?? spec.staleness) : null,
   };
 }
 

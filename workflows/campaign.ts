@@ -131,12 +131,18 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
   setHandler(
     setHyperparametersUpdate,
     (req) =>
-      st.applyHyperparameterChange(state, spec, req, validateHyperparameterChange(req.changes), new Date()),
+      st.applyHyperparameterChange(
+        state,
+        spec,
+        req,
+        validateHyperparameterChange(req.changes, spec),
+        new Date(),
+      ),
     {
       validator: (req) => {
         if (state.status === 'completed' || state.status === 'cancelled')
           throw new Error(`campaign is ${state.status}; nothing left to apply hyperparameters to`);
-        validateHyperparameterChange(req?.changes);
+        validateHyperparameterChange(req?.changes, spec);
       },
     },
   );
@@ -572,9 +578,12 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
     for (let i = state.committedIteration + 1; i <= spec.iterations; i++) {
       // Bounded staleness k: iterations up to i+k sample from the checkpoint update i starts
       // from, so iteration j's policy is at most k checkpoints older than an on-policy one's.
+      // The staleness in force as this iteration starts (`moerl set` may change it). Phases
+      // started ahead under a larger one are kept and trained on in order; none starts past i + k.
       const policy = state.latestCheckpoint!;
+      const k = st.staleness(state, spec);
       const runAhead = () => {
-        for (let j = i + 1; j <= Math.min(i + spec.staleness, spec.iterations); j++) {
+        for (let j = i + 1; j <= Math.min(i + k, spec.iterations); j++) {
           if (ahead.has(j)) continue;
           const started = rolloutPhase(j, policy);
           started.catch(() => undefined); // its failure surfaces where it is awaited
@@ -583,7 +592,7 @@ export async function campaign(input: CampaignInput): Promise<CampaignResult> {
       };
       // A deeper pipeline fills as soon as the checkpoint is there; staleness 1 starts the next
       // rollout once this one is done, beside the update (the order its recorded histories hold).
-      if (spec.staleness > 1) runAhead();
+      if (k > 1) runAhead();
       const running = ahead.get(i);
       ahead.delete(i);
       let phase = await (running?.phase ?? rolloutPhase(i, policy));

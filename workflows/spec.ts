@@ -176,6 +176,15 @@ const orchestrationSchema = z.strictObject({
 /** The most iterations a rollout may run ahead (prime-rl's max_off_policy_steps defaults to 8). */
 export const maxStaleness = 8;
 
+const stalenessSchema = z
+  .number()
+  .int()
+  .min(0)
+  .max(maxStaleness)
+  .describe(
+    'iterations a rollout may run ahead of the update it trains: iteration i samples from a checkpoint at least i-1-staleness',
+  );
+
 export const campaignSpecSchema = z
   .strictObject({
     name: z
@@ -234,15 +243,7 @@ export const campaignSpecSchema = z
         'loss, advantage estimator, aggregation and KL estimator (docs/algorithms.md; default: GRPO)',
       ),
     hyperparameters: hyperparametersSchema.partial().default({}),
-    staleness: z
-      .number()
-      .int()
-      .min(0)
-      .max(maxStaleness)
-      .default(0)
-      .describe(
-        'iterations a rollout may run ahead of the update it trains: iteration i samples from a checkpoint at least i-1-staleness',
-      ),
+    staleness: stalenessSchema.default(0),
     retention: z
       .strictObject({ keepLast: positiveInt(10000).default(3), keepBest: z.boolean().default(true) })
       .default({ keepLast: 3, keepBest: true }),
@@ -325,28 +326,37 @@ export const campaignSpecSchema = z
         path: ['rolloutShards'],
         message: `rolloutShards (${s.rolloutShards}) must be at most promptsPerIteration (${s.promptsPerIteration})`,
       });
-    // With staleness k, 1 + k checkpoints are in use at once (the update's and those the rollouts
-    // running ahead sample from); retention protects them anyway, so a smaller keepLast only misleads.
-    if (s.retention.keepLast < 1 + s.staleness)
-      ctx.addIssue({
-        code: 'custom',
-        path: ['retention', 'keepLast'],
-        message: `keepLast (${s.retention.keepLast}) must be at least ${1 + s.staleness} with staleness ${s.staleness}: the rollouts running ahead sample from checkpoints up to ${s.staleness} before the latest`,
-      });
-    // Temporal fails every workflow task that would schedule past this many pending activities.
-    // With staleness k a rollout phase re-run after a failed update overlaps the k phases running
-    // ahead, so 1 + k iterations' shards can be in flight, plus a reward and an update or commit.
-    const pending = maxPendingActivities(s.rolloutShards, s.staleness);
-    if (pending > temporalPendingActivityLimit)
-      ctx.addIssue({
-        code: 'custom',
-        path: ['rolloutShards'],
-        message: `rolloutShards (${s.rolloutShards}) with staleness ${s.staleness} can keep ${pending} activities pending, over Temporal's limit of ${temporalPendingActivityLimit} per workflow; use at most ${maxRolloutShards(s.staleness)} shards (larger shards with more chunks each)`,
-      });
+    for (const [path, message] of stalenessProblems(s, s.staleness))
+      ctx.addIssue({ code: 'custom', path, message });
     if (s.launcher.kind === 'kubernetes')
       for (const [path, message] of kubernetesStoreProblems(s.launcher, s.store))
         ctx.addIssue({ code: 'custom', path, message });
   });
+
+/** What staleness `staleness` would break in a campaign of `spec`: [path, message] pairs. */
+function stalenessProblems(
+  spec: { retention: { keepLast: number }; rolloutShards: number },
+  staleness: number,
+): [string[], string][] {
+  const problems: [string[], string][] = [];
+  // With staleness k, 1 + k checkpoints are in use at once (the update's and those the rollouts
+  // running ahead sample from); retention protects them anyway, so a smaller keepLast only misleads.
+  if (spec.retention.keepLast < 1 + staleness)
+    problems.push([
+      ['retention', 'keepLast'],
+      `keepLast (${spec.retention.keepLast}) must be at least ${1 + staleness} with staleness ${staleness}: the rollouts running ahead sample from checkpoints up to ${staleness} before the latest`,
+    ]);
+  // Temporal fails every workflow task that would schedule past this many pending activities.
+  // With staleness k a rollout phase re-run after a failed update overlaps the k phases running
+  // ahead, so 1 + k iterations' shards can be in flight, plus a reward and an update or commit.
+  const pending = maxPendingActivities(spec.rolloutShards, staleness);
+  if (pending > temporalPendingActivityLimit)
+    problems.push([
+      ['rolloutShards'],
+      `rolloutShards (${spec.rolloutShards}) with staleness ${staleness} can keep ${pending} activities pending, over Temporal's limit of ${temporalPendingActivityLimit} per workflow; use at most ${maxRolloutShards(staleness)} shards (larger shards with more chunks each)`,
+    ]);
+  return problems;
+}
 
 /** Temporal's default `limit.numPendingActivities.error`: pending activities per workflow execution. */
 export const temporalPendingActivityLimit = 2000;
@@ -443,17 +453,30 @@ const campaignChangeSchema = hyperparametersSchema
     promptsPerIteration: positiveInt(1_000_000).describe(
       'prompts drawn per iteration from the next rollout on (the dataset position carries on from where it is)',
     ),
+    staleness: stalenessSchema,
   })
   .partial();
 export type CampaignChange = z.infer<typeof campaignChangeSchema>;
 
-/** Validates a change of a running campaign: used by the setHyperparameters update validator. */
-export function validateHyperparameterChange(change: unknown): CampaignChange {
+/** Validates a change of a running campaign of `spec`: used by the setHyperparameters update validator. */
+export function validateHyperparameterChange(
+  change: unknown,
+  spec: Pick<CampaignSpec, 'retention' | 'rolloutShards'>,
+): CampaignChange {
   const result = campaignChangeSchema.safeParse(change);
   if (!result.success)
     throw new SpecError(formatIssues(result.error.issues, change), 'hyperparameter change');
   if (Object.keys(result.data).length === 0)
     throw new SpecError(['no hyperparameter given'], 'hyperparameter change');
+  const { staleness } = result.data;
+  if (staleness !== undefined) {
+    const problems = stalenessProblems(spec, staleness);
+    if (problems.length > 0)
+      throw new SpecError(
+        problems.map(([path, message]) => `staleness ${staleness}: the spec's ${path.join('.')}: ${message}`),
+        'hyperparameter change',
+      );
+  }
   return result.data;
 }
 

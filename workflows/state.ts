@@ -113,8 +113,9 @@ export function applyHyperparameterChange(
     reason: input.reason ?? '',
     at: at.toISOString(),
   };
-  const { promptsPerIteration, ...hyperparameters } = changes;
+  const { promptsPerIteration, staleness, ...hyperparameters } = changes;
   state.hyperparameters = { ...state.hyperparameters, ...hyperparameters };
+  if (staleness !== undefined) state.staleness = staleness;
   if (promptsPerIteration !== undefined)
     state.promptSchedule = withSegment(promptSchedule(state, spec), {
       fromIteration: state.nextIteration,
@@ -122,6 +123,11 @@ export function applyHyperparameterChange(
     });
   state.hyperparameterChanges.push(change);
   return change;
+}
+
+/** The staleness in force: the last one `moerl set` gave, else the spec's. */
+export function staleness(state: CampaignState, spec: CampaignSpec): number {
+  return state.staleness ?? spec.staleness;
 }
 
 /** The campaign's prompts per iteration by iteration (the spec's alone in states that predate it). */

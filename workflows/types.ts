@@ -127,6 +127,8 @@ export interface CampaignState {
   pauseReason: string | null;
   hyperparameters: Hyperparameters;
   hyperparameterChanges: HyperparameterChange[];
+  /** The staleness `moerl set` last gave (rollouts started from then on); the spec's until then. */
+  staleness?: number;
   /** First iteration whose rollout has not started yet. */
   nextIteration: number;
   /** Last iteration with a committed checkpoint (0 = initial policy, -1 = none yet). */

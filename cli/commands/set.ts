@@ -31,8 +31,9 @@ export const setCommand: Command = {
   options: { reason: { type: 'string' } },
   optionHelp: { '--reason TEXT': 'why (recorded with the change)' },
   details: `Keys: lr, klCoef, clipEps, clipHigh, lossNormTokens, temperature, topP, entropyCoef,
-auxLossCoef, maxNewTokens, tisClip, and promptsPerIteration (the dataset position carries on from where it is; fewer prompts than
-rolloutShards use one shard a prompt).
+auxLossCoef, maxNewTokens, tisClip, promptsPerIteration (the dataset position carries on from where it is; fewer prompts than
+rolloutShards use one shard a prompt), and staleness (0 to 8, within the spec's keepLast and rolloutShards limits: rollouts
+started from then on run up to that many iterations ahead; those already ahead are kept).
 A change applies from the next iteration whose rollout has not started.
 example: moerl set demo-k3j9x2 lr=0.0001 temperature=0.8 --reason "reward plateau"`,
   positionals: { min: 2, max: Infinity },

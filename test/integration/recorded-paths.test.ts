@@ -4,12 +4,13 @@
 // keeps replaying against later workflow code.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { WorkflowFailedError } from '@temporalio/client';
+import { WorkflowFailedError, WorkflowUpdateFailedError } from '@temporalio/client';
 import type { WorkflowHandle } from '@temporalio/client';
 import { CancelledFailure, defaultPayloadConverter } from '@temporalio/common';
 import type { History } from '@temporalio/common/lib/proto-utils.js';
 import type { CheckpointInput, RolloutShardInput, UpdateInput } from '../../activities/types.js';
 import type { campaign } from '../../workflows/campaign.js';
+import { setHyperparametersUpdate } from '../../workflows/messages.js';
 import { campaignStatusKey } from '../../workflows/search-attributes.js';
 import type { CampaignInput, CampaignState } from '../../workflows/types.js';
 import { startCampaign, testSpec, waitFor, waitForState, withWorkers } from '../support/campaign-harness.js';
@@ -317,6 +318,54 @@ describe('campaign paths recorded for replay', () => {
         for (const r of first.filter((a) => a.activity === 'rolloutShard' && a.iteration === j))
           assert.ok(r.eventId < update1.eventId, `rollout ${j} is scheduled before update 1`);
       for (const [n, { run }] of runs.entries()) await maybeRecordHistory(run, `staleness-3-run-${n + 1}`);
+    });
+  });
+
+  test("moerl set staleness deepens the pipeline from the next iteration; one past the spec's keepLast is refused", async () => {
+    const { activities, calls, release, started } = createRecordingTestActivities({
+      holdWhen: (c) => c.activity === 'updatePolicy' && c.iteration === 2,
+    });
+    await withWorkers(t.nativeConnection, t.namespace, activities, async (queues) => {
+      const spec = testSpec({ iterations: 6, staleness: 0, retention: { keepLast: 3, keepBest: false } });
+      const handle = await startCampaign(t.client, spec, queues);
+      await started('updatePolicy', 2, slow);
+      await assert.rejects(
+        handle.executeUpdate(setHyperparametersUpdate, { args: [{ changes: { staleness: 3 } }] }),
+        (err: unknown) =>
+          err instanceof WorkflowUpdateFailedError &&
+          /staleness 3: the spec's retention\.keepLast: keepLast \(3\) must be at least 4/.test(
+            String(err.cause?.message),
+          ),
+      );
+      const change = await handle.executeUpdate(setHyperparametersUpdate, {
+        args: [{ changes: { staleness: 2 }, reason: 'rollouts are the bottleneck' }],
+      });
+      assert.deepEqual(change.changes, { staleness: 2 });
+      release('updatePolicy', 2);
+      const result = await handle.result();
+      assert.equal(result.committedIteration, 6);
+      // On-policy through iteration 2; from 3 on, rollouts run up to 2 iterations ahead: 3 to 5
+      // start from checkpoint 2 as soon as it is committed, 6 from checkpoint 3.
+      const expected = [0, 1, 2, 2, 2, 3];
+      for (let i = 1; i <= 6; i++) {
+        for (const r of of(calls, 'rolloutShard', i))
+          assert.equal(
+            (r.input as RolloutShardInput).policy.iteration,
+            expected[i - 1],
+            `rollout ${i} policy`,
+          );
+        assert.equal((only(calls, 'updatePolicy', i).input as UpdateInput).policy.iteration, i - 1);
+        assert.equal(
+          'staleness' in (only(calls, 'updatePolicy', i).input as UpdateInput).hyperparameters,
+          false,
+        );
+      }
+      const state = await status(handle);
+      assert.equal(state.staleness, 2);
+      assert.deepEqual(
+        state.hyperparameterChanges.map((c) => [c.iteration, c.changes, c.reason]),
+        [[3, { staleness: 2 }, 'rollouts are the bottleneck']],
+      );
     });
   });
 

@@ -44,21 +44,21 @@ describe('prompt schedule', () => {
     const spec = parseCampaignSpec({ ...validSpecDoc(), promptsPerIteration: 16 });
     const state = initialState({ campaignId: 'c', spec, taskQueues: queues });
     state.nextIteration = 3;
-    const changes = validateHyperparameterChange({ promptsPerIteration: 4, lr: 1e-4 });
+    const changes = validateHyperparameterChange({ promptsPerIteration: 4, lr: 1e-4 }, spec);
     const change = applyHyperparameterChange(state, spec, { changes }, changes, new Date(0));
     assert.equal(change.iteration, 3);
     assert.equal(state.hyperparameters.lr, 1e-4);
     assert.ok(!('promptsPerIteration' in state.hyperparameters), 'not a hyperparameter of the rollout');
     assert.deepEqual(iterationPrompts(promptSchedule(state, spec), 3), { first: 32, count: 4 });
     // A later set for the same iteration replaces it; one for a later iteration adds a segment.
-    const again = validateHyperparameterChange({ promptsPerIteration: 5 });
+    const again = validateHyperparameterChange({ promptsPerIteration: 5 }, spec);
     applyHyperparameterChange(state, spec, { changes: again }, again, new Date(0));
     state.nextIteration = 5;
     applyHyperparameterChange(
       state,
       spec,
       { changes: again },
-      validateHyperparameterChange({ promptsPerIteration: 7 }),
+      validateHyperparameterChange({ promptsPerIteration: 7 }, spec),
       new Date(0),
     );
     assert.deepEqual(promptSchedule(state, spec), [
@@ -67,7 +67,10 @@ describe('prompt schedule', () => {
       { fromIteration: 5, promptsPerIteration: 7 },
     ]);
     assert.deepEqual(iterationPrompts(promptSchedule(state, spec), 6), { first: 32 + 10 + 7, count: 7 });
-    assert.throws(() => validateHyperparameterChange({ promptsPerIteration: 0 }), /promptsPerIteration/);
+    assert.throws(
+      () => validateHyperparameterChange({ promptsPerIteration: 0 }, spec),
+      /promptsPerIteration/,
+    );
   });
 
   test('a state from before the schedule reads as the spec’s count throughout', () => {

@@ -92,7 +92,7 @@ describe('algorithm (spec)', () => {
       [f.advantage, f.aggregation, f['kl-estimator'], f['clip-high'], f['norm-tokens']],
       ['rloo', 'seq-mean-token-sum-norm', 'k2', '0.35', '100'],
     );
-    assert.deepEqual(validateHyperparameterChange({ clipHigh: 0.3, lossNormTokens: 64 }), {
+    assert.deepEqual(validateHyperparameterChange({ clipHigh: 0.3, lossNormTokens: 64 }, spec({})), {
       clipHigh: 0.3,
       lossNormTokens: 64,
     });
@@ -113,6 +113,6 @@ describe('algorithm (spec)', () => {
         err instanceof SpecError && /algorithm\.loss/.test(err.message) && /dr_grpo/.test(err.message),
     );
     assert.throws(() => spec({ algorithm: { loss: 'grpo', klEstimator: 'k4' } }), /algorithm\.klEstimator/);
-    assert.throws(() => validateHyperparameterChange({ clipHigh: 0 }), /clipHigh/);
+    assert.throws(() => validateHyperparameterChange({ clipHigh: 0 }, spec({})), /clipHigh/);
   });
 });

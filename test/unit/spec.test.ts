@@ -179,7 +179,9 @@ describe('malformed specs', () => {
       /hyperparameters\.tisClip: got 0\.5/,
       /must be 0 \(off\) or at least 1/,
     );
-    assert.deepEqual(validateHyperparameterChange({ tisClip: 2 }), { tisClip: 2 });
+    assert.deepEqual(validateHyperparameterChange({ tisClip: 2 }, parseCampaignSpec(validSpecDoc())), {
+      tisClip: 2,
+    });
   });
 
   it('7. hidden not divisible by heads', () => {
@@ -261,6 +263,32 @@ describe('malformed specs', () => {
         }),
         problem,
       );
+  });
+
+  it('15b. a staleness change is checked as the spec is: range, keepLast and the pending-activity limit', () => {
+    const spec = parseCampaignSpec({
+      ...validDoc(),
+      retention: { keepLast: 5 },
+      promptsPerIteration: 400,
+      rolloutShards: 300,
+    });
+    assert.throws(() => validateHyperparameterChange({ staleness: 9 }, spec), /staleness: got 9; .*<=8/);
+    assert.throws(
+      () => validateHyperparameterChange({ staleness: 5 }, spec),
+      /staleness 5: the spec's retention\.keepLast: keepLast \(5\) must be at least 6/,
+    );
+    assert.throws(
+      () =>
+        validateHyperparameterChange(
+          { staleness: 6 },
+          { ...spec, retention: { keepLast: 7, keepBest: true } },
+        ),
+      /staleness 6: the spec's rolloutShards: .* use at most 285 shards/,
+    );
+    assert.deepEqual(validateHyperparameterChange({ staleness: 4, lr: 1e-4 }, spec), {
+      staleness: 4,
+      lr: 1e-4,
+    });
   });
 
   it('16. an unknown launcher kind lists the allowed kinds', () => {
