@@ -366,6 +366,7 @@ describe('campaign paths recorded for replay', () => {
         state.hyperparameterChanges.map((c) => [c.iteration, c.changes, c.reason]),
         [[3, { staleness: 2 }, 'rollouts are the bottleneck']],
       );
+      await maybeRecordHistory(handle, 'set-staleness');
     });
   });
 
