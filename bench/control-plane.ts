@@ -11,6 +11,7 @@ import { startDevServer } from '../cli/dev-server.js';
 import { createRecordingTestActivities } from '../test/support/recording-activities.js';
 import { startCampaign, testSpec, withWorkers } from '../test/support/campaign-harness.js';
 import { connectDevServer } from './support/dev-server.js';
+import { median } from './support/stats.js';
 
 type HistoryEvent = temporal.api.history.v1.IHistoryEvent;
 
@@ -26,14 +27,6 @@ const shards = Number(values.shards);
 
 const millis = (t: HistoryEvent['eventTime']) =>
   t ? Number(t.seconds ?? 0) * 1000 + Math.floor((t.nanos ?? 0) / 1e6) : Number.NaN;
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0
-    ? Number.NaN
-    : s.length % 2
-      ? s[(s.length - 1) / 2]!
-      : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
 const p95 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length * 0.95)] ?? Number.NaN;
 
 Runtime.install({ logger: new DefaultLogger('ERROR') });

@@ -11,6 +11,7 @@ import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { campaignPrefix, metricsKey, validationScoresKey } from '../activities/layout.js';
+import { median } from './support/stats.js';
 
 const { values } = parseArgs({
   options: {
@@ -22,11 +23,6 @@ const root = fileURLToPath(new URL('../..', import.meta.url));
 const storeDir = resolve(root, '.moerl/hf-arith/store');
 
 const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : NaN);
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
 const round = (x: number) => Math.round(x * 1000) / 1000;
 
 function measure(seed: number) {

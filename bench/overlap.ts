@@ -28,6 +28,7 @@ import { startCampaign } from '../cli/commands/start.js';
 import { loadSpecFile, parseOverride } from '../cli/spec-file.js';
 import { connectClient, taskQueuesFrom } from '../workers/temporal-options.js';
 import type { CampaignState } from '../workflows/types.js';
+import { median } from './support/stats.js';
 
 type HistoryEvent = temporal.api.history.v1.IHistoryEvent;
 
@@ -55,11 +56,6 @@ const prefix = `overlap-${process.pid}-`;
 const ticksPerSecond = 100; // USER_HZ on Linux
 
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
 const round = (x: number, digits = 3) => Number(x.toFixed(digits));
 const millis = (t: HistoryEvent['eventTime']) =>
   t ? Number(t.seconds ?? 0) * 1000 + Math.floor((t.nanos ?? 0) / 1e6) : Number.NaN;

@@ -29,6 +29,7 @@ import {
 import { createRecordingTestActivities } from '../test/support/recording-activities.js';
 import { startTestEnvironment } from '../test/support/temporal.js';
 import { runWorkers } from '../workers/worker.js';
+import { median } from './support/stats.js';
 
 const { values } = parseArgs({
   options: {
@@ -61,11 +62,6 @@ const fleets = numbers('fleets', values.fleets, whole);
 const spreads = numbers('spreads', values.spreads, (x) => x >= 0 && x < 1);
 const stalenesses = numbers('staleness', values.staleness, (x) => Number.isInteger(x) && x >= 1 && x <= 8);
 const log = (line: string) => process.stderr.write(`staleness: ${line}\n`);
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
 
 Runtime.install({
   logger: new DefaultLogger('ERROR'),
