@@ -65,6 +65,16 @@ RUN apt-get update \
 
 # ---- runtime ----
 FROM base AS runtime
+# The reward functions' Python (the math verifier, users' Python reward functions, the sandboxed
+# Python tool): scripts/reward-python/requirements.txt's hash-checked pins in a virtual
+# environment, before the app's files so that a code change does not reinstall it.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+COPY scripts/reward-python/requirements.txt /tmp/moerl-reward-requirements.txt
+RUN python3 -m venv /opt/moerl-reward \
+ && /opt/moerl-reward/bin/pip install --no-cache-dir --no-input --require-hashes -r /tmp/moerl-reward-requirements.txt \
+ && rm /tmp/moerl-reward-requirements.txt
 WORKDIR /app
 COPY --from=ts /app/package.json ./
 COPY --from=ts /app/node_modules/ node_modules/
@@ -78,7 +88,8 @@ COPY --from=native /src/native/build/bin/moe_train /src/native/build/bin/moe_gen
 # The cache is an emptyDir in the k8s manifests; in the image it is writable for a plain run.
 ENV NODE_ENV=production \
     MOERL_NATIVE_BIN=/app/native/build/bin/ \
-    MOERL_CACHE_DIR=/var/cache/moerl
+    MOERL_CACHE_DIR=/var/cache/moerl \
+    MOERL_REWARD_PYTHON=/opt/moerl-reward/bin/python
 # Numeric, so that runAsNonRoot can verify it without reading /etc/passwd.
 USER 65532:65532
 ENTRYPOINT ["node", "dist/workers/main.js"]

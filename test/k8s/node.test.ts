@@ -282,6 +282,12 @@ export async function compute_score(dataSource, solution, truth, extra) {
   return solution === truth;
 }
 `;
+    // A user's Python function that needs the reward environment's packages (sympy).
+    const pythonFunction = `import sympy
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(solution_str == ground_truth and sympy.Rational(2, 4) == sympy.Rational(1, 2))
+`;
     const cases = ['good', 'jail', 'connect', 'secret', 'fork-many', 'fill-scratch', 'fork-spin'];
     const script = `import { mkdirSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
@@ -289,6 +295,7 @@ const { RewardFunctions } = await import('/app/dist/activities/rewards/functions
 const fn = '/tmp/' + process.env.MOERL_TEST_CONTAINER;
 mkdirSync(fn);
 writeFileSync(fn + '/behaviours.mjs', ${JSON.stringify(behaviours)});
+writeFileSync(fn + '/score.py', ${JSON.stringify(pythonFunction)});
 let connections = 0;
 const server = createServer((socket) => { connections++; socket.resume(); socket.end(); });
 await new Promise((done) => server.listen(0, '127.0.0.1', done));
@@ -296,10 +303,13 @@ const extra = { port: server.address().port, secret: process.env.MOERL_TEST_SECR
 let report;
 try {
   const rewards = new RewardFunctions(
-    { bySource: { js: { kind: 'js', file: fn + '/behaviours.mjs' } } },
+    { bySource: { js: { kind: 'js', file: fn + '/behaviours.mjs' }, py: { kind: 'python', file: fn + '/score.py' }, math: { kind: 'math' } } },
     { sandbox: { timeoutMs: 30000, cpuSeconds: 2, pids: 32, processes: 2 } },
   );
   const samples = ${JSON.stringify(cases)}.map((solutionStr) => ({ dataSource: 'js', solutionStr, groundTruth: 'good', extraInfo: extra }));
+  // The image's own Python: a user's function on the reward environment, and the math verifier.
+  samples.push({ dataSource: 'py', solutionStr: 'good', groundTruth: 'good', extraInfo: {} });
+  samples.push({ dataSource: 'math', solutionStr: 'so \\\\boxed{\\\\frac{1}{2}}', groundTruth: '0.5', extraInfo: {} });
   report = { results: (await rewards.scoreBatch(samples)).results };
   await rewards.close();
 } catch (err) {
@@ -369,7 +379,7 @@ server.close();
 
     const jailed = report('localhost');
     assert.ok(jailed.results, `refused with the shipped profile: ${jailed.refused}`);
-    const [good, jail, connect, leaked, forks, scratch, forkSpin] = jailed.results;
+    const [good, jail, connect, leaked, forks, scratch, forkSpin, python, math] = jailed.results;
     const where = JSON.stringify(jailed.results);
     assert.equal(good?.score, 1, where);
     // What the jail is, not only what fails in it: a silent fallback would fail here.
@@ -397,6 +407,9 @@ server.close();
     assert.match(scratch?.failure?.message ?? '', /EFBIG|ENOSPC|File too large|no space/i, where);
     // CPU time counts across the tree: a child's spin ends the sample.
     assert.equal(forkSpin?.failure?.reason, 'cpu', where);
+    // The image carries the reward functions' Python (MOERL_REWARD_PYTHON).
+    assert.equal(python?.score, 1, where);
+    assert.equal(math?.score, 1, where);
   });
 
   it('stop() removes the containers, mounts, network namespaces, bridge and cgroups', async () => {
