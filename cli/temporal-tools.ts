@@ -1,4 +1,4 @@
-// Resolves the external server binaries (Temporal CLI, versitygw) from TypeScript.
+// Resolves the external server binaries (Temporal CLI and server, versitygw) from TypeScript.
 // scripts/tools.sh is the one source of truth for where a binary comes from (override
 // variable, PATH, tools cache, build from pinned Go modules); this module only runs it.
 import { spawn } from 'node:child_process';
@@ -6,7 +6,9 @@ import { existsSync } from 'node:fs';
 import { dirname, isAbsolute, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-export type ToolName = 'temporal' | 'versitygw';
+// temporal-server, its SQL tool and its schemas (a folder): the tests' Temporal cluster.
+export type ToolName =
+  'temporal' | 'versitygw' | 'temporal-server' | 'temporal-sql-tool' | 'temporal-server-schema';
 
 /** Raised when a tool cannot be resolved; `message` is one line, `details` the script's output. */
 export class ToolResolutionError extends Error {

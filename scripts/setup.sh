@@ -5,11 +5,14 @@
 #
 #   scripts/setup.sh [--sanitize] [STEP...]
 #
-# Steps, in order (default: all but kube-tools, reward-python, pyref, openenv, llamacpp, node-lts,
-# native-asan and the images; --sanitize adds native-asan):
+# Steps, in order (default: all but temporal-cluster, kube-tools, reward-python, pyref, openenv,
+# llamacpp, node-lts, native-asan and the images; --sanitize adds native-asan):
 #   packages     Debian packages the native core builds against (apt-get, as root or via sudo)
 #   npm          npm ci, when node_modules is missing or older than package-lock.json
 #   tools        the Temporal CLI and versitygw binaries (scripts/tools.sh; built once, cached)
+#   temporal-cluster  the tests' Temporal cluster: the Temporal server, its SQL schema tool and
+#                schemas (scripts/tools.sh; built once, cached) and Debian's PostgreSQL (not a
+#                default step: the demo runs on the dev server)
 #   kube-tools   the test cluster's binaries: Kubernetes, etcd, kwok, containerd, CNI plugins,
 #                CoreDNS, Kueue, KEDA (scripts/tools.sh; built once, cached; not a default step: the demo
 #                does not need them, the tests do)
@@ -53,7 +56,7 @@ DEBIAN_PACKAGES=(
   bubblewrap  # the reward functions' jail (activities/rewards/sandbox.ts)
   buildah debootstrap  # the Dockerfile's builder and its locally made base (scripts/build-image.sh)
 )
-ALL_STEPS=(packages npm tools kube-tools reward-python pyref openenv llamacpp node-lts ts native native-asan image image-pytorch)
+ALL_STEPS=(packages npm tools temporal-cluster kube-tools reward-python pyref openenv llamacpp node-lts ts native native-asan image image-pytorch)
 
 LOG_DIR="$ROOT/.moerl/logs"
 
@@ -107,27 +110,31 @@ as_root() {
   fi
 }
 
-step_packages() {
+# install_packages <step> <package...>: the Debian packages of a step that are missing.
+install_packages() {
+  local step="$1" missing=() pkg
+  shift
   if ! command -v dpkg-query >/dev/null 2>&1; then
-    say "packages: not a Debian system; make sure the equivalents of these are installed: ${DEBIAN_PACKAGES[*]}"
+    say "$step: not a Debian system; make sure the equivalents of these are installed: $*"
     return 0
   fi
-  local missing=() pkg
-  for pkg in "${DEBIAN_PACKAGES[@]}"; do
+  for pkg in "$@"; do
     [[ "$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null)" == installed ]] || missing+=("$pkg")
   done
   if [[ ${#missing[@]} -eq 0 ]]; then
-    say "packages: all present"
+    say "$step: Debian packages all present"
     return 0
   fi
-  say "packages: installing ${missing[*]}"
+  say "$step: installing ${missing[*]}"
   if [[ $(id -u) -ne 0 ]] && ! command -v sudo >/dev/null 2>&1; then
-    say "packages: not root and no sudo; install them as root: apt-get install ${missing[*]}"
+    say "$step: not root and no sudo; install them as root: apt-get install ${missing[*]}"
     return 1
   fi
-  run_logged packages as_root env DEBIAN_FRONTEND=noninteractive \
+  run_logged "$step" as_root env DEBIAN_FRONTEND=noninteractive \
     bash -c 'apt-get update && apt-get install -y --no-install-recommends "$@"' apt "${missing[@]}"
 }
+
+step_packages() { install_packages packages "${DEBIAN_PACKAGES[@]}"; }
 
 step_npm() {
   command -v node >/dev/null 2>&1 || {
@@ -155,6 +162,24 @@ step_tools() {
   for tool in temporal versitygw; do
     path="$(run_tool "$tool")" || return 1
     say "tools: $tool $path"
+  done
+}
+
+# PostgreSQL without the cluster Debian's package would make and start: the tests make their
+# own, on a port of their own (test/support/temporal-cluster.ts). The server build follows the
+# CLI's in the same run, whose Go caches it mostly reuses.
+step_temporal_cluster() {
+  local tool path
+  if [[ ! -e /etc/postgresql-common/createcluster.d/moerl.conf ]] && command -v dpkg-query >/dev/null 2>&1 &&
+    [[ "$(dpkg-query -W -f='${db:Status-Status}' postgresql 2>/dev/null)" != installed ]]; then
+    as_root mkdir -p /etc/postgresql-common/createcluster.d &&
+      echo 'create_main_cluster = false' | as_root tee /etc/postgresql-common/createcluster.d/moerl.conf >/dev/null ||
+      return 1
+  fi
+  install_packages temporal-cluster postgresql || return 1
+  for tool in temporal-server temporal-sql-tool temporal-server-schema; do
+    path="$(run_tool "$tool")" || return 1
+    say "temporal-cluster: $tool $path"
   done
 }
 
@@ -253,7 +278,7 @@ for step in "${steps[@]}"; do
   fi
 done
 # The tool builds' Go caches go once the run's tool steps are done (scripts/tools.sh).
-if [[ " ${steps[*]} " == *" tools "* || " ${steps[*]} " == *" kube-tools "* ]]; then
+if [[ " ${steps[*]} " == *" tools "* || " ${steps[*]} " == *" temporal-cluster "* || " ${steps[*]} " == *" kube-tools "* ]]; then
   bash "$ROOT/scripts/tools.sh" --clean-go-caches 2>&1 | sed 's/^tools.sh: /setup: /'
 fi
 exit $failed

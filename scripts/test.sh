@@ -518,8 +518,8 @@ if [[ $skip_setup -eq 0 ]]; then
   base=(npm)
   { want native || [[ ${#cluster_files[@]} -gt 0 ]]; } && base=(packages "${base[@]}")
   # The Python reference: the host's transformers tests and the cluster's HF campaigns; the
-  # OpenEnv servers of the agent tests.
-  want node && base+=(tools reward-python pyref openenv)
+  # OpenEnv servers of the agent tests; the Temporal cluster of the cluster tier.
+  want node && base+=(tools temporal-cluster reward-python pyref openenv)
   want node-lts && ! want node && base+=(tools)
   if ! bash scripts/setup.sh "${base[@]}"; then
     fail_step setup

@@ -6,6 +6,8 @@
 #   scripts/tools.sh --clean-go-caches
 #
 #   temporal versitygw                      Temporal CLI dev server, S3 gateway
+#   temporal-server temporal-sql-tool       the Temporal server and its SQL schema tool (a cluster)
+#   temporal-server-schema                  (a folder) the server's PostgreSQL schemas
 #   kube-apiserver kube-controller-manager  a Kubernetes control plane and node ...
 #   kube-scheduler kubelet kubectl          ... (one build: all five)
 #   etcd kwok                               its store; fake nodes for the control-plane tests
@@ -39,6 +41,9 @@ set -euo pipefail
 # Pinned versions: the only place they are written down. temporal v1.5.1 is the newest CLI
 # tag without replace directives in its go.mod, i.e. the newest one `go install` accepts.
 TEMPORAL_VERSION=v1.5.1
+# The server the CLI's dev server embeds (the go.temporal.io/server of v1.5.1's go.mod), so
+# that the cluster tests and the dev server run the same server code.
+TEMPORAL_SERVER_VERSION=v1.29.1
 VERSITYGW_VERSION=v1.7.0
 KWOK_VERSION=v0.8.0
 CONTAINERD_VERSION=v2.4.2
@@ -78,6 +83,7 @@ usage() {
 build_of() {
   case "$1" in
     temporal | versitygw | kwok | etcd | coredns | kueue | prometheus | keda-crds) echo "$1" ;;
+    temporal-server | temporal-sql-tool | temporal-server-schema) echo temporal-server ;;
     kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl) echo kubernetes ;;
     containerd | ctr) echo containerd ;;
     keda-operator | keda-adapter) echo keda ;;
@@ -92,6 +98,7 @@ build_outputs() {
     containerd) echo containerd ctr containerd-shim-runc-v2 ;;
     cni-plugins) basename -a "${CNI_PLUGINS[@]}" | tr '\n' ' ' ;;
     kueue) echo kueue kueue-crds ;;
+    temporal-server) echo temporal-server temporal-sql-tool temporal-server-schema ;;
     keda-crds) echo crd-bases ;;
     keda) echo keda-operator keda-adapter ;;
     *) echo "$1" ;;
@@ -122,6 +129,7 @@ wrapper_digest() { cat "$KUBE_TOOLS_DIR/$1"/* | sha256sum | cut -c1-8; }
 build_version() {
   case "$1" in
     temporal) echo "$TEMPORAL_VERSION" ;;
+    temporal-server) echo "$TEMPORAL_SERVER_VERSION" ;;
     versitygw) echo "$VERSITYGW_VERSION" ;;
     kwok) echo "$KWOK_VERSION" ;;
     containerd) echo "$CONTAINERD_VERSION" ;;
@@ -144,6 +152,10 @@ go_command() {
   local build="$1" version="$2" out="$3" pkgs=() p
   case "$build" in
     temporal) printf '%s\n' install "github.com/temporalio/cli/cmd/temporal@$version" ;;
+    temporal-server)
+      printf '%s\n' install -trimpath '-ldflags=-s -w' \
+        "go.temporal.io/server/cmd/server@$version" "go.temporal.io/server/cmd/tools/sql@$version"
+      ;;
     versitygw) printf '%s\n' install "github.com/versity/versitygw/cmd/versitygw@$version" ;;
     kwok) printf '%s\n' install -trimpath '-ldflags=-s -w' "sigs.k8s.io/kwok/cmd/kwok@$version" ;;
     kueue)
@@ -198,7 +210,7 @@ go_command() {
       printf '%s\n' build -trimpath "-ldflags=$ldflags" -o "$out/" \
         github.com/kedacore/keda/v2/cmd/operator github.com/kedacore/keda/v2/cmd/adapter
       ;;
-    # Only the module's source: its CRDs are copied out below (copy_module_crds).
+    # Only the module's source: its CRDs are copied out below (copy_module_files).
     keda-crds) printf '%s\n' mod download "github.com/kedacore/keda/v2@$version" ;;
   esac
 }
@@ -292,7 +304,7 @@ build_with_go() {
   fi
   local parent tmp started go_pid workdir=. args=()
   parent="$(dirname "$final_dir")"
-  # Exported: copy_module_crds reads the same module cache.
+  # Exported: copy_module_files reads the same module cache.
   export GOCACHE GOMODCACHE
   GOCACHE="$(go_caches_dir)/build"
   GOMODCACHE="$(go_caches_dir)/mod"
@@ -333,8 +345,12 @@ build_with_go() {
     die "building $build $version failed (see the go output above)."
   fi
   trap - TERM INT HUP
+  if [[ "$build" == temporal-server ]]; then
+    mv "$tmp/server" "$tmp/temporal-server" && mv "$tmp/sql" "$tmp/temporal-sql-tool"
+    copy_module_files "go.temporal.io/server@$version" schema/postgresql/v12 '*' "$tmp/temporal-server-schema"
+  fi
   if [[ "$build" == kueue ]]; then
-    copy_module_crds "sigs.k8s.io/kueue@$version" config/components/crd/bases '*.yaml' "$tmp/kueue-crds"
+    copy_module_files "sigs.k8s.io/kueue@$version" config/components/crd/bases '*.yaml' "$tmp/kueue-crds"
   fi
   if [[ "$build" == keda ]]; then
     mv "$tmp/operator" "$tmp/keda-operator" && mv "$tmp/adapter" "$tmp/keda-adapter"
@@ -343,7 +359,7 @@ build_with_go() {
   if [[ "$build" == keda-crds ]]; then
     # Every one: the operator's manager exits when a kind it watches (the eventing.keda.sh ones
     # too) is not served for two minutes.
-    copy_module_crds "github.com/kedacore/keda/v2@$version" config/crd/bases '*.yaml' "$tmp/crd-bases"
+    copy_module_files "github.com/kedacore/keda/v2@$version" config/crd/bases '*.yaml' "$tmp/crd-bases"
   fi
   build_complete "$tmp" "$build" || die "go finished but did not produce all of: $(build_outputs "$build") (in $tmp)."
   # Another process may have finished the same build meanwhile; its binaries are as good.
@@ -356,16 +372,18 @@ build_with_go() {
   log "built $build $version in $((SECONDS - started))s"
 }
 
-# copy_module_crds <module@version> <folder in it> <file glob> <destination>: the
-# CustomResourceDefinitions of a module `go` just fetched, kept in the tools cache so a cached
-# build needs neither the module cache nor the network.
-copy_module_crds() {
+# copy_module_files <module@version> <folder in it> <file glob> <destination>: files of a module
+# `go` just fetched (CustomResourceDefinitions, SQL schemas), kept in the tools cache so a cached
+# build needs neither the module cache nor the network. Folders come whole, made writable (the
+# module cache is read-only) so that a later build can replace them.
+copy_module_files() {
   local dir
   dir="$(module_dir "$1" "$(dirname "$4")")"
   [[ -d "$dir/$2" ]] || die "the $1 module has no $2."
   mkdir -p "$4"
   # shellcheck disable=SC2086 # the glob is meant to expand here
-  cp "$dir/$2"/$3 "$4/"
+  cp -r "$dir/$2"/$3 "$4/"
+  chmod -R u+w "$4"
 }
 
 resolve() {
@@ -375,7 +393,7 @@ resolve() {
 
   local override="${!override_var:-}"
   if [[ -n "$override" ]]; then
-    if [[ "$name" == cni-plugins || "$name" == keda-crds ]]; then
+    if [[ "$name" == cni-plugins || "$name" == keda-crds || "$name" == temporal-server-schema ]]; then
       [[ -d "$override" ]] || die "$override_var=$override is not a folder."
       (cd "$override" && pwd -P)
     else
@@ -398,6 +416,8 @@ resolve() {
     echo "$final_dir"
   elif [[ "$name" == keda-crds ]]; then
     echo "$final_dir/crd-bases"
+  elif [[ "$name" == temporal-server-schema ]]; then
+    echo "$final_dir/temporal-server-schema"
   else
     absolute_executable "$final_dir/$name"
   fi

@@ -19,7 +19,7 @@ const tools = nativeTools(['moe_train', 'moe_generate']);
 let stack: ChaosStack;
 let dir: string;
 /** The worker outage under way: it restarts the worker, so it must end before the stack stops. */
-let down: Promise<void> | undefined;
+let down: Promise<string> | undefined;
 
 describe(
   'status retries while the server retries a lost worker’s shards',
@@ -48,7 +48,10 @@ describe(
         100,
       );
       // Down long enough for the heartbeat timeout (2 s) to put the shards at attempt 2 first.
-      down = stack.inject({ atMs: 0, target: 'rollout', signal: 'SIGKILL', downMs: 8_000 });
+      down = stack.inject(
+        { atMs: 0, target: 'rollout', signal: 'SIGKILL', downMs: 8_000 },
+        handle.workflowId,
+      );
       const { description, state } = await waitFor(
         'a shard at attempt 2',
         async () => {

@@ -1,15 +1,16 @@
 // The seeded chaos driver of the fault suite (test/integration/chaos*.test.ts, bench/chaos.ts):
-// a real stack of separate processes — a Temporal dev server on a SQLite file and a fixed
-// port, and one control, one rollout and one train worker, each in its own process group —
-// and a schedule of faults drawn from a seed (SIGKILL or SIGTERM of a worker's group, SIGKILL
-// of the server), applied at moments during a campaign. A killed worker is replaced at once,
-// as a Spot node would be; the server is restarted on its SQLite file and port.
+// a real stack of separate processes — Temporal, and one control, one rollout and one train
+// worker, each in its own process group — and a schedule of faults drawn from a seed (SIGKILL
+// or SIGTERM of a worker's group, a fault of Temporal's), applied at moments during a campaign.
+// A killed worker is replaced at once, as a Spot node would be. Temporal is the dev server on
+// a SQLite file and a fixed port (restarted on both), or a cluster of separate services on
+// PostgreSQL (test/support/temporal-cluster.ts), whose services and database each take faults.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { closeSync, mkdirSync, openSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Client } from '@temporalio/client';
+import type { Client, Connection } from '@temporalio/client';
 import { logTail, startDevServer, type DevServer } from '../../cli/dev-server.js';
 import * as keys from '../../activities/layout.js';
 import type { ObjectStore } from '../../activities/store/index.js';
@@ -18,17 +19,25 @@ import type { CampaignState, TaskQueues } from '../../workflows/types.js';
 import { connectClient } from '../../workers/temporal-options.js';
 import { startCampaign, tinyRealSpec, uniqueTaskQueues } from './campaign-harness.js';
 import { seededRandom } from './s3-fault-proxy.js';
+import type { ClusterProcess, TemporalCluster } from './temporal-cluster.js';
 
 export type WorkerRole = 'control' | 'rollout' | 'train';
-export type ChaosTarget = WorkerRole | 'temporal';
+/**
+ * 'temporal' is the dev server; a cluster's targets are its processes, and 'history' is the
+ * history host that owns the campaign's shard.
+ */
+export type ChaosTarget = WorkerRole | 'temporal' | ClusterProcess | 'history';
 
 export interface Fault {
   /** When, in ms after the campaign started. */
   atMs: number;
   target: ChaosTarget;
-  signal: 'SIGKILL' | 'SIGTERM';
+  /** SIGINT: PostgreSQL's fast shutdown; SIGSTOP: the target stalls for `downMs`, then goes on. */
+  signal: 'SIGKILL' | 'SIGTERM' | 'SIGINT' | 'SIGSTOP';
   /** How long the target stays down before it is started again. */
   downMs: number;
+  /** Strike at the first moment from `atMs` on that the campaign runs this activity (its type). */
+  during?: string;
 }
 
 /**
@@ -53,12 +62,83 @@ export function faultSchedule(
 
 const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
 
+/** Temporal under a chaos stack: where workers connect, and how its faults are applied. */
+export interface ChaosTemporal {
+  address: string;
+  client: Client;
+  connection: Connection;
+  namespace: string;
+  /** Applies a fault of a Temporal target and brings it back; names the process it hit. */
+  inject(fault: Fault, campaignId: string): Promise<string>;
+  logs(): string;
+  stop(): Promise<void>;
+}
+
+/** The dev server on a SQLite file under `dir`; a fault is SIGKILL and a restart on the file and port. */
+export async function devServerTemporal(dir: string): Promise<ChaosTemporal> {
+  const dbFile = join(dir, 'temporal.db');
+  const logFile = join(dir, 'temporal.log');
+  // The first start picks the ports (and retries on others when one is taken); restarts keep them.
+  let server: DevServer = await startDevServer({ dbFile, logFile });
+  const port = Number(new URL(`grpc://${server.address}`).port);
+  const uiPort = Number(new URL(server.uiUrl).port);
+  const { client, connection } = await connectClient({ address: server.address, namespace: 'default' });
+  return {
+    address: server.address,
+    client,
+    connection,
+    namespace: 'default',
+    async inject(fault) {
+      process.kill(server.pid, 'SIGKILL');
+      await server.stop();
+      await pause(fault.downMs);
+      server = await startDevServer({ dbFile, logFile, port, uiPort });
+      return 'temporal';
+    },
+    logs: () => `--- temporal\n${logTail(logFile, 0)}`,
+    async stop() {
+      await connection.close().catch(() => undefined);
+      await server.stop();
+    },
+  };
+}
+
+/** A cluster's process faults: a kill (or a stall) and, after `downMs`, a start on the same ports. */
+export function clusterTemporal(cluster: TemporalCluster): ChaosTemporal {
+  return {
+    address: cluster.address,
+    client: cluster.client,
+    connection: cluster.connection,
+    namespace: cluster.namespace,
+    async inject(fault, campaignId) {
+      const target =
+        fault.target === 'history'
+          ? await cluster.historyHostOf(campaignId)
+          : (fault.target as ClusterProcess);
+      if (fault.signal === 'SIGSTOP') {
+        await cluster.stall(target, fault.downMs);
+        return target;
+      }
+      await cluster.kill(target, fault.signal);
+      // A history host's shards move to the other before its time down counts.
+      if (target.startsWith('history')) await cluster.shardsSettled();
+      await pause(fault.downMs);
+      await cluster.start(target);
+      return target;
+    },
+    logs: () => cluster.logs(),
+    stop: () => cluster.stop(),
+  };
+}
+
+const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
 export interface ChaosStack {
   client: Client;
   taskQueues: TaskQueues;
   namespace: string;
-  /** Applies one fault and brings the target back; resolves when it has been restarted. */
-  inject(fault: Fault): Promise<void>;
+  /** Applies one fault and brings the target back; resolves, naming what it hit, once restarted. */
+  inject(fault: Fault, campaignId: string): Promise<string>;
   /** Workers that exited without being told to (a worker must survive a server restart). */
   unexpectedExits: string[];
   /** The tail of every component's log, for a failure message. */
@@ -66,17 +146,17 @@ export interface ChaosStack {
   stop(): Promise<void>;
 }
 
-/** Starts the server and the three workers; `env` goes to the workers (store credentials). */
-export async function startChaosStack(dir: string, env: NodeJS.ProcessEnv = {}): Promise<ChaosStack> {
+/**
+ * Starts the three workers on `temporal` (the dev server under `dir` by default); `env` goes to
+ * the workers (store credentials). The stack owns `temporal`: stop() stops it.
+ */
+export async function startChaosStack(
+  dir: string,
+  env: NodeJS.ProcessEnv = {},
+  temporalSide?: ChaosTemporal,
+): Promise<ChaosStack> {
   mkdirSync(dir, { recursive: true });
-  const dbFile = join(dir, 'temporal.db');
-  const serverLog = join(dir, 'temporal.log');
-  // The first start picks the ports (and retries on others when one is taken); restarts keep them.
-  let server: DevServer = await startDevServer({ dbFile, logFile: serverLog });
-  const port = Number(new URL(`grpc://${server.address}`).port);
-  const uiPort = Number(new URL(server.uiUrl).port);
-  const startServer = () => startDevServer({ dbFile, logFile: serverLog, port, uiPort });
-  const { client, connection } = await connectClient({ address: server.address, namespace: 'default' });
+  const temporal = temporalSide ?? (await devServerTemporal(dir));
   const taskQueues = uniqueTaskQueues();
   const prefix = taskQueues.control.slice(0, -'control'.length);
   const unexpectedExits: string[] = [];
@@ -86,7 +166,17 @@ export async function startChaosStack(dir: string, env: NodeJS.ProcessEnv = {}):
   const spawnWorker = (role: WorkerRole) => {
     const proc = spawnWorkerProcess(
       `${role} worker`,
-      [workerMain, '--role', role, '--address', server.address, '--shutdown-grace-seconds', '3'],
+      [
+        workerMain,
+        '--role',
+        role,
+        '--address',
+        temporal.address,
+        '--namespace',
+        temporal.namespace,
+        '--shutdown-grace-seconds',
+        '3',
+      ],
       join(dir, `${role}-worker.log`),
       {
         ...process.env,
@@ -105,36 +195,30 @@ export async function startChaosStack(dir: string, env: NodeJS.ProcessEnv = {}):
   };
   for (const role of ['control', 'rollout', 'train'] as const) spawnWorker(role);
 
-  const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+  const isWorker = (target: ChaosTarget): target is WorkerRole => workers.has(target as WorkerRole);
   return {
-    client,
+    client: temporal.client,
     taskQueues,
-    namespace: 'default',
+    namespace: temporal.namespace,
     unexpectedExits,
-    async inject(fault) {
-      if (fault.target === 'temporal') {
-        process.kill(server.pid, 'SIGKILL');
-        await server.stop();
-        await pause(fault.downMs);
-        server = await startServer();
-        return;
-      }
+    async inject(fault, campaignId) {
+      if (!isWorker(fault.target)) return temporal.inject(fault, campaignId);
       const proc = workers.get(fault.target)!;
       expected.add(proc);
       // A SIGTERM'd worker drains for its grace (3 s); one that hangs past it gets SIGKILL.
-      await stopWorker(proc, fault.signal, 10_000);
+      await stopWorker(proc, fault.signal as NodeJS.Signals, 10_000);
       await pause(fault.downMs);
       spawnWorker(fault.target);
+      return `${fault.target} worker`;
     },
     logs() {
       const parts = [...workers.values()].map((p) => `--- ${p.name}\n${logTail(p.logFile, 0)}`);
-      return [...parts, `--- temporal\n${logTail(serverLog, 0)}`].join('\n');
+      return [...parts, temporal.logs()].join('\n');
     },
     async stop() {
       for (const proc of workers.values()) expected.add(proc);
       await Promise.all([...workers.values()].map((p) => stopWorker(p, 'SIGTERM', 5_000)));
-      await connection.close().catch(() => undefined);
-      await server.stop();
+      await temporal.stop();
     },
   };
 }
@@ -189,11 +273,21 @@ async function stopWorker(proc: WorkerProcess, signal: NodeJS.Signals, graceMs: 
   clearTimeout(timer);
 }
 
+/** A fault as it struck: what was in flight, and when the target went down and came back. */
+export interface AppliedFault extends Fault {
+  /** The campaign's pending activities (by type) and workflow task at the moment it struck. */
+  inFlight: string[];
+  /** The process it hit (for 'history': the host that owned the campaign's shard). */
+  hit: string;
+  struckAt: number;
+  backAt: number;
+}
+
 export interface TrialOutcome {
   campaignId: string;
   wallMs: number;
   /** Faults applied while the campaign ran (those scheduled after it finished are not). */
-  applied: Fault[];
+  applied: AppliedFault[];
   state: CampaignState;
   /** Workflow runs (continue-as-new chain) and, over all of them, the work that faults cost. */
   runs: number;
@@ -229,6 +323,19 @@ async function lostWork(client: Client, campaignId: string): Promise<{ runs: num
   return { runs, lost };
 }
 
+/** The campaign's pending activities and workflow task now ([] when Temporal does not answer). */
+async function pendingWork(client: Client, campaignId: string): Promise<string[]> {
+  try {
+    const { raw } = await client.workflow.getHandle(campaignId).describe();
+    return [
+      ...(raw.pendingActivities ?? []).map((a) => `activity ${a.activityType?.name ?? '?'}`),
+      ...(raw.pendingWorkflowTask ? ['workflow task'] : []),
+    ];
+  } catch {
+    return [];
+  }
+}
+
 /**
  * Runs one campaign on the stack while the schedule's faults are applied, and waits until it
  * completes (polling through server outages). Fails with the component logs after `timeoutMs`.
@@ -243,14 +350,20 @@ export async function runTrial(
   const handle = await startCampaign(stack.client, spec, stack.taskQueues);
   const campaignId = handle.workflowId;
   let done = false;
-  const applied: Fault[] = [];
+  const applied: AppliedFault[] = [];
   const injecting = (async () => {
     for (const fault of schedule) {
       const wait = started + fault.atMs - Date.now();
       if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+      let inFlight = await pendingWork(stack.client, campaignId);
+      while (fault.during && !done && !inFlight.includes(`activity ${fault.during}`)) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        inFlight = await pendingWork(stack.client, campaignId);
+      }
       if (done) return;
-      applied.push(fault);
-      await stack.inject(fault);
+      const struckAt = Date.now();
+      const hit = await stack.inject(fault, campaignId);
+      applied.push({ ...fault, atMs: struckAt - started, inFlight, hit, struckAt, backAt: Date.now() });
     }
   })();
   try {
