@@ -113,9 +113,12 @@ export async function runWorkers(opts: RunWorkersOptions): Promise<void> {
   const shutdown = () => {
     for (const w of workers) if (w.getState() === 'RUNNING') w.shutdown();
   };
+  const running = workers.map((w) => w.run());
+  // A stop that came while the workers were made (a control worker bundles its workflows for
+  // seconds) shuts them down now: a worker not yet running cannot be shut down, only left
+  // running.
   if (opts.signal?.aborted) shutdown();
   opts.signal?.addEventListener('abort', shutdown, { once: true });
-  const running = workers.map((w) => w.run());
   try {
     await Promise.all(running);
   } catch (err) {

@@ -70,6 +70,38 @@ describe('chaos: seeded process and server faults', { skip: tools.skip, timeout:
     }
   });
 
+  test('a control worker told to stop while it bundles its workflows exits', async () => {
+    const server = await startDevServer({});
+    const worker = spawn(
+      process.execPath,
+      [fileURLToPath(new URL('../../workers/main.js', import.meta.url)), '--role', 'control'],
+      {
+        env: { ...process.env, TEMPORAL_ADDRESS: server.address, MOERL_TASK_QUEUE_PREFIX: 'early-stop-' },
+        stdio: ['ignore', 'ignore', 'pipe'],
+      },
+    );
+    let log = '';
+    worker.stderr.on('data', (d: Buffer) => (log += d.toString()));
+    const exited = new Promise<number | null>((resolve) => worker.once('exit', (code) => resolve(code)));
+    try {
+      // Connected, not yet polling: the workflow bundle is being made.
+      await waitFor(
+        'the worker to connect',
+        async () => (/roles control on/.test(log) ? true : undefined),
+        60_000,
+      );
+      worker.kill('SIGTERM');
+      const code = await Promise.race([
+        exited,
+        new Promise((resolve) => setTimeout(resolve, 45_000, 'still running')),
+      ]);
+      assert.equal(code, 0, `a clean exit within 45 s of SIGTERM:\n${log.slice(-2000)}`);
+    } finally {
+      worker.kill('SIGKILL');
+      await server.stop();
+    }
+  });
+
   test('a worker started while the server is down waits for it instead of exiting', async () => {
     const port = await freePort();
     const worker = spawn(
