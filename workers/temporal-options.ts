@@ -1,7 +1,10 @@
 // How every moerl process reaches Temporal: address, namespace, TLS and API key from flags or
 // the environment (the same variable names the Temporal CLI uses), and the task queue names.
 // The API key is best given by file or environment: a flag's value is visible in `ps`.
+import { X509Certificate, createPrivateKey } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { isIP } from 'node:net';
+import { connect as tlsConnect } from 'node:tls';
 import { Client, Connection } from '@temporalio/client';
 import type { ConnectionOptions } from '@temporalio/client';
 import type { NativeConnection } from '@temporalio/worker';
@@ -87,14 +90,43 @@ export function temporalOptionsFrom(
       ? {
           tls: {
             ...(serverName ? { serverNameOverride: serverName } : {}),
-            ...(ca ? { serverRootCACertificate: read('TLS CA certificate', ca) } : {}),
-            ...(cert && key
-              ? { clientCertPair: { crt: read('TLS certificate', cert), key: read('TLS key', key) } }
-              : {}),
+            ...(ca ? { serverRootCACertificate: certificate('TLS CA certificate', ca, read).pem } : {}),
+            ...(cert && key ? { clientCertPair: clientPair(cert, key, read) } : {}),
           },
         }
       : {}),
   };
+}
+
+/** A PEM certificate file, parsed: a file that is none fails here, naming it, not in a handshake. */
+function certificate(what: string, path: string, read: (what: string, path: string) => Buffer) {
+  const pem = read(what, path);
+  try {
+    return { pem, x509: new X509Certificate(pem) };
+  } catch (err) {
+    throw new Error(`${what} ${path} is not a PEM certificate: ${(err as Error).message}`);
+  }
+}
+
+/**
+ * The client certificate and its key, checked as the server would: a certificate out of its
+ * validity or a key of another certificate is named here, where the handshake would only fail.
+ */
+function clientPair(cert: string, key: string, read: (what: string, path: string) => Buffer) {
+  const { pem, x509 } = certificate('TLS certificate', cert, read);
+  const now = Date.now();
+  if (Date.parse(x509.validTo) < now) throw new Error(`TLS certificate ${cert} expired on ${x509.validTo}`);
+  if (Date.parse(x509.validFrom) > now)
+    throw new Error(`TLS certificate ${cert} is not valid before ${x509.validFrom}`);
+  const keyPem = read('TLS key', key);
+  let matches: boolean;
+  try {
+    matches = x509.checkPrivateKey(createPrivateKey(keyPem));
+  } catch (err) {
+    throw new Error(`TLS key ${key} is not a PEM private key: ${(err as Error).message}`);
+  }
+  if (!matches) throw new Error(`TLS key ${key} is not the key of certificate ${cert}`);
+  return { crt: pem, key: keyPem };
 }
 
 function connectionOptions(opts: TemporalOptions): ConnectionOptions & { apiKey?: string } {
@@ -110,10 +142,9 @@ export async function connectClient(
   opts: TemporalOptions,
   connectTimeoutMs = 10_000,
 ): Promise<{ client: Client; connection: Connection }> {
-  const connection = await Connection.connect({
-    ...connectionOptions(opts),
-    connectTimeout: connectTimeoutMs,
-  });
+  const connection = await explainingTls(opts, () =>
+    Connection.connect({ ...connectionOptions(opts), connectTimeout: connectTimeoutMs }),
+  );
   return { client: new Client({ connection, namespace: opts.namespace }), connection };
 }
 
@@ -122,7 +153,57 @@ export async function connectWorkerConnection(opts: TemporalOptions): Promise<Na
   // Loaded here, not at the top: every CLI command imports this module, and the worker SDK
   // (its native runtime) roughly doubles the start-up time of a command that only needs a client.
   const { NativeConnection } = await import('@temporalio/worker');
-  return NativeConnection.connect(connectionOptions(opts));
+  return explainingTls(opts, () => NativeConnection.connect(connectionOptions(opts)));
+}
+
+/**
+ * Runs `connect`; when it fails over TLS, the SDK says only that it could not connect in time,
+ * so the handshake is tried again here to name why (an unknown CA, a refused certificate).
+ */
+async function explainingTls<T>(opts: TemporalOptions, connect: () => Promise<T>): Promise<T> {
+  try {
+    return await connect();
+  } catch (err) {
+    const why = opts.tls ? await tlsHandshakeFailure(opts.address, opts.tls) : undefined;
+    if (why)
+      throw new Error(`cannot connect to Temporal at ${opts.address}: the TLS handshake failed: ${why}`, {
+        cause: err,
+      });
+    throw err;
+  }
+}
+
+/** Why a TLS handshake with `address` fails, or undefined when it succeeds (or nothing answers). */
+export function tlsHandshakeFailure(
+  address: string,
+  tls: NonNullable<TemporalOptions['tls']>,
+): Promise<string | undefined> {
+  const colon = address.lastIndexOf(':');
+  const host = address.slice(0, colon).replace(/^\[|\]$/g, '');
+  const servername = tls.serverNameOverride ?? (isIP(host) ? undefined : host);
+  return new Promise((resolve) => {
+    const socket = tlsConnect({
+      host,
+      port: Number(address.slice(colon + 1)),
+      ...(servername ? { servername } : {}),
+      ...(tls.serverRootCACertificate ? { ca: tls.serverRootCACertificate } : {}),
+      ...(tls.clientCertPair ? { cert: tls.clientCertPair.crt, key: tls.clientCertPair.key } : {}),
+      ALPNProtocols: ['h2'],
+    });
+    const done = (why: string | undefined) => {
+      socket.destroy();
+      resolve(why);
+    };
+    socket.once('error', (err: NodeJS.ErrnoException) =>
+      done(/ECONNREFUSED|ENOTFOUND|EHOSTUNREACH/.test(err.code ?? '') ? undefined : err.message),
+    );
+    // Under TLS 1.3 the server's verdict on the client's certificate arrives after the handshake.
+    socket.once('secureConnect', () => {
+      socket.resume();
+      setTimeout(() => done(undefined), 1_000);
+    });
+    socket.setTimeout(5_000, () => done(undefined));
+  });
 }
 
 /** Task queue names; a prefix lets several deployments (or test runs) share one namespace. */

@@ -4,13 +4,18 @@
 // other), matching restarted, PostgreSQL restarted (fast shutdown) and stalled with SIGSTOP for
 // 20 s, the frontend SIGKILLed. Each trial must find work in flight when it strikes and end with
 // the fault-free run's checkpoint, file by file. The full matrix is bench/temporal_cluster.ts.
+// Then mTLS on a frontend with TLS on, certificates made by the test (OpenSSL).
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { openStore } from '../../activities/store/index.js';
 import { campaignStatusKey } from '../../workflows/search-attributes.js';
+import { connectClient, temporalOptionsFrom, tlsHandshakeFailure } from '../../workers/temporal-options.js';
+import { waitFor } from '../support/campaign-harness.js';
 import {
   chaosSpec,
   checkpointDigests,
@@ -21,11 +26,13 @@ import {
   type TrialOutcome,
 } from '../support/chaos.js';
 import { clusterFaultKinds, clusterFaultTrial } from '../support/cluster-faults.js';
+import { createCa, issueCert, issueExpiredClientCert, type CertPair } from '../support/kube-pki.js';
 import { nativeTools } from '../support/native-tools.js';
 import { startTemporalCluster, type TemporalCluster } from '../support/temporal-cluster.js';
 
 const tools = nativeTools(['moe_train', 'moe_generate']);
 const seed = Number(process.env.MOERL_CLUSTER_SEED ?? 3);
+const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
 
 let dir: string;
 let cluster: TemporalCluster;
@@ -94,3 +101,117 @@ describe(
       });
   },
 );
+
+describe('mTLS on the cluster frontend', { timeout: 300_000 }, () => {
+  let tlsDir: string;
+  let tlsCluster: TemporalCluster;
+  let pki: { ca: CertPair; client: CertPair; otherCa: CertPair; expired: CertPair; stranger: CertPair };
+  const optionsFor = (client: CertPair, ca: CertPair) =>
+    temporalOptionsFrom(
+      {},
+      {
+        TEMPORAL_ADDRESS: tlsCluster.address,
+        TEMPORAL_TLS_CERT: client.certPath,
+        TEMPORAL_TLS_KEY: client.keyPath,
+        TEMPORAL_TLS_CA: ca.certPath,
+        TEMPORAL_TLS_SERVER_NAME: 'localhost',
+      },
+    );
+  before(async () => {
+    tlsDir = mkdtempSync(join(tmpdir(), 'moerl-cluster-tls-'));
+    const ca = await createCa(tlsDir, 'ca', 'moerl-test-temporal-ca');
+    const otherCa = await createCa(tlsDir, 'other-ca', 'moerl-test-other-ca');
+    const [server, client, stranger, expired] = await Promise.all([
+      issueCert(tlsDir, 'frontend', ca, {
+        cn: 'localhost',
+        usage: 'server',
+        dnsNames: ['localhost'],
+        ips: ['127.0.0.1'],
+      }),
+      issueCert(tlsDir, 'client', ca, { cn: 'moerl-worker', usage: 'client' }),
+      issueCert(tlsDir, 'stranger', otherCa, { cn: 'moerl-worker', usage: 'client' }),
+      issueExpiredClientCert(tlsDir, 'expired', ca, 'moerl-worker'),
+    ]);
+    pki = { ca, client, otherCa, expired, stranger };
+    const pem = (p: CertPair) => ({ cert: p.certPath, key: p.keyPath });
+    tlsCluster = await startTemporalCluster(join(tlsDir, 'temporal'), {
+      tls: { ca: ca.certPath, server: pem(server), client: pem(client) },
+    });
+  });
+  after(async () => {
+    await tlsCluster?.stop();
+    rmSync(tlsDir, { recursive: true, force: true });
+  });
+
+  test("the workers' TLS options reach it, and a worker process polls through them", async () => {
+    const opts = optionsFor(pki.client, pki.ca);
+    const { connection } = await connectClient(opts);
+    try {
+      await connection.withDeadline(Date.now() + 10_000, () =>
+        connection.workflowService.describeNamespace({ namespace: 'default' }),
+      );
+    } finally {
+      await connection.close();
+    }
+    const worker = spawn(process.execPath, [workerMain, '--role', 'control'], {
+      env: {
+        ...process.env,
+        TEMPORAL_ADDRESS: tlsCluster.address,
+        TEMPORAL_TLS_CERT: pki.client.certPath,
+        TEMPORAL_TLS_KEY: pki.client.keyPath,
+        TEMPORAL_TLS_CA: pki.ca.certPath,
+        TEMPORAL_TLS_SERVER_NAME: 'localhost',
+        MOERL_TASK_QUEUE_PREFIX: 'tls-',
+      },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    let log = '';
+    worker.stderr.on('data', (d: Buffer) => (log += d.toString()));
+    const exited = new Promise<number | null>((resolve) => worker.once('exit', (code) => resolve(code)));
+    try {
+      await waitFor(
+        'the worker to poll',
+        async () => (/roles control on/.test(log) ? true : undefined),
+        60_000,
+      );
+    } finally {
+      worker.kill('SIGTERM');
+    }
+    assert.equal(await exited, 0, log);
+  });
+
+  test("a server certificate from another CA is refused, with the handshake's reason", async () => {
+    const err = await connectClient(optionsFor(pki.client, pki.otherCa), 5_000).then(
+      () => assert.fail('connected to a server its CA did not sign'),
+      (e: unknown) => e as Error,
+    );
+    assert.match(
+      String(err),
+      new RegExp(
+        `cannot connect to Temporal at ${tlsCluster.address}: the TLS handshake failed: .*certificate`,
+      ),
+    );
+  });
+
+  test("a client certificate the frontend's CA did not sign is refused by the server, with its reason", async () => {
+    const err = await connectClient(optionsFor(pki.stranger, pki.ca), 5_000).then(
+      () => assert.fail('a stranger certificate was accepted'),
+      (e: unknown) => e as Error,
+    );
+    assert.match(String(err), /the TLS handshake failed: .*(alert|certificate)/);
+  });
+
+  test('an expired client certificate is named before any connection, and the server refuses it too', async () => {
+    assert.throws(
+      () => optionsFor(pki.expired, pki.ca),
+      new RegExp(`TLS certificate ${pki.expired.certPath} expired on Jan  2 00:00:00 2020 GMT`),
+    );
+    // The server's own check, past the workers' own.
+    const why = await tlsHandshakeFailure(tlsCluster.address, {
+      serverNameOverride: 'localhost',
+      serverRootCACertificate: readFileSync(pki.ca.certPath),
+      clientCertPair: { crt: readFileSync(pki.expired.certPath), key: readFileSync(pki.expired.keyPath) },
+    });
+    assert.match(why ?? 'accepted', /alert|certificate/);
+  });
+});

@@ -3,7 +3,7 @@
 // and the service-account token signing key pair. P-256 keys: quick to generate, and every
 // component accepts them.
 import { execFile } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 
@@ -115,9 +115,10 @@ export async function issueCert(
   return pair;
 }
 
-export async function createClusterPki(dir: string): Promise<ClusterPki> {
-  const ca = { certPath: join(dir, 'ca.crt'), keyPath: join(dir, 'ca.key') };
-  const caConfig = join(dir, 'ca.cnf');
+/** A certificate authority: `<dir>/<name>.crt` and `.key`, valid 30 days. */
+export async function createCa(dir: string, name: string, cn: string): Promise<CertPair> {
+  const ca = { certPath: join(dir, `${name}.crt`), keyPath: join(dir, `${name}.key`) };
+  const caConfig = join(dir, `${name}.cnf`);
   writeFileSync(
     caConfig,
     [
@@ -126,7 +127,7 @@ export async function createClusterPki(dir: string): Promise<ClusterPki> {
       'distinguished_name = subject',
       'x509_extensions = ext',
       '[subject]',
-      'CN = moerl-test-cluster-ca',
+      `CN = ${cn}`,
       '[ext]',
       'basicConstraints = critical,CA:TRUE',
       'keyUsage = critical,keyCertSign,cRLSign,digitalSignature',
@@ -145,6 +146,72 @@ export async function createClusterPki(dir: string): Promise<ClusterPki> {
     '-days',
     '30',
   ]);
+  return ca;
+}
+
+/**
+ * A client certificate signed by `ca` that was valid for one day in 2020 (`openssl ca`: the one
+ * command that sets both dates), for the tests of an expired certificate.
+ */
+export async function issueExpiredClientCert(
+  dir: string,
+  name: string,
+  ca: CertPair,
+  cn: string,
+): Promise<CertPair> {
+  const pair = { certPath: join(dir, `${name}.crt`), keyPath: join(dir, `${name}.key`) };
+  const db = join(dir, `${name}-ca`);
+  mkdirSync(db, { recursive: true });
+  writeFileSync(join(db, 'index.txt'), '');
+  writeFileSync(join(db, 'serial'), '01\n');
+  const config = join(db, 'ca.cnf');
+  writeFileSync(
+    config,
+    [
+      '[ca]',
+      'default_ca = test_ca',
+      '[test_ca]',
+      `database = ${join(db, 'index.txt')}`,
+      `new_certs_dir = ${db}`,
+      `serial = ${join(db, 'serial')}`,
+      'default_md = sha256',
+      'policy = any',
+      'x509_extensions = ext',
+      '[any]',
+      'commonName = supplied',
+      '[ext]',
+      'basicConstraints = critical,CA:FALSE',
+      'keyUsage = critical,digitalSignature,keyEncipherment',
+      'extendedKeyUsage = clientAuth',
+      '',
+    ].join('\n'),
+  );
+  const csr = join(db, 'request.csr');
+  await openssl(['req', '-new', ...newKey(pair.keyPath), '-subj', `/CN=${cn}`, '-out', csr]);
+  await openssl([
+    'ca',
+    '-batch',
+    '-config',
+    config,
+    '-cert',
+    ca.certPath,
+    '-keyfile',
+    ca.keyPath,
+    '-in',
+    csr,
+    '-out',
+    pair.certPath,
+    '-startdate',
+    '20200101000000Z',
+    '-enddate',
+    '20200102000000Z',
+    '-notext',
+  ]);
+  return pair;
+}
+
+export async function createClusterPki(dir: string): Promise<ClusterPki> {
+  const ca = await createCa(dir, 'ca', 'moerl-test-cluster-ca');
   const serviceAccountKey = join(dir, 'sa.key');
   const serviceAccountPub = join(dir, 'sa.pub');
   const client = (name: string, cn: string, orgs: string[] = []) =>

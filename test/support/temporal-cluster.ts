@@ -9,6 +9,7 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import {
   chmodSync,
+  readFileSync,
   chownSync,
   closeSync,
   existsSync,
@@ -72,6 +73,17 @@ export interface TemporalClusterOptions {
   numHistoryShards?: number;
   /** Server dynamic config (`frontend.x: value`). */
   dynamicConfig?: Record<string, string | number | boolean>;
+  /**
+   * TLS on the frontend, client certificates required and checked against `ca` (PEM files);
+   * the server's certificate must name `localhost`. `client` is the harness's own client and
+   * the worker service's, towards the frontend.
+   */
+  tls?: { ca: string; server: PemPair; client: PemPair };
+}
+
+export interface PemPair {
+  cert: string;
+  key: string;
 }
 
 /** The PostgreSQL server binaries of the newest version installed (Debian's layout). */
@@ -176,6 +188,27 @@ async function freeMembershipPort(): Promise<number> {
     });
     if (free) return port;
   }
+}
+
+/** The config of mTLS on the frontend: its serving pair, and the worker service's client pair. */
+function frontendTls(tls: NonNullable<TemporalClusterOptions['tls']>): string {
+  return `  tls:
+    frontend:
+      server:
+        certFile: ${tls.server.cert}
+        keyFile: ${tls.server.key}
+        requireClientAuth: true
+        clientCaFiles: [${tls.ca}]
+      client:
+        serverName: localhost
+        rootCaFiles: [${tls.ca}]
+    systemWorker:
+      certFile: ${tls.client.cert}
+      keyFile: ${tls.client.key}
+      client:
+        serverName: localhost
+        rootCaFiles: [${tls.ca}]
+`;
 }
 
 const grpcTypeName: Record<string, number> = {
@@ -352,7 +385,7 @@ global:
   membership:
     maxJoinDuration: 30s
     broadcastAddress: 127.0.0.1
-services:
+${opts.tls ? frontendTls(opts.tls) : ''}services:
   frontend:
     ${rpc(servicePorts.frontend)}
   history:
@@ -428,7 +461,22 @@ dynamicConfigClient:
     'the frontend',
     120_000,
     async () => {
-      connection ??= await Connection.connect({ address, connectTimeout: 2_000 });
+      connection ??= await Connection.connect({
+        address,
+        connectTimeout: 2_000,
+        ...(opts.tls
+          ? {
+              tls: {
+                serverNameOverride: 'localhost',
+                serverRootCACertificate: readFileSync(opts.tls.ca),
+                clientCertPair: {
+                  crt: readFileSync(opts.tls.client.cert),
+                  key: readFileSync(opts.tls.client.key),
+                },
+              },
+            }
+          : {}),
+      });
       await connection.workflowService.getSystemInfo({});
       return true;
     },
