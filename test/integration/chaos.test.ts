@@ -4,15 +4,13 @@
 // trial must end with a final checkpoint whose files equal the uninterrupted run's (sha256),
 // and with the same rollouts and rewards. The long form is bench/chaos.ts.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { freePort, startDevServer } from '../../cli/dev-server.js';
 import { openStore } from '../../activities/store/index.js';
-import { artifacts, waitFor } from '../support/campaign-harness.js';
+import { artifacts, spawnWatchedWorker, waitFor } from '../support/campaign-harness.js';
 import {
   chaosSpec,
   checkpointDigests,
@@ -72,22 +70,15 @@ describe('chaos: seeded process and server faults', { skip: tools.skip, timeout:
 
   test('a control worker told to stop while it bundles its workflows exits', async () => {
     const server = await startDevServer({});
-    const worker = spawn(
-      process.execPath,
-      [fileURLToPath(new URL('../../workers/main.js', import.meta.url)), '--role', 'control'],
-      {
-        env: { ...process.env, TEMPORAL_ADDRESS: server.address, MOERL_TASK_QUEUE_PREFIX: 'early-stop-' },
-        stdio: ['ignore', 'ignore', 'pipe'],
-      },
-    );
-    let log = '';
-    worker.stderr.on('data', (d: Buffer) => (log += d.toString()));
-    const exited = new Promise<number | null>((resolve) => worker.once('exit', (code) => resolve(code)));
+    const { worker, log, exited } = spawnWatchedWorker('control', {
+      TEMPORAL_ADDRESS: server.address,
+      MOERL_TASK_QUEUE_PREFIX: 'early-stop-',
+    });
     try {
       // Connected, not yet polling: the workflow bundle is being made.
       await waitFor(
         'the worker to connect',
-        async () => (/roles control on/.test(log) ? true : undefined),
+        async () => (/roles control on/.test(log()) ? true : undefined),
         60_000,
       );
       worker.kill('SIGTERM');
@@ -95,7 +86,7 @@ describe('chaos: seeded process and server faults', { skip: tools.skip, timeout:
         exited,
         new Promise((resolve) => setTimeout(resolve, 45_000, 'still running')),
       ]);
-      assert.equal(code, 0, `a clean exit within 45 s of SIGTERM:\n${log.slice(-2000)}`);
+      assert.equal(code, 0, `a clean exit within 45 s of SIGTERM:\n${log().slice(-2000)}`);
     } finally {
       worker.kill('SIGKILL');
       await server.stop();
@@ -104,34 +95,27 @@ describe('chaos: seeded process and server faults', { skip: tools.skip, timeout:
 
   test('a worker started while the server is down waits for it instead of exiting', async () => {
     const port = await freePort();
-    const worker = spawn(
-      process.execPath,
-      [fileURLToPath(new URL('../../workers/main.js', import.meta.url)), '--role', 'rollout'],
-      {
-        env: { ...process.env, TEMPORAL_ADDRESS: `127.0.0.1:${port}`, MOERL_TASK_QUEUE_PREFIX: 'wait-' },
-        stdio: ['ignore', 'ignore', 'pipe'],
-      },
-    );
-    let log = '';
-    worker.stderr.on('data', (d: Buffer) => (log += d.toString()));
-    const exited = new Promise<number | null>((resolve) => worker.once('exit', (code) => resolve(code)));
+    const { worker, log, exited } = spawnWatchedWorker('rollout', {
+      TEMPORAL_ADDRESS: `127.0.0.1:${port}`,
+      MOERL_TASK_QUEUE_PREFIX: 'wait-',
+    });
     try {
       await waitFor(
         'the worker to find the server unreachable',
-        async () => (/unreachable/.test(log) ? true : undefined),
+        async () => (/unreachable/.test(log()) ? true : undefined),
         60_000,
       );
-      assert.equal(worker.exitCode, null, `the worker waits: ${log}`);
+      assert.equal(worker.exitCode, null, `the worker waits: ${log()}`);
       const server = await startDevServer({ port });
       try {
         await waitFor(
           'the worker to connect',
-          async () => (/roles rollout on/.test(log) ? true : undefined),
+          async () => (/roles rollout on/.test(log()) ? true : undefined),
           60_000,
         );
       } finally {
         worker.kill('SIGTERM');
-        assert.equal(await exited, 0, `a clean exit on SIGTERM: ${log}`);
+        assert.equal(await exited, 0, `a clean exit on SIGTERM: ${log()}`);
         await server.stop();
       }
     } finally {

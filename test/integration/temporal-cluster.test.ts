@@ -6,16 +6,14 @@
 // the fault-free run's checkpoint, file by file. The full matrix is bench/temporal_cluster.ts.
 // Then mTLS on a frontend with TLS on, certificates made by the test (OpenSSL).
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { openStore } from '../../activities/store/index.js';
 import { campaignStatusKey } from '../../workflows/search-attributes.js';
 import { connectClient, temporalOptionsFrom, tlsHandshakeFailure } from '../../workers/temporal-options.js';
-import { waitFor } from '../support/campaign-harness.js';
+import { spawnWatchedWorker, waitFor } from '../support/campaign-harness.js';
 import {
   chaosSpec,
   checkpointDigests,
@@ -32,7 +30,6 @@ import { startTemporalCluster, type TemporalCluster } from '../support/temporal-
 
 const tools = nativeTools(['moe_train', 'moe_generate']);
 const seed = Number(process.env.MOERL_CLUSTER_SEED ?? 3);
-const workerMain = fileURLToPath(new URL('../../workers/main.js', import.meta.url));
 
 let dir: string;
 let cluster: TemporalCluster;
@@ -153,31 +150,24 @@ describe('mTLS on the cluster frontend', { timeout: 300_000 }, () => {
     } finally {
       await connection.close();
     }
-    const worker = spawn(process.execPath, [workerMain, '--role', 'control'], {
-      env: {
-        ...process.env,
-        TEMPORAL_ADDRESS: tlsCluster.address,
-        TEMPORAL_TLS_CERT: pki.client.certPath,
-        TEMPORAL_TLS_KEY: pki.client.keyPath,
-        TEMPORAL_TLS_CA: pki.ca.certPath,
-        TEMPORAL_TLS_SERVER_NAME: 'localhost',
-        MOERL_TASK_QUEUE_PREFIX: 'tls-',
-      },
-      stdio: ['ignore', 'ignore', 'pipe'],
+    const { worker, log, exited } = spawnWatchedWorker('control', {
+      TEMPORAL_ADDRESS: tlsCluster.address,
+      TEMPORAL_TLS_CERT: pki.client.certPath,
+      TEMPORAL_TLS_KEY: pki.client.keyPath,
+      TEMPORAL_TLS_CA: pki.ca.certPath,
+      TEMPORAL_TLS_SERVER_NAME: 'localhost',
+      MOERL_TASK_QUEUE_PREFIX: 'tls-',
     });
-    let log = '';
-    worker.stderr.on('data', (d: Buffer) => (log += d.toString()));
-    const exited = new Promise<number | null>((resolve) => worker.once('exit', (code) => resolve(code)));
     try {
       await waitFor(
         'the worker to poll',
-        async () => (/roles control on/.test(log) ? true : undefined),
+        async () => (/roles control on/.test(log()) ? true : undefined),
         60_000,
       );
     } finally {
       worker.kill('SIGTERM');
     }
-    assert.equal(await exited, 0, log);
+    assert.equal(await exited, 0, log());
   });
 
   test("a server certificate from another CA is refused, with the handshake's reason", async () => {

@@ -251,6 +251,21 @@ export function spawnRolloutWorker(opts: {
   }
 }
 
+/** A `moerl-worker --role <role>` process whose stderr is kept, for tests of its own behaviour. */
+export function spawnWatchedWorker(
+  role: Role,
+  env: NodeJS.ProcessEnv,
+): { worker: ChildProcess; log: () => string; exited: Promise<number | null> } {
+  const worker = spawn(process.execPath, [workerMain, '--role', role], {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  let log = '';
+  worker.stderr!.on('data', (d: Buffer) => (log += d.toString()));
+  const exited = new Promise<number | null>((resolve) => worker.once('exit', (code) => resolve(code)));
+  return { worker, log: () => log, exited };
+}
+
 /** `ps` lines (the pid, then the arguments) of the processes whose arguments hold each of `needles`. */
 export function processes(...needles: string[]): string[] {
   return execFileSync('ps', ['-eo', 'pid=,args='], { encoding: 'utf8' })

@@ -21,6 +21,8 @@ export interface GroupProcess {
   stop(graceMs: number): Promise<void>;
   /** SIGKILL to the whole group at once, as a machine lost; resolves when the leader has exited. */
   kill(): Promise<void>;
+  /** Sends `signal` to the whole group (SIGSTOP and SIGCONT stall and resume it). */
+  signal(signal: NodeJS.Signals): void;
 }
 
 const liveGroups = new Set<number>();
@@ -70,6 +72,9 @@ export function spawnGroup(
       if (pgid === undefined || proc.exitReason) return;
       signalGroup(pgid, 'SIGKILL');
       await proc.exited;
+    },
+    signal(signal) {
+      if (pgid !== undefined && !proc.exitReason) signalGroup(pgid, signal);
     },
   };
   if (pgid !== undefined) liveGroups.add(pgid);

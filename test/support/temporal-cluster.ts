@@ -6,16 +6,14 @@
 // come from scripts/tools.sh (temporal-server, pinned to the dev server's server version), the
 // database from `scripts/setup.sh temporal-cluster`. Every process can be killed, stopped with
 // SIGSTOP and started again on its own ports: the fault trials of the cluster tier.
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import {
   chmodSync,
   readFileSync,
   chownSync,
-  closeSync,
   existsSync,
   mkdirSync,
   mkdtempSync,
-  openSync,
   readdirSync,
   rmSync,
   writeFileSync,
@@ -26,6 +24,7 @@ import { Connection, Client } from '@temporalio/client';
 import { msToTs } from '@temporalio/common/lib/time.js';
 import { createServer } from 'node:net';
 import { freePort, findOnPath, logTail } from '../../cli/dev-server.js';
+import { spawnGroup, type GroupProcess } from './process-group.js';
 import { resolveTool } from '../../cli/temporal-tools.js';
 import { campaignNameKey, campaignSearchAttributes } from '../../workflows/search-attributes.js';
 
@@ -110,48 +109,6 @@ function databaseUser(): { name: string; uid: number; gid: number } | undefined 
     if (id.status === 0 && gid.status === 0) return { name, uid: Number(id.stdout), gid: Number(gid.stdout) };
   }
   throw new Error('running as root, and neither a postgres nor a nobody user exists to run PostgreSQL as');
-}
-
-// Process groups still running when this process exits go with it.
-const liveGroups = new Set<number>();
-process.once('exit', () => {
-  for (const pgid of liveGroups) signalGroup(pgid, 'SIGKILL');
-  for (const pgid of liveGroups) signalGroup(pgid, 'SIGCONT');
-});
-
-function signalGroup(pgid: number, signal: NodeJS.Signals): void {
-  try {
-    process.kill(-pgid, signal);
-  } catch {
-    // the group is gone already
-  }
-}
-
-interface Running {
-  pgid: number;
-  exited: Promise<string>;
-}
-
-/** A process leading its own group (a host of its own), its output appended to `logFile`. */
-function spawnGroup(command: string, args: string[], logFile: string, env?: NodeJS.ProcessEnv): Running {
-  const fd = openSync(logFile, 'a');
-  let child: ChildProcess;
-  try {
-    child = spawn(command, args, { detached: true, stdio: ['ignore', fd, fd], env: env ?? process.env });
-  } finally {
-    closeSync(fd);
-  }
-  if (child.pid === undefined) throw new Error(`cannot start ${command} ${args.join(' ')}`);
-  const pgid = child.pid;
-  liveGroups.add(pgid);
-  const exited = new Promise<string>((resolve) =>
-    child.once('exit', (code, signal) => {
-      liveGroups.delete(pgid);
-      resolve(signal ? `signal ${signal}` : `code ${code}`);
-    }),
-  );
-  child.once('error', () => undefined);
-  return { pgid, exited };
 }
 
 async function waitUntil(
@@ -269,7 +226,7 @@ export async function startTemporalCluster(
     'initdb',
   );
   const pgPort = await freePort();
-  let postgres: Running | undefined;
+  let postgres: GroupProcess | undefined;
   const startPostgres = async () => {
     // fsync off: a test database on a loaded machine; the faults are of processes, not of the disk.
     const [file, argv] = asOwner(join(bin, 'postgres'), [
@@ -288,7 +245,7 @@ export async function startTemporalCluster(
       '-c',
       'max_connections=200',
     ]);
-    postgres = spawnGroup(file, argv, pgLog);
+    postgres = spawnGroup('postgres', file, argv, pgLog);
     await waitUntil(
       'PostgreSQL',
       60_000,
@@ -426,7 +383,7 @@ dynamicConfigClient:
       .join('') || '{}\n',
   );
 
-  const running = new Map<ClusterProcess, Running>();
+  const running = new Map<ClusterProcess, GroupProcess>();
   const logFile = (target: ClusterProcess) => (target === 'postgres' ? pgLog : join(dir, `${target}.log`));
   const logs = () => [...clusterServices, 'postgres' as const].map((t) => logTail(logFile(t), 0)).join('\n');
   const startService = (service: ClusterService) => {
@@ -434,6 +391,7 @@ dynamicConfigClient:
     running.set(
       service,
       spawnGroup(
+        service,
         server,
         ['-r', dir, '-c', 'config', '-e', service, '--allow-no-auth', 'start', '--service', role],
         logFile(service),
@@ -562,9 +520,9 @@ dynamicConfigClient:
   const kill = async (target: ClusterProcess, signal: NodeJS.Signals = 'SIGKILL') => {
     const proc = running.get(target);
     if (!proc) return;
-    signalGroup(proc.pgid, 'SIGCONT');
-    signalGroup(proc.pgid, signal);
-    const timer = setTimeout(() => signalGroup(proc.pgid, 'SIGKILL'), 20_000);
+    proc.signal('SIGCONT');
+    proc.signal(signal);
+    const timer = setTimeout(() => proc.signal('SIGKILL'), 20_000);
     await proc.exited;
     clearTimeout(timer);
     running.delete(target);
@@ -601,9 +559,9 @@ dynamicConfigClient:
     async stall(target, ms) {
       const proc = running.get(target);
       if (!proc) return;
-      signalGroup(proc.pgid, 'SIGSTOP');
+      proc.signal('SIGSTOP');
       await new Promise((resolve) => setTimeout(resolve, ms));
-      signalGroup(proc.pgid, 'SIGCONT');
+      proc.signal('SIGCONT');
     },
     shardOwners,
     shardsSettled,
